@@ -1,0 +1,73 @@
+"""The one entry point every front end uses: ``analyze(path) -> Analysis``.
+
+The CLI, the audit and any service call this same function (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from forensics.engine import decide
+from forensics.model import Analysis, RunData
+from forensics.recovery import plan
+
+
+def load(path: str | Path) -> RunData:
+    """Read a run folder into a :class:`RunData` (all parsers, discovery, segments).
+
+    Raises:
+        forensics.errors.InputError: the path does not exist, is not a folder, or holds no logs.
+    """
+    from parsers.discover import load_run
+
+    return load_run(path)
+
+
+def analyze_run(run: RunData) -> Analysis:
+    """Diagnose an already loaded run."""
+    d = decide(run)
+    main_ev: dict[str, object] = {}
+    if d.cause and d.cause != "unknown":
+        fs = [f for f in d.findings if f.cause == d.cause]
+        if fs:
+            main_ev = dict(max(fs, key=lambda f: f.confidence).evidence)
+    recovery = None
+    if d.verdict == "anomaly":
+        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev)
+    summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
+    meta = {k: v for k, v in run.meta.items() if k != "by_source"}
+    return Analysis(
+        run=str(run.run), verdict=d.verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
+        confidence=d.confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,
+        sources=tuple(run.sources), skipped=tuple(run.skipped) + d.skipped, summary=summary, meta=meta,
+    )
+
+
+def analyze(path: str | Path) -> Analysis:
+    """Read the run folder at ``path`` and diagnose it.
+
+    Args:
+        path: A run folder (TensorBoard events, JSONL, trainer_state.json, CSV exports, stdout logs).
+
+    Returns:
+        The :class:`Analysis`: verdict, cause, onset, evidence, recovery plan, sources, skips.
+
+    Raises:
+        forensics.errors.InputError: the path cannot be analysed at all.
+    """
+    return analyze_run(load(path))
+
+
+def _summary(verdict: str, cause: str | None, mech: str | None, conf: float, onset: dict[str, int] | None,
+             failure: int | None) -> str:
+    if verdict == "healthy":
+        return "healthy: no anomalous step found."
+    what = cause or "unknown"
+    if mech:
+        what += f" ({mech})"
+    s = f"{verdict}: {what}, confidence {conf:.2f}"
+    if onset:
+        s += f"; onset at step {onset['step']} (segment {onset['segment']})"
+    if failure is not None and onset and failure != onset["step"]:
+        s += f"; the failure became visible at step {failure}"
+    return s + "."

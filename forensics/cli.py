@@ -1,0 +1,121 @@
+"""The ``forensics`` command line (click group).
+
+Exit codes: 0 nothing at or above ``--fail-on``; 1 findings; 2 usage or input error.
+Payload to stdout or ``-o``; the summary and progress to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from forensics.errors import ForensicsError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+_FORMATS = ("html", "json", "markdown", "text")
+
+
+def _fail(message: str) -> None:
+    click.echo(f"forensics: error: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="train-forensics")
+def main() -> None:
+    """Post-mortem analysis of deep-learning training runs."""
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(_FORMATS), default="html", show_default=True,
+              help="Report format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Where to write the report (default: stdout; for html ./forensics-<run>.html).")
+@click.option("--fail-on", type=click.Choice(["anomaly", "transient", "never"]), default="anomaly",
+              show_default=True, help="Exit 1 when the verdict is at least this.")
+@click.option("--strict", is_flag=True, help="Exit 2 when any input was skipped or damaged.")
+def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool) -> None:
+    """Diagnose one run folder: onset, cause, evidence, recovery trial."""
+    try:
+        from forensics.api import analyze_run, load
+        from reports import ReportFormat, render
+
+        run = load(run_dir)
+        analysis = analyze_run(run)
+        html_path = None
+        if fmt == "html" and output is None:
+            output = Path(f"forensics-{Path(analysis.run).resolve().name or 'run'}.html")
+        if fmt == "html":
+            html_path = str(output)
+        payload = render(analysis, run, ReportFormat(fmt), html_path=html_path)
+        if output is None:
+            click.echo(payload, nl=not payload.endswith("\n"))
+        else:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(payload, encoding="utf-8")
+        click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
+        if output is not None:
+            click.echo(f"report written to {output}", err=True)
+    except ForensicsError as exc:
+        _fail(str(exc))
+        return
+    except OSError as exc:
+        _fail(f"{getattr(exc, 'filename', None) or run_dir}: {exc.strerror or exc}")
+        return
+    if strict and any(not s.what.startswith(tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")) or ":" in s.what
+                      for s in analysis.skipped if "not evaluated" not in s.reason):
+        click.echo("forensics: --strict: some inputs were skipped or damaged (see 'skipped')", err=True)
+        sys.exit(EXIT_ERROR)
+    levels = {"healthy": 0, "transient": 1, "anomaly": 2}
+    threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
+    sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
+
+
+def _text(analysis, *, color: bool) -> str:  # noqa: ANN001
+    from reports.text_report import render_text
+
+    return render_text(analysis, color=color).rstrip("\n")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Folder for the tables.")
+def ingest(run_dir: Path, output: Path) -> None:
+    """Write the run's Arrow tables as Parquet (metrics, events) plus run.json."""
+    import json
+
+    try:
+        from forensics.api import load
+
+        run = load(run_dir)
+    except ForensicsError as exc:
+        _fail(str(exc))
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    run.metrics.write_parquet(output / "metrics.parquet")
+    run.events.write_parquet(output / "events.parquet")
+    meta = {
+        "run": str(run.run), "meta": run.meta,
+        "sources": [s.__dict__ for s in run.sources], "skipped": [s.__dict__ for s in run.skipped],
+    }
+    (output / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+    click.echo(f"{run.metrics.height} metric rows, {run.events.height} events -> {output}", err=True)
+
+
+@main.command()
+def detectors() -> None:
+    """List the detector registry: code, name, required metrics, defaults."""
+    import dataclasses
+
+    from forensics.detectors import DETECTORS
+
+    for d in DETECTORS:
+        defaults = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
+        req = ", ".join(d.requires) or "(see docstring)"
+        click.echo(f"{d.code:6} {d.name:32} requires: {req}  defaults: {defaults}")

@@ -1,0 +1,47 @@
+"""The detector registry: one module per detector, listed in one explicit tuple.
+
+Validated at import (unique codes and names), like sqlfluff's and bandit's registries.
+"""
+
+from __future__ import annotations
+
+from forensics.detectors.attention_logits import AttentionLogitGrowth
+from forensics.detectors.bad_batch import BadBatch
+from forensics.detectors.base import Detector
+from forensics.detectors.grad_norm import GradNormDeparture
+from forensics.detectors.hardware import HardwareSignature
+from forensics.detectors.integrity import Integrity
+from forensics.detectors.loss_divergence import LossDivergence
+from forensics.detectors.loss_scale import LossScaleCollapse
+from forensics.detectors.loss_spike import LossSpike
+from forensics.detectors.lr_schedule import LRScheduleReset
+from forensics.detectors.nonfinite import NonFinite
+from forensics.detectors.output_logits import OutputLogitDivergence
+from forensics.detectors.update_ratio import UpdateScaleGrowth
+
+DETECTORS: tuple[Detector, ...] = (
+    Integrity(),
+    NonFinite(),
+    LossSpike(),
+    GradNormDeparture(),
+    LossDivergence(),
+    LossScaleCollapse(),
+    LRScheduleReset(),
+    BadBatch(),
+    UpdateScaleGrowth(),
+    AttentionLogitGrowth(),
+    OutputLogitDivergence(),
+    HardwareSignature(),
+)
+
+
+def _validate(detectors: tuple[Detector, ...]) -> None:
+    codes = [d.code for d in detectors]
+    names = [d.name for d in detectors]
+    if len(set(codes)) != len(codes) or len(set(names)) != len(names):
+        raise RuntimeError(f"duplicate detector codes or names: {codes} {names}")
+
+
+_validate(DETECTORS)
+
+__all__ = ["DETECTORS", "Detector"]

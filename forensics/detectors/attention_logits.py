@@ -1,0 +1,107 @@
+"""AT01 attention.logit_growth: attention logits (or Q/K weight norms) growing without bound.
+
+Rule (detectors.md D8): the max attention logit exceeds ``max_logit`` (100, the default
+threshold of Megatron-LM's ``qk_clip``) while growing, or leaves the trend of its early part
+for good (a sustained log-linear rise). From weight norms: Q and K projection norms of one
+layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.
+2023, arXiv 2309.14322, section 3.1: attention-logit growth, fixed by qk-layernorm).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.detectors.signals import sustained_rise
+from forensics.model import Finding, RunData
+
+_QKV = re.compile(r"^(?P<prefix>.*?)(?P<which>q|k|v)(?:_proj|proj)?(?P<suffix>(?:\.weight)?)$", re.I)
+
+
+@dataclass(frozen=True)
+class AttentionLogitGrowth(Detector):
+    """Attention-logit growth from logged max logits or from per-layer Q/K/V weight norms."""
+
+    code = "AT01"
+    name = "attention.logit_growth"
+    max_logit: float = 100.0
+
+    def missing(self, run: RunData) -> str | None:
+        """Needs ``attn_logit_max`` (global or per layer) or per-layer q/k/v weight norms."""
+        if any(m.startswith("attn_logit_max") for m in run.metric_names) or self._qkv_triples(run):
+            return None
+        return "needs attn_logit_max or per-layer q/k/v projection norms"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding: the earliest sustained growth, with per-layer evidence."""
+        best: tuple[int, str, dict[str, object]] | None = None
+        for m in [m for m in run.metric_names if m.startswith("attn_logit_max")]:
+            s = run.series(m)
+            if s is None or len(s) < 12:
+                continue
+            d = sustained_rise(s.steps, s.values, log=True, k_sigma=4.0, min_rel=0.25)
+            vmax = float(np.nanmax(np.where(np.isfinite(s.values), s.values, np.nan)))
+            if d is None:
+                continue
+            if d.growth < 1.5 and vmax < self.max_logit:
+                continue
+            ev = {"metric": m, "onset_step": d.onset_step, "value_at_onset_trend": d.baseline,
+                  "max_value": vmax, "last_value": d.last, "growth_after_onset": round(d.growth, 2),
+                  "log_slope_per_step": d.slope_after, "exceeds_qk_clip_threshold": vmax > self.max_logit}
+            if best is None or d.onset_step < best[0]:
+                best = (d.onset_step, m, ev)
+        for layer, (q, k, v) in self._qkv_triples(run).items():
+            sq, sk, sv = run.series(q), run.series(k), run.series(v)
+            if sq is None or sk is None or sv is None or len(sv) < 8:
+                continue
+            steps = np.intersect1d(np.intersect1d(sq.steps, sk.steps), sv.steps)
+            if steps.size < 8:
+                continue
+            qv = sq.values[np.searchsorted(sq.steps, steps)]
+            kv = sk.values[np.searchsorted(sk.steps, steps)]
+            vv = sv.values[np.searchsorted(sv.steps, steps)]
+            ratio = np.sqrt(np.abs(qv * kv)) / np.where(vv != 0, np.abs(vv), np.nan)
+            d = sustained_rise(steps, ratio, log=True, k_sigma=4.0, min_rel=0.03, min_run=3)
+            if d is None or (d.last / max(d.baseline, 1e-30)) < 1.2:
+                continue
+            growth_qk = float(np.sqrt(abs(qv[-1] * kv[-1])) / max(np.sqrt(abs(qv[0] * kv[0])), 1e-30))
+            growth_v = float(abs(vv[-1]) / max(abs(vv[0]), 1e-30))
+            ev = {"metric": f"{q}, {k} vs {v}", "layer": layer, "onset_step": d.onset_step,
+                  "qk_norm_growth": round(growth_qk, 2), "v_norm_growth": round(growth_v, 2),
+                  "q_norm": [float(qv[0]), float(qv[-1])], "k_norm": [float(kv[0]), float(kv[-1])],
+                  "v_norm": [float(vv[0]), float(vv[-1])]}
+            if best is None or d.onset_step < best[0]:
+                best = (d.onset_step, f"{layer} Q/K vs V norms", ev)
+        if best is None:
+            return []
+        step, what, ev = best
+        s_any = run.series(str(ev["metric"])) if "layer" not in ev else None
+        seg = segment_at(s_any, step) if s_any is not None else 0
+        if "layer" in ev:
+            msg = (f"{what}: Q/K projection norms grow {ev['qk_norm_growth']}x while V grows "
+                   f"{ev['v_norm_growth']}x; the Q/K-to-V ratio leaves its band at step {step}")
+        else:
+            msg = (f"{what} rises for good from step {step} (trend {fmt(ev['value_at_onset_trend'])}, "
+                   f"max {fmt(ev['max_value'])}, x{ev['growth_after_onset']} after the onset)")
+        conf = 0.85 if ("layer" in ev or ev.get("exceeds_qk_clip_threshold")) else 0.65
+        return [self.finding(cause="update_scale_growth", mechanism="attention_logit_growth", step=step,
+                             segment=seg, confidence=conf, severity="high", message=msg + ".", evidence=ev)]
+
+    @staticmethod
+    def _qkv_triples(run: RunData) -> dict[str, tuple[str, str, str]]:
+        """Per layer: (q metric, k metric, v metric) among weight-norm metrics, self-attention only."""
+        groups: dict[str, dict[str, str]] = {}
+        for m in run.metric_names:
+            low = m.lower()
+            if "cross" in low or not any(t in low for t in ("norm", "wnorm")):
+                continue
+            leaf = low.rsplit(".", 1)[-1] if low.endswith("_proj") or low[-1:] in "qkv" else low
+            mt = _QKV.match(leaf.rsplit("/", 1)[-1])
+            if not mt:
+                continue
+            layer = m[: len(m) - len(leaf.rsplit("/", 1)[-1])]
+            groups.setdefault(layer, {})[mt.group("which").lower()] = m
+        return {layer: (g["q"], g["k"], g["v"]) for layer, g in groups.items() if {"q", "k", "v"} <= g.keys()}

@@ -1,0 +1,71 @@
+"""The detector contract (STYLE.md item 4): one class per module, a stable code, a dotted
+name, the metrics it requires, typed defaults, and ``detect(run) -> list[Finding]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from forensics.model import Finding, RunData, Series
+
+
+@dataclass(frozen=True)
+class Detector(ABC):
+    """Base class of every detector.
+
+    Class attributes:
+        code: Stable code, e.g. ``"SP01"``; unique across the registry.
+        name: Dotted name, e.g. ``"loss.spike"``.
+        requires: Canonical metrics of which at least one must be present (``requires_all``
+            makes all of them mandatory). Events-only detectors set ``requires = ()``.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()
+    requires_all: ClassVar[bool] = False
+
+    def missing(self, run: RunData) -> str | None:
+        """Why this detector cannot run on ``run`` (a skip reason), or ``None`` when it can."""
+        if not self.requires:
+            return None
+        present = [m for m in self.requires if run.has(m)]
+        if self.requires_all and len(present) < len(self.requires):
+            return "needs metrics " + ", ".join(m for m in self.requires if m not in present)
+        if not present:
+            return "needs one of the metrics " + ", ".join(self.requires)
+        return None
+
+    @abstractmethod
+    def detect(self, run: RunData) -> list[Finding]:
+        """Return the findings on ``run`` (an empty list when nothing is anomalous)."""
+
+    def finding(self, **kw: object) -> Finding:
+        """A :class:`Finding` carrying this detector's code and name."""
+        return Finding(code=self.code, name=self.name, **kw)  # type: ignore[arg-type]
+
+
+def finite(series: Series) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the finite points of a series."""
+    ok = np.isfinite(series.values)
+    return series.steps[ok], series.values[ok]
+
+
+def fmt(x: float) -> str:
+    """A number for a message: 4 significant digits, NaN/inf spelt out."""
+    if x is None:
+        return "n/a"
+    if not np.isfinite(x):
+        return "NaN" if np.isnan(x) else ("inf" if x > 0 else "-inf")
+    return f"{x:.4g}"
+
+
+def segment_at(series: Series, step: int) -> int:
+    """Segment of the series point at ``step`` (or of the nearest later point)."""
+    idx = int(np.searchsorted(series.steps, step))
+    idx = min(idx, len(series) - 1)
+    return int(series.segments[idx]) if len(series) else 0

@@ -1,0 +1,126 @@
+"""HW01 hardware.signature: hardware or distributed-system faults, not optimisation.
+
+Rules (detectors.md D12; Megatron RSM, NVRx straggler detection, smdebug ``StepOutlier``,
+BigScience tr1/tr11 chronicles):
+
+- ``device_fault``: an error line naming the device (ECC, Xid, ``CUDA error``, NCCL timeout)
+  with no metric departure before it; the onset is the step in progress (the last logged step
+  plus one).
+- ``collective_bug``: a "magic" constant grad norm repeated exactly for ``min_repeats`` logged
+  steps (e.g. sqrt(2)), often with a loss of exactly 0 (DeepSpeed #5242).
+- ``slow_device``: throughput (or step time) shifts persistently by more than ``min_shift``
+  (3%) while the loss stays healthy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.detectors.signals import departures, sustained_rise
+from forensics.model import Finding, RunData
+
+_DEVICE_WORDS = ("ecc", "xid", "cuda error", "nccl", "uncorrectable", "device-side", "illegal memory",
+                 "segmentation fault", "bus error", "hardware")
+
+
+@dataclass(frozen=True)
+class HardwareSignature(Detector):
+    """Device errors, magic constant grad norms, and throughput drops with a healthy loss."""
+
+    code = "HW01"
+    name = "hardware.signature"
+    min_repeats: int = 5
+    min_shift: float = 0.03
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """Findings for each signature present."""
+        out: list[Finding] = []
+        out += self._device_errors(run)
+        out += self._magic_grad_norm(run)
+        out += self._slow_device(run)
+        return out
+
+    def _device_errors(self, run: RunData) -> list[Finding]:
+        if run.events.height == 0:
+            return []
+        ev = run.events.filter(pl.col("kind").is_in(["hardware_error", "error"]))
+        hits = [r for r in ev.iter_rows(named=True) if any(w in str(r["message"]).lower() for w in _DEVICE_WORDS)]
+        if not hits:
+            return []
+        first = hits[0]
+        step = first["step"]
+        loss = run.series("loss")
+        last_logged = None
+        if loss is not None and len(loss):
+            last_logged = int(loss.steps[loss.steps <= step][-1]) if step is not None and np.any(loss.steps <= step) \
+                else int(loss.steps[-1])
+        onset = (last_logged + 1) if last_logged is not None else step
+        prior = [d for d in departures(run, "loss") if onset is None or d.step < onset]
+        against = tuple(f"loss departed earlier at step {d.onset_step}" for d in prior[:1])
+        return [self.finding(
+            cause="hardware_or_distributed", mechanism="device_fault", step=onset,
+            segment=int(first["segment"]), confidence=0.5 if against else 0.85, severity="critical",
+            message=f"device error after step {last_logged}: {str(first['message'])[:160]}",
+            evidence={"error": str(first["message"])[:300], "source": first["source"], "errors": len(hits),
+                      "last_logged_step": last_logged, "metrics_healthy_before": not prior},
+            against=against,
+        )]
+
+    def _magic_grad_norm(self, run: RunData) -> list[Finding]:
+        g = run.series("grad_norm")
+        if g is None or len(g) < self.min_repeats:
+            return []
+        v = g.values
+        for i in range(len(v) - self.min_repeats + 1):
+            w = v[i:i + self.min_repeats]
+            if np.isfinite(w[0]) and w[0] != 0 and np.all(w == w[0]):
+                # precision check: a value printed with few digits repeats naturally
+                txt = repr(float(w[0]))
+                if len(txt.replace("0.", "").replace(".", "")) < 6:
+                    continue
+                step = int(g.steps[i])
+                loss = run.series("loss")
+                zero_loss = False
+                if loss is not None:
+                    k = np.flatnonzero(loss.steps == step)
+                    zero_loss = bool(k.size and loss.values[k[0]] == 0.0)
+                return [self.finding(
+                    cause="hardware_or_distributed", mechanism="collective_bug", step=step,
+                    segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity="critical",
+                    message=f"grad norm is exactly {txt} on {int(np.sum(v[i:] == w[0]))} logged steps from step {step}"
+                    + (" with loss 0.0" if zero_loss else "")
+                    + ": a constant produced by the reduction, not by training.",
+                    evidence={"constant_grad_norm": float(w[0]), "from_step": step, "zero_loss": zero_loss,
+                              "repeats": int(np.sum(v[i:] == w[0]))},
+                )]
+        return []
+
+    def _slow_device(self, run: RunData) -> list[Finding]:
+        for metric, sign in (("throughput", -1.0), ("step_time", 1.0)):
+            s = run.series(metric)
+            if s is None or len(s) < 20:
+                continue
+            vals = s.values if sign > 0 else 1.0 / np.where(s.values > 0, s.values, np.nan)
+            d = sustained_rise(s.steps, vals, log=True, k_sigma=5.0, min_rel=self.min_shift, min_run=5,
+                               baseline_frac=0.3)
+            if d is None:
+                continue
+            loss_bad = [x for x in departures(run, "loss") if x.step >= d.onset_step - 50]
+            if loss_bad:
+                continue
+            i = d.onset_index
+            before = float(np.nanmedian(s.values[max(0, i - 20):i]))
+            after = float(np.nanmedian(s.values[i:i + 20]))
+            return [self.finding(
+                cause="hardware_or_distributed", mechanism="slow_device", step=d.onset_step,
+                segment=segment_at(s, d.onset_step), confidence=0.7, severity="medium",
+                message=f"{metric} shifts from {fmt(before)} to {fmt(after)} at step {d.onset_step} "
+                "while the loss stays healthy: a slow device or node, not the model.",
+                evidence={"metric": metric, "before": before, "after": after, "onset_step": d.onset_step,
+                          "relative_change": after / before - 1 if before else None},
+            )]
+        return []

@@ -1,0 +1,41 @@
+"""INT01 integrity.segments: restarts, resumed segments and damaged inputs (a prerequisite).
+
+Rule (detectors.md D0): a restart is a new segment (steps go back, a new event file, a
+resume line); every segment is kept. Damaged or skipped inputs are listed. Informational:
+argues for no cause by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from forensics.detectors.base import Detector
+from forensics.model import Finding, RunData
+
+
+@dataclass(frozen=True)
+class Integrity(Detector):
+    """Restarts (segment boundaries) and inputs that could not be read completely."""
+
+    code = "INT01"
+    name = "integrity.segments"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """One informational finding per restart, and one for damaged inputs."""
+        out: list[Finding] = []
+        starts = run.segment_starts()
+        for seg, step in sorted(starts.items()):
+            if seg == 0:
+                continue
+            out.append(self.finding(
+                cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity="info",
+                message=f"restart: segment {seg} begins at step {step}.",
+                evidence={"segment": seg, "first_step": step},
+            ))
+        if run.skipped:
+            out.append(self.finding(
+                cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity="low",
+                message=f"{len(run.skipped)} input(s) or record(s) could not be read; see 'skipped'.",
+                evidence={"skipped": [s.what for s in run.skipped[:20]]},
+            ))
+        return out

@@ -1,0 +1,69 @@
+"""DV01 loss.divergence: the loss turns upward and does not come back (no spike needed).
+
+Rule (detectors.md D13: slow divergence without spikes, BigScience 104B "non-spike
+diverging", OPT 12.43 drift): after the minimum of the smoothed loss (rolling median of 9
+points), the loss rises above that minimum by more than ``min_rise`` (relative, 5%) and
+``k_sigma`` robust sigmas of its point-to-point noise, and stays there to the end of the log.
+The onset is the first point after which the smoothed loss never returns to within the band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.model import Finding, RunData
+
+
+@dataclass(frozen=True)
+class LossDivergence(Detector):
+    """A loss that rises from its minimum and stays up until the end of the log."""
+
+    code = "DV01"
+    name = "loss.divergence"
+    requires = ("loss",)
+    min_rise: float = 0.05
+    k_sigma: float = 5.0
+    smooth: int = 9
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding with the onset of the final rise."""
+        s = run.series("loss")
+        if s is None or len(s) < 20:
+            return []
+        v = s.values.copy()
+        fin = np.isfinite(v)
+        if fin.sum() < 20:
+            return []
+        sm = pl.Series(np.where(fin, v, np.nan)).fill_nan(None).rolling_median(
+            self.smooth, min_samples=max(1, self.smooth // 2), center=True).to_numpy()
+        ok = np.isfinite(sm)
+        if ok.sum() < 20:
+            return []
+        noise = 1.4826 * float(np.nanmedian(np.abs(np.diff(v[fin]) - np.nanmedian(np.diff(v[fin]))))) / np.sqrt(2)
+        i_min = int(np.nanargmin(sm))
+        lo = float(sm[i_min])
+        band = lo + max(self.min_rise * abs(lo), self.k_sigma * noise)
+        tail = sm[i_min:]
+        last_ok = np.flatnonzero(np.isfinite(tail))
+        if last_ok.size == 0 or tail[last_ok[-1]] <= band:
+            return []
+        # onset: the last time the smoothed loss was within [lo, lo + small] before rising for good
+        within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + 0.5 * (band - lo)))
+        start = i_min + (int(within[-1]) + 1 if within.size else 0)
+        start = min(start, len(s) - 1)
+        if len(s) - start < 5 or (len(s) - i_min) < 0.05 * len(s):
+            return []
+        step = int(s.steps[start])
+        end = float(tail[last_ok[-1]])
+        return [self.finding(
+            cause=None, mechanism=None, step=step, segment=segment_at(s, step), confidence=0.7,
+            severity="high",
+            message=f"loss rises from its minimum {fmt(lo)} (step {int(s.steps[i_min])}) to {fmt(end)} "
+            f"and does not come back; the rise starts at step {step}.",
+            evidence={"metric": "loss", "min_loss": lo, "min_step": int(s.steps[i_min]), "last_smoothed": end,
+                      "rise": end - lo, "noise_sigma": noise, "onset_step": step},
+        )]

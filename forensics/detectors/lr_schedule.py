@@ -1,0 +1,208 @@
+"""LR01 lr.schedule_reset: the learning rate departs from the schedule the run was following.
+
+Rule (detectors.md D6; yolov5 #292, HF transformers #27749, Lightning #10766): at every
+resume (a new segment, or a ``checkpoint_loaded`` event) compare the first logged lr with the
+lr the earlier segment logged at the same step (runs re-log the steps between the checkpoint
+and the crash) or, failing that, the earlier segment's schedule extrapolated from its last
+points; a relative difference above ``rel_tol`` (5%) is a discontinuity. Anywhere else, an
+upward jump of more than ``rel_tol`` after the peak has passed is one too. Mechanisms:
+
+- ``reset_to_initial``: the new lr equals the run's initial lr or restarts a warm-up;
+- ``offset``: the new lr equals the old schedule's lr a fixed number of steps away;
+- ``horizon_change``: the lr continues from the same value but decays at another rate;
+- ``intentional_change``: the run folder shows a deliberate override (e.g. Megatron
+  ``--override-opt_param-scheduler``/``--override-lr-scheduler`` set, a changed ``--lr`` in the
+  launch arguments); reported with low confidence, not as a fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.detectors.base import Detector, fmt
+from forensics.model import Finding, RunData
+
+_OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "override-lr-scheduler")
+
+
+def _lr_rows(run: RunData) -> pl.DataFrame:
+    """lr rows of the best source, all segments, in read order."""
+    s = run.series("lr")
+    if s is None:
+        return pl.DataFrame()
+    return run.raw("lr").filter((pl.col("source") == s.source) & pl.col("value").is_not_null())
+
+
+def _intentional(run: RunData) -> str | None:
+    """Evidence in the run folder that an lr change was deliberate, or None."""
+    blob = repr(run.meta).lower()
+    for key in _OVERRIDE_KEYS:
+        if key in blob:
+            # only counts when set to true
+            for k, v in _walk(run.meta):
+                if key in k.lower().replace("-", "_").replace(" ", "_") and str(v).lower() in ("true", "1"):
+                    return f"{k}={v}"
+    return None
+
+
+def _walk(obj: object, prefix: str = ""):  # noqa: ANN202
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, f"{prefix}{k}.")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj[:50]):
+            yield from _walk(v, f"{prefix}{i}.")
+    else:
+        yield prefix.rstrip("."), obj
+
+
+@dataclass(frozen=True)
+class LRScheduleReset(Detector):
+    """Learning-rate discontinuities at resumes (and upward jumps after the peak)."""
+
+    code = "LR01"
+    name = "lr.schedule_reset"
+    requires = ("lr",)
+    rel_tol: float = 0.05
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding per discontinuity (the first three)."""
+        rows = _lr_rows(run)
+        if rows.height < 3:
+            return []
+        out: list[Finding] = []
+        segs = sorted(set(rows.get_column("segment").to_list()))
+        by_seg = {
+            g: rows.filter(pl.col("segment") == g).sort("step") for g in segs
+        }
+        all_first = by_seg[segs[0]].get_column("value").to_numpy()
+        lr_initial = float(all_first[0])
+        lr_peak_before: float = float(np.nanmax(all_first))
+        checked_steps: set[int] = set()
+        for a, b in zip(segs, segs[1:], strict=False):
+            prev, cur = by_seg[a], by_seg[b]
+            if cur.height == 0 or prev.height == 0:
+                continue
+            s0 = int(cur.get_column("step")[0])
+            obs = float(cur.get_column("value")[0])
+            same = prev.filter(pl.col("step") == s0)
+            if same.height:
+                exp = float(same.get_column("value")[-1])
+                how = "the earlier segment logged"
+            else:
+                exp = self._extrapolate(prev, s0)
+                how = "extrapolated from the earlier segment"
+            checked_steps.add(s0)
+            f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b)
+            if f:
+                out.append(f)
+            lr_peak_before = max(lr_peak_before, float(np.nanmax(cur.get_column("value").to_numpy())))
+        # upward jumps after the peak within the effective timeline (resume without a visible rewind)
+        s = run.series("lr")
+        assert s is not None
+        v, st = s.values, s.steps
+        if len(s) >= 4:
+            peak_i = 0
+            for i in range(1, len(v)):
+                if not (np.isfinite(v[i]) and np.isfinite(v[i - 1])) or v[i - 1] <= 0:
+                    continue
+                if v[i - 1] >= v[peak_i]:
+                    peak_i = i - 1
+                decayed = v[i - 1] < v[peak_i] * (1 - self.rel_tol) or (
+                    i - 1 > peak_i + 2 and v[i - 1] <= v[peak_i]
+                )
+                if v[i] > v[i - 1] * (1 + self.rel_tol) and decayed and int(st[i]) not in checked_steps:
+                    prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
+                    cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
+                    f = self._judge(
+                        run, cur, prev, int(st[i]), float(v[i]), self._extrapolate(prev, int(st[i])),
+                        "extrapolated from the preceding steps", lr_initial, float(v[peak_i]), int(s.segments[i]),
+                    )
+                    if f:
+                        out.append(f)
+                    if len(out) >= 3:
+                        break
+        return out[:3]
+
+    @staticmethod
+    def _extrapolate(prev: pl.DataFrame, step: int) -> float:
+        """Expected lr at ``step`` continuing the last points of ``prev`` linearly (per step)."""
+        st = prev.get_column("step").to_numpy()[-6:].astype(float)
+        v = prev.get_column("value").to_numpy()[-6:].astype(float)
+        ok = np.isfinite(v)
+        st, v = st[ok], v[ok]
+        if v.size == 0:
+            return float("nan")
+        if v.size < 2 or st[-1] == st[0]:
+            return float(v[-1])
+        slope = (v[-1] - v[0]) / (st[-1] - st[0])
+        return float(max(v[-1] + slope * (step - st[-1]), 0.0))
+
+    def _judge(
+        self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
+        lr_initial: float, lr_peak: float, segment: int,
+    ) -> Finding | None:
+        if not (np.isfinite(obs) and np.isfinite(exp)):
+            return None
+        rel = abs(obs - exp) / max(abs(exp), 1e-30)
+        cur_v = cur.get_column("value").to_numpy().astype(float)
+        ev: dict[str, object] = {
+            "step": s0, "observed_lr": obs, "expected_lr": exp, "expected_from": how,
+            "relative_difference": round(rel, 4), "initial_lr": lr_initial, "peak_lr_before": lr_peak,
+        }
+        if rel <= self.rel_tol:
+            # same value now: a changed decay rate (horizon change) shows over the next points
+            if prev.height >= 3 and cur.height >= 4:
+                pv = prev.get_column("value").to_numpy()[-4:].astype(float)
+                ps = prev.get_column("step").to_numpy()[-4:].astype(float)
+                cs = cur.get_column("step").to_numpy()[:8].astype(float)
+                slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
+                slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
+                if slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
+                    ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
+                    return self._finding(run, s0, segment, "horizon_change", 0.7, ev,
+                                         f"lr decay rate changed at the resume at step {s0}: "
+                                         f"{slope_prev:.3g}/step before, {slope_cur:.3g}/step after")
+            return None
+        rewarm = cur_v.size >= 3 and obs < exp and bool(np.all(np.diff(cur_v[: min(6, cur_v.size)]) > 0))
+        near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, 1e-30) or (
+            lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
+        )
+        if rewarm or near_initial:
+            mech = "reset_to_initial"
+            why = "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value"
+            conf = 0.85
+        else:
+            pv = prev.get_column("value").to_numpy().astype(float)
+            psteps = prev.get_column("step").to_numpy()
+            match = np.flatnonzero(np.abs(pv - obs) <= 0.005 * max(abs(obs), 1e-30))
+            if match.size:
+                mech = "offset"
+                ev["offset_steps"] = int(s0 - psteps[match[-1]])
+                why = f"lr equals the old schedule's value {ev['offset_steps']} steps away"
+                conf = 0.7
+            else:
+                mech = "reset_to_initial" if obs > exp else "horizon_change"
+                why = "lr jumps up" if obs > exp else "lr drops below the schedule"
+                conf = 0.6
+        return self._finding(run, s0, segment, mech, conf, ev,
+                             f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
+
+    def _finding(
+        self, run: RunData, step: int, segment: int, mech: str, conf: float, ev: dict[str, object], msg: str
+    ) -> Finding:
+        override = _intentional(run)
+        against: tuple[str, ...] = ()
+        if override:
+            ev["override"] = override
+            against = (f"the run folder sets {override}: the lr change was deliberate",)
+            mech, conf = "intentional_change", 0.2
+            msg += f"; the run sets {override}, so the change looks deliberate"
+        return self.finding(
+            cause="lr_schedule_reset", mechanism=mech, step=step, segment=segment, confidence=conf,
+            severity="info" if mech == "intentional_change" else "high", message=msg + ".", evidence=ev,
+            against=against,
+        )

@@ -1,0 +1,60 @@
+"""NF01 nonfinite.first: the first NaN/inf in any logged training signal.
+
+Rule (detectors.md D1; Megatron ``--check-for-nan-in-loss-and-grad``, smdebug
+``ExplodingTensor``): the earliest non-finite loss, grad norm, parameter norm or loss scale,
+or a ``nan_detected`` event (e.g. Megatron omitting ``lm loss`` from a line when its average
+is NaN). This marks where the failure became visible, NOT the onset; the engine looks for
+the departure that led here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.detectors.base import Detector
+from forensics.model import Finding, RunData
+
+_SIGNALS = ("loss", "grad_norm", "param_norm", "loss_scale", "update_ratio")
+
+
+@dataclass(frozen=True)
+class NonFinite(Detector):
+    """The first non-finite value among the core training signals."""
+
+    code = "NF01"
+    name = "nonfinite.first"
+    requires = ("loss", "grad_norm")
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding: the earliest non-finite value and which series it was."""
+        first: tuple[int, str, int] | None = None
+        counts: dict[str, int] = {}
+        for m in _SIGNALS:
+            s = run.series(m)
+            if s is None:
+                continue
+            bad = np.flatnonzero(~np.isfinite(s.values))
+            if bad.size:
+                counts[m] = int(bad.size)
+                st = int(s.steps[bad[0]])
+                if first is None or st < first[0]:
+                    first = (st, m, int(s.segments[bad[0]]))
+        if run.events.height:
+            nan_ev = run.events.filter((pl.col("kind") == "nan_detected") & pl.col("step").is_not_null())
+            if nan_ev.height:
+                st = int(nan_ev.get_column("step").min())  # type: ignore[arg-type]
+                counts["nan_events"] = nan_ev.height
+                if first is None or st < first[0]:
+                    seg = int(nan_ev.sort("step").get_column("segment")[0])
+                    first = (st, "nan_detected event", seg)
+        if first is None:
+            return []
+        step, what, seg = first
+        return [self.finding(
+            cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity="critical",
+            message=f"first non-finite {what} at step {step} (where the failure became visible, not its onset).",
+            evidence={"first_nonfinite_step": step, "series": what, "nonfinite_points": counts},
+        )]

@@ -1,0 +1,64 @@
+"""OL01 output.logit_divergence: output logits (or the output layer's norm) drifting upward.
+
+Rule (detectors.md D9; Wortsman et al. 2023, arXiv 2309.14322, section 3.2: output-logit
+divergence, mitigated by z-loss 1e-4 * log^2 Z as in PaLM, arXiv 2204.02311 section 5):
+the max output logit, |log Z|, or the norm of the output layer (``lm_head``, ``output_layer``,
+``embed_out``) leaves the trend of its early part for good (a knee: the growth accelerates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.detectors.signals import sustained_rise
+from forensics.model import Finding, RunData
+
+_HEAD_NAMES = ("lm_head", "output_layer", "embed_out", "unembed", "head.weight", "/head")
+
+
+@dataclass(frozen=True)
+class OutputLogitDivergence(Detector):
+    """Growth of output logits, |log Z| or the output-layer norm beyond their early trend."""
+
+    code = "OL01"
+    name = "output.logit_divergence"
+
+    def _candidates(self, run: RunData) -> list[str]:
+        out = [m for m in ("output_logit_max", "log_z") if run.has(m)]
+        out += [m for m in run.metric_names if any(h in m.lower() for h in _HEAD_NAMES) and "grad" not in m.lower()]
+        return out
+
+    def missing(self, run: RunData) -> str | None:
+        """Needs output_logit_max, log_z, or an output-layer norm series."""
+        return None if self._candidates(run) else "needs output_logit_max, log_z or an lm_head norm"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding: the earliest sustained rise among the candidate series."""
+        best = None
+        for m in self._candidates(run):
+            s = run.series(m)
+            if s is None or len(s) < 12:
+                continue
+            vals = np.abs(s.values) if m == "log_z" else s.values
+            d = sustained_rise(s.steps, vals, log=True, k_sigma=4.0, min_rel=0.02 if "head" in m else 0.25,
+                               min_run=5)
+            if d is None or d.slope_after <= 0:
+                continue
+            if m != "log_z" and "head" not in m.lower() and d.growth < 1.5:
+                continue
+            if best is None or d.onset_step < best[0]:
+                best = (d.onset_step, m, d, s)
+        if best is None:
+            return []
+        step, m, d, s = best
+        return [self.finding(
+            cause="update_scale_growth", mechanism="output_logit_divergence", step=step,
+            segment=segment_at(s, step), confidence=0.75, severity="high",
+            message=f"{m} leaves the trend of its early part at step {step} (trend {fmt(d.baseline)}, "
+            f"last {fmt(d.last)}, x{d.growth:.3g} since the onset).",
+            evidence={"metric": m, "onset_step": step, "trend_at_onset": d.baseline, "last": d.last,
+                      "growth_after_onset": d.growth, "log_slope_per_step": d.slope_after},
+        )]

@@ -1,0 +1,229 @@
+"""Shared departure analysis used by several detectors (computed once per run and metric).
+
+A *departure* of a positive series (loss, grad norm, update ratio) is a point whose robust z
+on the log scale against the trailing window reaches ``spike_z`` (OLMo-core: 6 sigma over the
+last 128 values, ``stability_monitor.py``), or a non-finite value; its onset is found by
+walking back while z >= ``onset_z`` (3; detectors.md section (b), "onset back-tracking").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.model import RunData, Series
+from forensics.stats import backtrack_onset, to_log, trailing_robust_z
+
+SPIKE_Z = 6.0
+"""Spike threshold in robust sigmas (OLMo-core StabilityMonitorCallback, 6 sigma / 128 steps)."""
+ONSET_Z = 3.0
+"""Back-tracking threshold in robust sigmas (detectors.md (b))."""
+WINDOW = 128
+"""Trailing window length in logged points (OLMo-core default)."""
+MIN_REL_JUMP = 0.10
+"""A spike must also exceed the trailing median by 10% (log 1.1): guards over-smooth series. Our choice."""
+
+
+@dataclass(frozen=True)
+class Departure:
+    """One departure of a series from its own trailing band.
+
+    Attributes:
+        metric: canonical metric.
+        index: position of the detection point in the series.
+        step: step of the detection point (first point with z >= SPIKE_Z or non-finite).
+        onset_step: first step of the excursion (back-tracked while z >= ONSET_Z).
+        onset_index: its position.
+        z: robust z at the detection point (inf for a non-finite value).
+        value: value at the detection point.
+        baseline: trailing median at the detection point (linear units).
+        peak: largest finite value within the excursion.
+        recovered_step: first step after the detection where the series is back inside
+            2 sigma of the pre-spike median and stays there for 10 points; None if never.
+        nonfinite: True when the detection point is NaN/inf.
+    """
+
+    metric: str
+    index: int
+    step: int
+    onset_step: int
+    onset_index: int
+    z: float
+    value: float
+    baseline: float
+    peak: float
+    recovered_step: int | None
+    nonfinite: bool
+
+
+def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Robust z (log scale) of a positive metric against its trailing window, cached per run."""
+    key = f"__z__{metric}"
+    if key in run._cache:  # noqa: SLF001 - RunData's cache is ours
+        return run._cache[key]  # type: ignore[return-value]
+    s = run.series(metric)
+    if s is None or len(s) < 8:
+        run._cache[key] = None
+        return None
+    lx = to_log(s.values)
+    z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=12, abs_floor=0.01)
+    out = (s, lx, z, np.exp(med))
+    run._cache[key] = out  # type: ignore[assignment]
+    return out
+
+
+def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
+    """Departures of ``metric`` in step order (at most ``limit``); [] if the metric is absent."""
+    zs = zscores(run, metric)
+    if zs is None:
+        return []
+    s, lx, z, med = zs
+    vals = s.values
+    out: list[Departure] = []
+    i, n = 0, len(s)
+    while i < n and len(out) < limit:
+        nonfinite = not np.isfinite(vals[i])
+        big = (
+            np.isfinite(z[i]) and z[i] >= SPIKE_Z and np.isfinite(med[i])
+            and vals[i] > med[i] * (1 + MIN_REL_JUMP)
+        )
+        if not (nonfinite or big):
+            i += 1
+            continue
+        onset_i = backtrack_onset(z, i, ONSET_Z)
+        # excursion end and recovery
+        j = i
+        peak = vals[i] if np.isfinite(vals[i]) else float("nan")
+        base_med, base_sig = med[onset_i], None
+        zi = z[onset_i]
+        if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
+            base_sig = (lx[onset_i] - np.log(base_med)) / zi
+        recovered = None
+        band = np.log(base_med) + 2 * (base_sig if base_sig and base_sig > 0 else 0.05) if np.isfinite(base_med) else None
+        k = i + 1
+        while k < n:
+            v = vals[k]
+            if np.isfinite(v) and (not np.isfinite(peak) or v > peak):
+                peak = v
+            if band is not None and np.isfinite(lx[k]) and lx[k] <= band:
+                window = lx[k:k + 10]
+                if window.shape[0] >= min(10, n - k) and np.all(np.isfinite(window)) and np.all(window <= band):
+                    recovered = int(s.steps[k])
+                    break
+            k += 1
+        j = k
+        out.append(
+            Departure(
+                metric=metric, index=i, step=int(s.steps[i]), onset_step=int(s.steps[onset_i]),
+                onset_index=onset_i, z=float("inf") if nonfinite else float(z[i]), value=float(vals[i]),
+                baseline=float(med[i]) if np.isfinite(med[i]) else float("nan"), peak=float(peak),
+                recovered_step=recovered, nonfinite=nonfinite,
+            )
+        )
+        if recovered is None:
+            break
+        i = max(j, i + 1)
+    return out
+
+
+def first_nonfinite(run: RunData, metrics: tuple[str, ...] = ("loss", "grad_norm")) -> tuple[str, int] | None:
+    """(metric, step) of the earliest NaN/inf value among ``metrics``, or None."""
+    best: tuple[str, int] | None = None
+    for m in metrics:
+        s = run.series(m)
+        if s is None:
+            continue
+        bad = np.flatnonzero(~np.isfinite(s.values))
+        if bad.size:
+            st = int(s.steps[bad[0]])
+            if best is None or st < best[1]:
+                best = (m, st)
+    return best
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A sustained rise of a series above the trend of its own early part.
+
+    Attributes:
+        onset_step: first step of the sustained excursion above the baseline trend.
+        onset_index: its position.
+        baseline: value the baseline trend predicts at the onset (linear units).
+        last: last finite value; ``growth`` = last / value at onset (linear units).
+        sigma: robust noise of the baseline residuals (log units when ``log``).
+        slope_after: Theil-Sen slope after the onset (log units per step when ``log``).
+    """
+
+    onset_step: int
+    onset_index: int
+    baseline: float
+    last: float
+    growth: float
+    sigma: float
+    slope_after: float
+
+
+def sustained_rise(
+    steps: np.ndarray,
+    values: np.ndarray,
+    *,
+    log: bool = True,
+    baseline_frac: float = 0.25,
+    min_baseline: int = 8,
+    k_sigma: float = 4.0,
+    min_rel: float = 0.05,
+    min_run: int = 5,
+    hold_frac: float = 0.8,
+) -> Drift | None:
+    """Find where a series leaves the robust linear trend of its early part for good.
+
+    The baseline trend is a Theil-Sen fit (``scipy.stats.theilslopes``) over the first
+    ``baseline_frac`` of the points (at least ``min_baseline``); the noise is 1.4826 * MAD of its
+    residuals. The onset is the first point from which the residual exceeds
+    max(k_sigma * sigma, log(1 + min_rel)) for ``min_run`` consecutive points and for at least
+    ``hold_frac`` of all the remaining points (a drift that stays, not a spike).
+
+    Args:
+        steps: int array (n,), increasing.
+        values: float array (n,); non-finite points are ignored.
+        log: work on log values (positive series).
+        baseline_frac: share of points used to fit the baseline.
+        min_baseline: minimum number of baseline points.
+        k_sigma: residual threshold in robust sigmas.
+        min_rel: minimum relative excursion (guards perfectly smooth series).
+        min_run: consecutive points above the threshold needed at the onset.
+        hold_frac: share of the remaining points that must stay above.
+
+    Returns:
+        A :class:`Drift`, or None when there is no sustained rise.
+    """
+    from scipy.stats import theilslopes
+
+    v = np.asarray(values, dtype=np.float64)
+    st = np.asarray(steps, dtype=np.float64)
+    ok = np.isfinite(v) & ((v > 0) if log else True)
+    v, st = v[ok], st[ok]
+    idx_map = np.flatnonzero(ok)
+    n = v.shape[0]
+    if n < min_baseline + min_run:
+        return None
+    y = np.log(v) if log else v
+    nb = max(min_baseline, int(n * baseline_frac))
+    if n - nb < min_run:
+        return None
+    fit = theilslopes(y[:nb], st[:nb])
+    trend = fit.intercept + fit.slope * st
+    resid = y - trend
+    sigma = 1.4826 * float(np.median(np.abs(resid[:nb] - np.median(resid[:nb]))))
+    thr = max(k_sigma * sigma, np.log1p(min_rel) if log else min_rel * max(abs(float(np.median(y[:nb]))), 1e-12))
+    above = resid > thr
+    for i in range(nb, n - min_run + 1):
+        if above[i:i + min_run].all() and above[i:].mean() >= hold_frac:
+            after = theilslopes(y[i:], st[i:]).slope if n - i >= 3 else float("nan")
+            base = float(np.exp(trend[i]) if log else trend[i])
+            return Drift(
+                onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=base, last=float(v[-1]),
+                growth=float(v[-1] / v[i]) if v[i] != 0 else float("inf"), sigma=sigma, slope_after=float(after),
+            )
+    return None

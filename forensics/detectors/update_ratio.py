@@ -1,0 +1,65 @@
+"""UP01 update.scale_growth: the update ratio ||dW||/||W|| (or its size per unit lr) keeps growing.
+
+Rule (detectors.md D5; Marin #1368: 2x update-norm spikes precede loss spikes; smdebug
+``WeightUpdateRatio``): the update ratio divided by the lr (AdamW's update scales with the lr,
+so the ratio during warm-up simply tracks the lr; tiny-runs.md) leaves the trend of its early
+part for good and ends at least ``min_growth`` (2x) above it. Also a sustained rise of the
+parameter norm. Without logged ratios the checkpoint readers provide them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.detectors.signals import sustained_rise
+from forensics.model import Finding, RunData
+
+
+@dataclass(frozen=True)
+class UpdateScaleGrowth(Detector):
+    """Sustained growth of the update ratio per unit lr (or of the parameter norm)."""
+
+    code = "UP01"
+    name = "update.scale_growth"
+    requires = ("update_ratio", "param_norm")
+    min_growth: float = 2.0
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding for the earliest sustained growth."""
+        found: list[tuple[int, str, dict[str, object], str]] = []
+        ur, lr = run.series("update_ratio"), run.series("lr")
+        if ur is not None and len(ur) >= 12:
+            vals, what = ur.values, "update ratio"
+            if lr is not None and len(lr) >= 12:
+                lrv = np.interp(ur.steps, lr.steps, np.where(np.isfinite(lr.values), lr.values, np.nan))
+                with np.errstate(all="ignore"):
+                    vals = np.where(lrv > 0, ur.values / lrv, np.nan)
+                what = "update ratio per unit lr"
+            d = sustained_rise(ur.steps, vals, log=True, k_sigma=4.0, min_rel=0.5)
+            if d is not None and d.growth * (d.baseline and 1) >= 1.0 and (
+                float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, 1e-30) >= self.min_growth
+            ):
+                found.append((d.onset_step, what, {"metric": "update_ratio", "normalised_by_lr": lr is not None,
+                              "baseline_at_onset": d.baseline, "max_after": float(np.nanmax(vals[d.onset_index:])),
+                              "onset_step": d.onset_step}, "update_ratio"))
+        pn = run.series("param_norm")
+        if pn is not None and len(pn) >= 12:
+            d = sustained_rise(pn.steps, pn.values, log=True, k_sigma=5.0, min_rel=0.1)
+            if d is not None and d.slope_after > 0:
+                found.append((d.onset_step, "parameter norm", {"metric": "param_norm", "baseline_at_onset": d.baseline,
+                              "last": d.last, "onset_step": d.onset_step}, "param_norm"))
+        if not found:
+            return []
+        step, what, ev, metric = min(found, key=lambda t: t[0])
+        s = run.series(metric)
+        base = ev.get("baseline_at_onset", float("nan"))
+        return [self.finding(
+            cause="update_scale_growth", mechanism="lr_too_high", step=step,
+            segment=segment_at(s, step) if s is not None else 0, confidence=0.6, severity="medium",
+            message=f"{what} rises above the trend of its early part from step {step} (trend {fmt(base)})"
+            + ("" if len(found) == 1 else "; the parameter norm rises too") + ".",
+            evidence=ev,
+        )]

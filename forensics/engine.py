@@ -1,0 +1,186 @@
+"""The engine: runs the detectors, picks the onset and the cause, asks for a recovery plan.
+
+Detectors report; the engine decides (STYLE.md item 5). Decision rules, in order:
+
+1. *Cause findings* (a cause family with confidence >= ``min_cause_conf``) are grouped per
+   family; a family's score is the noisy-OR of its findings' confidences, lowered by evidence
+   against it (a precursor before a "bad batch", an explicit override for an lr change).
+2. Lead-lag decides between families whose findings coexist: the family whose earliest
+   finding comes first explains the later ones, except that fp16 evidence (loss-scale
+   collapse, skipped steps) makes it ``overflow`` when update growth is all there is
+   before it (tiny-runs.md: the fp16 evidence is what distinguishes it).
+3. The onset is the earliest step over ALL the findings on the causal path of the chosen
+   cause: its own findings and the departures (grad norm, loss, divergence) that start at or
+   after the cause's first finding minus a window (DESIGN.md section 4).
+4. Verdict: ``anomaly`` when a cause is chosen or the run failed (NaN, divergence, unrecovered
+   spike: cause ``unknown`` when nothing explains it); ``transient`` when every departure
+   recovered by itself and nothing else fired; ``healthy`` otherwise.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from forensics.detectors import DETECTORS, Detector
+from forensics.model import Finding, Hypothesis, RunData, Skip
+
+MIN_CAUSE_CONF = 0.5
+"""A finding argues for its cause only at or above this confidence."""
+PATH_WINDOW = 128
+"""Departures this many steps before a cause's first finding still count as its onset."""
+
+_PRECURSORS = ("GN01", "SP01", "DV01", "NF01")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the engine concluded (the Analysis without sources and recovery)."""
+
+    verdict: str
+    cause: str | None
+    mechanism: str | None
+    confidence: float
+    onset: dict[str, int] | None
+    hypotheses: tuple[Hypothesis, ...]
+    findings: tuple[Finding, ...]
+    skipped: tuple[Skip, ...]
+    failure_step: int | None
+
+
+def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> tuple[list[Finding], list[Skip]]:
+    """Run every detector; a missing metric or a crashing detector becomes a Skip, never an error."""
+    findings: list[Finding] = []
+    skipped: list[Skip] = []
+    for det in detectors:
+        reason = det.missing(run)
+        if reason:
+            skipped.append(Skip(f"{det.code} {det.name}", f"not evaluated: {reason}"))
+            continue
+        try:
+            findings.extend(det.detect(run))
+        except Exception as exc:  # noqa: BLE001 - a crashing detector is a skip (STYLE.md item 7)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            skipped.append(Skip(f"{det.code} {det.name}",
+                                f"detector failed: {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"))
+    return findings, skipped
+
+
+def _noisy_or(confs: list[float]) -> float:
+    p = 1.0
+    for c in confs:
+        p *= 1.0 - max(0.0, min(1.0, c))
+    return 1.0 - p
+
+
+def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
+    """Run the detectors on ``run`` and decide verdict, cause, mechanism, onset and hypotheses."""
+    findings, skipped = run_detectors(run, detectors)
+    findings.sort(key=lambda f: (f.step if f.step is not None else 1 << 62, f.code))
+    by_code: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_code.setdefault(f.code, []).append(f)
+
+    nf = by_code.get("NF01", [])
+    dv = by_code.get("DV01", [])
+    spikes = by_code.get("SP01", [])
+    unrecovered = [f for f in spikes if f.evidence.get("recovered_step") is None]
+    failure_step = None
+    marks = [f.step for f in nf + dv + unrecovered if f.step is not None]
+    if marks:
+        failure_step = min(marks)
+    failed = bool(nf or dv or unrecovered)
+
+    cause_f = [f for f in findings if f.cause and f.cause != "unknown"]
+    families: dict[str, list[Finding]] = {}
+    for f in cause_f:
+        families.setdefault(f.cause, []).append(f)  # type: ignore[arg-type]
+
+    hyps: list[Hypothesis] = []
+    for fam, fs in families.items():
+        strong = [f for f in fs if f.confidence >= MIN_CAUSE_CONF]
+        score = _noisy_or([f.confidence for f in fs])
+        against = [a for f in fs for a in f.against]
+        support = [f"{f.code} step {f.step}: {f.message}" for f in fs]
+        mech = max(fs, key=lambda f: f.confidence).mechanism
+        first = min((f.step for f in fs if f.step is not None), default=None)
+        # a bad batch with data that kept training fine is transient, not a fault
+        if fam == "data_batch" and all(f.evidence.get("recovered_step") is not None for f in fs) and not failed:
+            score *= 0.6
+            against.append("every spike recovered by itself")
+        if not strong:
+            score = min(score, MIN_CAUSE_CONF - 0.01)
+        hyps.append(Hypothesis(fam, mech, score, tuple(support[:6]), tuple(dict.fromkeys(against))))
+        del first
+
+    # lead-lag: earliest strong family explains later ones; fp16 evidence makes growth an overflow
+    def first_step(fam: str) -> int:
+        return min((f.step for f in families.get(fam, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF),
+                   default=1 << 62)
+
+    strong_fams = [h for h in hyps if h.confidence >= MIN_CAUSE_CONF]
+    chosen: Hypothesis | None = None
+    if strong_fams:
+        ordered = sorted(strong_fams, key=lambda h: (first_step(h.cause), -h.confidence))
+        chosen = ordered[0]
+        fams = {h.cause for h in strong_fams}
+        if "overflow" in fams and chosen.cause == "update_scale_growth":
+            chosen = next(h for h in strong_fams if h.cause == "overflow")
+        # lr changes that were deliberate are never the chosen fault
+        if chosen.cause == "lr_schedule_reset" and chosen.mechanism == "intentional_change":
+            rest = [h for h in ordered if h is not chosen]
+            chosen = rest[0] if rest else None
+        if chosen is not None and chosen.cause == "data_batch" and len(ordered) > 1:
+            growth = [h for h in ordered if h.cause in ("update_scale_growth", "overflow")
+                      and first_step(h.cause) < first_step("data_batch")]
+            if growth:
+                chosen = growth[0]
+
+    # rank hypotheses: chosen first, then by score
+    hyps.sort(key=lambda h: (h is not chosen, -h.confidence))
+
+    verdict = "healthy"
+    cause = mechanism = None
+    confidence = 1.0
+    onset_step: int | None = None
+    if chosen is not None:
+        verdict, cause, mechanism, confidence = "anomaly", chosen.cause, chosen.mechanism, chosen.confidence
+        own = [f.step for f in families[chosen.cause] if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
+        onset_step = min(own) if own else failure_step
+        # departures on the causal path just before the cause's first finding
+        for f in findings:
+            if f.code in _PRECURSORS[:1] and f.step is not None and onset_step is not None:
+                if onset_step - PATH_WINDOW <= f.step < onset_step and (failure_step is None or f.step <= failure_step):
+                    onset_step = f.step
+        if cause == "data_batch" and not failed and all(
+            f.evidence.get("recovered_step") is not None for f in families["data_batch"]
+        ):
+            verdict = "transient"
+    elif failed:
+        verdict, cause, mechanism = "anomaly", "unknown", None
+        onset_step = min(f.step for f in findings if f.code in _PRECURSORS and f.step is not None)
+        confidence = 0.3
+        hyps.insert(0, Hypothesis("unknown", None, 0.3,
+                                  ("the run failed (non-finite or diverging loss) but no detector names a cause",),
+                                  ()))
+    elif spikes:
+        verdict, cause = "transient", "unknown"
+        onset_step = min(f.step for f in spikes if f.step is not None)
+        confidence = 0.4
+    if verdict == "healthy":
+        confidence = 1.0 - max((h.confidence for h in hyps), default=0.0)
+        cause = mechanism = None
+    onset = None
+    if onset_step is not None:
+        seg = next((f.segment for f in findings if f.step == onset_step and f.segment is not None), None)
+        if seg is None:
+            s = run.series("loss") or run.series("lr")
+            seg = 0
+            if s is not None and len(s):
+                import numpy as np
+
+                k = min(int(np.searchsorted(s.steps, onset_step)), len(s) - 1)
+                seg = int(s.segments[k])
+        onset = {"step": int(onset_step), "segment": int(seg)}
+    return Decision(verdict, cause, mechanism, float(confidence), onset, tuple(hyps), tuple(findings),
+                    tuple(skipped), failure_step)

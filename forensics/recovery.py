@@ -1,0 +1,219 @@
+"""The recovery planner: a controlled recovery trial for each cause (DESIGN.md section 5).
+
+Literature behind the defaults (shared/reference/detectors.md, "Recovery-trial recipe"):
+resume from the newest checkpoint at least 100 steps before the onset (PaLM, arXiv
+2204.02311 section 5.1); short arms run through the onset plus a margin: unchanged with the
+onset's batches skipped (PaLM skipped 200-500 batches), peak lr x0.5 and x0.25 with a
+re-warm-up, global-norm clipping 1.0 (OPT-175B logbook; Wortsman et al. 2023 defaults), bf16
+instead of fp16; rebuilding lost Adam moments with lr=0 for 5/(1-beta2) steps (BigScience).
+Success criteria come from the run's own pre-onset statistics.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from forensics.model import RecoveryPlan, RunData, Trial
+
+ROLLBACK_MIN = 100
+"""Steps before the onset the resume point must be at least (PaLM section 5.1)."""
+
+
+def _checkpoints(run: RunData) -> list[tuple[int, str]]:
+    """(step, path) of checkpoints known from the folder (``checkpoint-N``, ``step_N``...) and log events."""
+    found: dict[int, str] = {}
+    root = Path(run.run)
+    pat = re.compile(r"(?:checkpoint|ckpt|step|iter|global_step)[-_]?(\d+)", re.I)
+    if root.is_dir():
+        for p in sorted(root.rglob("*")):
+            m = pat.search(p.name)
+            if m and (p.is_dir() or p.suffix in (".pt", ".bin", ".safetensors", ".ckpt", ".pth")):
+                found.setdefault(int(m.group(1)), str(p.relative_to(root)))
+    if run.events.height:
+        for row in run.events.iter_rows(named=True):
+            if row["kind"] == "checkpoint_saved" and row["step"] is not None:
+                found.setdefault(int(row["step"]), f"checkpoint saved at step {row['step']} ({row['source']})")
+    return sorted(found.items())
+
+
+def _pre_onset_stats(run: RunData, onset: int, window: int = 128) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in ("loss", "grad_norm"):
+        s = run.series(m)
+        if s is None:
+            continue
+        sel = (s.steps < onset) & np.isfinite(s.values)
+        v = s.values[sel][-window:]
+        if v.size >= 5:
+            med = float(np.median(v))
+            out[f"{m}_median"] = med
+            out[f"{m}_sigma"] = float(1.4826 * np.median(np.abs(v - med)))
+            out[f"{m}_p95"] = float(np.percentile(v, 95))
+            out[f"{m}_p05"] = float(np.percentile(v, 5))
+    lr = run.series("lr")
+    if lr is not None and len(lr):
+        v = lr.values[np.isfinite(lr.values)]
+        if v.size:
+            out["peak_lr"] = float(v.max())
+            i_peak = int(np.argmax(lr.values == v.max()))
+            out["warmup_steps"] = float(lr.steps[i_peak] - lr.steps[0])
+    return out
+
+
+def _g(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | None,
+         evidence: dict[str, object] | None = None) -> RecoveryPlan | None:
+    """Build the recovery plan for one diagnosis.
+
+    Args:
+        run: The run (for checkpoints and pre-onset statistics).
+        cause: Chosen cause family, or None when healthy (then no plan).
+        mechanism: Mechanism within the cause.
+        onset: First anomalous step.
+        evidence: Evidence of the chosen cause's main finding (expected lr, batch index, ...).
+
+    Returns:
+        A :class:`RecoveryPlan`, or None for a healthy run.
+    """
+    if cause is None or onset is None:
+        return None
+    ev = dict(evidence or {})
+    stats = _pre_onset_stats(run, onset)
+    ckpts = _checkpoints(run)
+    target = onset - ROLLBACK_MIN
+    first_logged = int(run.metrics.get_column("step").min()) if run.metrics.height else 0  # type: ignore[arg-type]
+    before = [c for c in ckpts if c[0] <= target]
+    hw = cause == "hardware_or_distributed"
+    if hw:
+        before = [c for c in ckpts if c[0] <= onset] or before
+    if before:
+        step, path = before[-1]
+        resume = {"checkpoint": path, "step": step,
+                  "why": f"newest checkpoint at or before step {target if not hw else onset} "
+                  f"({'the last one before the fault' if hw else f'{ROLLBACK_MIN}+ steps before the onset {onset}'})"}
+    else:
+        step = max(first_logged, target)
+        resume = {"checkpoint": None, "step": step,
+                  "why": f"no checkpoint found in the folder; roll back to a checkpoint at or before step {step} "
+                  f"({ROLLBACK_MIN} steps before the onset {onset})"}
+    margin = max(200, int(0.1 * max(onset - int(resume["step"]), 0)))
+    length = max(onset - int(resume["step"]), 0) + margin
+    peak = stats.get("peak_lr")
+    warm = int(stats.get("warmup_steps", 0) or 0)
+    rewarm = max(50, min(warm, 2000)) if warm else 100
+    crit = _criteria(stats, length)
+    restore: list[str] = []
+    trials: list[Trial] = []
+    do_not: list[str] = []
+    if cause == "lr_schedule_reset":
+        exp = ev.get("expected_lr")
+        restore += [
+            "restore the LR scheduler state (scheduler.load_state_dict) from the checkpoint"
+            + (f"; the lr at step {onset} should be {_g(float(exp))}" if isinstance(exp, (int, float)) else ""),
+            "restore the optimizer state (optimizer.load_state_dict) too: chainable schedulers derive the next lr "
+            "from the optimizer's param_groups, so restoring only the scheduler is not enough",
+            "check the resumed lr against the schedule on the first logged step before letting it run",
+        ]
+        trials.append(Trial("scheduler restored", "resume with the scheduler and optimizer state restored; "
+                            "nothing else changed", length, {"restore_scheduler": True, "restore_optimizer": True}))
+        if mechanism == "horizon_change":
+            trials.append(Trial("original horizon", "keep the original total steps / decay horizon of the first "
+                                "launch (max_steps, num_train_epochs, lr-decay-iters)", length, {"keep_horizon": True}))
+        do_not.append("do not lower the peak lr: the schedule, not its level, changed")
+    elif cause == "overflow":
+        trials.append(Trial("bf16", "train in bf16 instead of fp16 (same range as fp32, no loss scaler needed)",
+                            length, {"precision": "bf16"}))
+        trials.append(Trial("fp32 for the offending block", "keep fp16 but run the overflowing block (attention "
+                            "softmax/scores or the FFN output) in fp32; unscale gradients before clipping",
+                            length, {"precision": "fp16", "fp32_modules": ev.get("module", "attention")}))
+        restore.append("never resume from a checkpoint with non-finite weights or optimizer moments")
+        restore.append("reset the loss scaler to its initial scale on resume")
+        if mechanism == "activation_overflow":
+            do_not.append("do not lower the lr: the overflow is in the forward pass, a lower lr does not bound "
+                          "activations")
+        else:
+            trials.append(Trial("lr x0.5 + clip 1.0", "peak lr x0.5 with a re-warm-up and global-norm clipping 1.0 "
+                                "(a loss-scale collapse is often a symptom of growing updates)", length,
+                                {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
+                                 "clip_grad_norm": 1.0}))
+    elif cause == "data_batch":
+        bi = ev.get("batch_index")
+        lo = onset if bi is None else int(bi)  # type: ignore[arg-type]
+        skip = [lo, lo + 199]
+        named = f" (batch index {bi} at step {onset})" if bi is not None else ""
+        trials.append(Trial("skip batches", f"resume unchanged and skip the batches {skip[0]}..{skip[1]}{named} "
+                            "(PaLM skipped 200-500 batches)", length, {"skip_batches": skip}))
+        trials.append(Trial("replay", "resume unchanged WITHOUT skipping to check the spike reproduces on the same "
+                            "data (confirms the batch, rules out hardware)", length, {"skip_batches": None}))
+        restore.append("restore the data-sampler position so the skip range is exact")
+        restore.append("inspect the named samples (empty, repeated-token, fully masked or corrupt sequences)")
+        do_not.append("do not lower the lr: nothing before the spike shows the optimizer was unstable")
+    elif cause == "update_scale_growth":
+        if mechanism == "attention_logit_growth":
+            trials.append(Trial("qk-layernorm", "add qk-layernorm (LayerNorm on queries and keys before the dot "
+                                "product; Wortsman et al. 2023, Dehghani et al. 2023) and resume",
+                                length, {"qk_layernorm": True}))
+        if mechanism == "output_logit_divergence":
+            trials.append(Trial("z-loss", "add z-loss 1e-4 * log^2 Z on the output logits (PaLM; Wortsman et al. "
+                                "2023), or a logit soft-cap", length, {"z_loss": 1e-4}))
+        if mechanism != "output_logit_divergence":
+            trials.append(Trial("lr x0.5", "peak lr x0.5 with a re-warm-up of "
+                                f"{rewarm} steps and global-norm clipping 1.0", length,
+                                {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
+                                 "clip_grad_norm": 1.0}))
+            trials.append(Trial("lr x0.25", "peak lr x0.25 with the same re-warm-up and clipping 1.0", length,
+                                {"peak_lr_factor": 0.25, "peak_lr": peak and peak * 0.25, "warmup_steps": rewarm,
+                                 "clip_grad_norm": 1.0}))
+        else:
+            trials.append(Trial("weight decay on the head", "keep the lr; apply weight decay to the output layer "
+                                "and check that the lm_head norm stops accelerating", length, {"head_weight_decay": True}))
+            do_not.append("do not lower the lr: the divergence grows at a low lr; it is the logits, not the step size")
+        restore.append("restore optimizer and scheduler state from the checkpoint (only the trial knobs change)")
+    elif cause == "hardware_or_distributed":
+        if mechanism == "collective_bug":
+            trials.append(Trial("overlap_comm off", "disable DeepSpeed overlap_comm (or raise reduce_bucket_size, "
+                                "or change the deepspeed version) and resume unchanged otherwise", length,
+                                {"overlap_comm": False}))
+        else:
+            trials.append(Trial("exclude the node", "exclude (drain) the faulty node/GPU, run a benchmark or GPU "
+                                "burn-in on it, and resume unchanged on other nodes", length, {"exclude_node": True}))
+        do_not.append("do not change hyper-parameters or roll back further: the model is fine, the machine is not")
+        do_not.append("do not lower the lr and do not skip data: neither addresses a hardware fault")
+    elif cause == "grad_scaling_bug":
+        trials.append(Trial("fix the scaling", "fix the constant-factor scaling (e.g. upgrade transformers / patch the "
+                            "loss normalisation by num_items_in_batch, or the adapter scale alpha/rank) and rerun",
+                            length, {}))
+        do_not.append("do not lower the lr or roll back: the run is consistently mis-scaled, not unstable")
+    elif cause == "state_not_restored":
+        restore.append("resume again and verify what is loaded: weights, optimizer moments, scheduler, data sampler")
+        restore.append("if optimizer moments were lost: run with lr=0 for 5/(1-beta2) steps to rebuild them, then resume")
+        trials.append(Trial("verified resume", "resume with every state verified against the checkpoint", length, {}))
+    else:  # unknown
+        trials.append(Trial("replay unchanged", "resume from the checkpoint unchanged to see whether the failure "
+                            "reproduces (data or hardware) or not", length, {}))
+        trials.append(Trial("lr x0.5 + clip 1.0", "peak lr x0.5 with a re-warm-up and global-norm clipping 1.0", length,
+                            {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": 1.0}))
+        trials.append(Trial("skip batches", f"resume and skip the batches around the onset ({onset}..{onset + 199})",
+                            length, {"skip_batches": [onset, onset + 199]}))
+    return RecoveryPlan(resume_from=resume, restore=tuple(restore), trials=tuple(trials[:4]),
+                        success_criteria=tuple(crit), do_not=tuple(do_not))
+
+
+def _criteria(stats: dict[str, float], length: int) -> list[str]:
+    out = []
+    if "loss_median" in stats:
+        out.append(f"no loss spike beyond 6 robust sigmas of the trailing 128 steps through the {length}-step trial "
+                   f"(pre-onset loss median {_g(stats['loss_median'])}, sigma {_g(stats['loss_sigma'])})")
+        out.append(f"after the onset step, the loss returns within 2 sigma of the pre-onset trend "
+                   f"({_g(stats['loss_median'])} +- {_g(2 * stats['loss_sigma'])}) and keeps decreasing")
+    if "grad_norm_median" in stats:
+        out.append(f"grad norm stays inside its pre-onset band [{_g(stats['grad_norm_p05'])}, "
+                   f"{_g(stats['grad_norm_p95'])}] (median {_g(stats['grad_norm_median'])}); clipping active on < 5% of steps")
+    out.append("no detector of train-forensics fires on the trial run (run `forensics analyze` on it)")
+    return out

@@ -1,0 +1,126 @@
+"""Robust statistics over a run's own history (no fixed absolute thresholds alone).
+
+Conventions of ``shared/reference/detectors.md`` section (b): a trailing window of W=128
+points (OLMo-core ``StabilityMonitorCallback`` default), robust z = (x - median_W) /
+(1.4826 * MAD_W) (1.4826 makes the MAD a consistent estimator of sigma for a normal law),
+computed on a log scale for positive, multiplicative series (loss, grad norm, update ratio).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+MAD_TO_SIGMA = 1.4826
+"""Consistency constant: sigma = 1.4826 * MAD for normally distributed data."""
+
+
+def to_log(values: np.ndarray) -> np.ndarray:
+    """Natural log of positive values; non-positive and non-finite values become NaN.
+
+    Args:
+        values: float array of any shape.
+
+    Returns:
+        Array of the same shape.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    out = np.full(v.shape, np.nan)
+    ok = np.isfinite(v) & (v > 0)
+    out[ok] = np.log(v[ok])
+    return out
+
+
+def trailing_robust_z(
+    x: np.ndarray, window: int = 128, min_points: int = 16, rel_floor: float = 0.0, abs_floor: float = 1e-12
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Robust z of each point against the ``window`` points before it (the point itself excluded).
+
+    Args:
+        x: float64 array, shape (n,); NaN entries are ignored in the window and get z = NaN.
+        window: trailing window length in points (OLMo-core default 128).
+        min_points: fewer finite points than this in the window -> z = NaN.
+        rel_floor: lower bound on sigma as a fraction of |median| (guards perfectly smooth series).
+        abs_floor: absolute lower bound on sigma.
+
+    Returns:
+        ``(z, median, sigma)``, each shape (n,). ``sigma`` is 1.4826 * MAD, floored.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    z = np.full(n, np.nan)
+    med = np.full(n, np.nan)
+    sig = np.full(n, np.nan)
+    if n < 2:
+        return z, med, sig
+    w = max(2, min(window, n - 1))
+    padded = np.concatenate([np.full(w, np.nan), x])
+    # windows[i] = x[i-w : i] (strictly before point i)
+    windows = sliding_window_view(padded, w)[:n]
+    counts = np.sum(np.isfinite(windows), axis=1)
+    ok = counts >= min(min_points, max(2, n // 4))
+    if not np.any(ok):
+        return z, med, sig
+    with np.errstate(all="ignore"):
+        m = np.nanmedian(windows[ok], axis=1)
+        mad = np.nanmedian(np.abs(windows[ok] - m[:, None]), axis=1)
+    s = np.maximum(MAD_TO_SIGMA * mad, np.maximum(rel_floor * np.abs(m), abs_floor))
+    med[ok] = m
+    sig[ok] = s
+    with np.errstate(all="ignore"):
+        z[ok] = (x[ok] - m) / s
+    return z, med, sig
+
+
+def backtrack_onset(z: np.ndarray, index: int, threshold: float = 3.0) -> int:
+    """Walk back from a detection index while the robust z stays at or above ``threshold``.
+
+    Args:
+        z: robust z per point, shape (n,) (NaN counts as below threshold).
+        index: the detection point.
+        threshold: the back-tracking level (detectors.md (b): z >= 3).
+
+    Returns:
+        The earliest index i <= ``index`` such that z[i..index] are all >= threshold (or non-finite
+        data points flagged by the caller); ``index`` itself if z[index-1] is already below.
+    """
+    i = index
+    while i - 1 >= 0 and np.isfinite(z[i - 1]) and z[i - 1] >= threshold:
+        i -= 1
+    return i
+
+
+def first_run(mask: np.ndarray, length: int) -> int | None:
+    """Index of the first point that starts ``length`` consecutive True values, or None."""
+    if length <= 1:
+        idx = np.flatnonzero(mask)
+        return int(idx[0]) if idx.size else None
+    run = 0
+    for i, v in enumerate(mask):
+        run = run + 1 if v else 0
+        if run >= length:
+            return i - length + 1
+    return None
+
+
+def robust_slope(steps: np.ndarray, y: np.ndarray, max_points: int = 400) -> float:
+    """Theil-Sen slope of y against steps (``scipy.stats.theilslopes``), evenly subsampled.
+
+    Args:
+        steps: x values, shape (n,).
+        y: y values, shape (n,); NaNs are dropped.
+        max_points: subsample to at most this many points (Theil-Sen is O(n^2)).
+
+    Returns:
+        Slope in y units per step (NaN when fewer than 3 finite points).
+    """
+    from scipy.stats import theilslopes
+
+    ok = np.isfinite(y)
+    xs, ys = np.asarray(steps, dtype=np.float64)[ok], np.asarray(y, dtype=np.float64)[ok]
+    if xs.shape[0] < 3:
+        return float("nan")
+    if xs.shape[0] > max_points:
+        idx = np.linspace(0, xs.shape[0] - 1, max_points).astype(int)
+        xs, ys = xs[idx], ys[idx]
+    return float(theilslopes(ys, xs).slope)
