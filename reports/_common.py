@@ -1,0 +1,163 @@
+"""Helpers shared by the renderers: the Jinja environments and value formatting."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def plain(value: Any) -> Any:
+    """Turn a value into plain JSON data; non-finite floats become ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+
+    Args:
+        value: Anything found in evidence or meta (numpy scalars and arrays, tuples, mappings).
+
+    Returns:
+        An object made of dict/list/str/int/float/bool/None only, every float finite.
+    """
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, np.generic):
+        value = value.item()
+        if value is None or isinstance(value, bool | str):
+            return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return [plain(v) for v in items]
+    if hasattr(value, "to_dict"):
+        return plain(value.to_dict())
+    return str(value)
+
+
+def fmt_num(value: Any, digits: int = 4) -> str:
+    """Format a number for a person: ``4`` significant digits, ``NaN``/``inf`` spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if value == int(value) and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def compact(value: Any, limit: int = 120) -> str:
+    """One-line rendering of any value (mappings as ``k=v``, lists shortened), cut at ``limit`` chars."""
+    if isinstance(value, Mapping):
+        text = ", ".join(f"{k}={compact(v, limit)}" for k, v in value.items())
+    elif isinstance(value, np.ndarray):
+        return compact(value.tolist(), limit)
+    elif isinstance(value, list | tuple):
+        shown = [compact(v, limit) for v in value[:8]]
+        more = f", +{len(value) - 8} more" if len(value) > 8 else ""
+        text = "[" + ", ".join(shown) + more + "]"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = fmt_num(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def key_evidence(evidence: Mapping[str, Any], items: int = 5, limit: int = 160) -> str:
+    """The first few evidence items as ``k=v; ...`` for a table cell."""
+    parts = [f"{k}={compact(v, 60)}" for k, v in list(evidence.items())[:items]]
+    if len(evidence) > items:
+        parts.append(f"+{len(evidence) - items} more")
+    return compact("; ".join(parts), limit)
+
+
+def pretty_json(value: Any, limit: int = 4000) -> str:
+    """Indented JSON of a value (for a collapsible block), cut at ``limit`` chars."""
+    text = json.dumps(plain(value), indent=2, allow_nan=False)
+    return text if len(text) <= limit else text[:limit] + "\n\u2026"
+
+
+def oneline(value: Any) -> str:
+    """Collapse whitespace (newlines included) to single spaces."""
+    return " ".join(str(value).split())
+
+
+def md_cell(value: Any) -> str:
+    """Make a value safe inside a Markdown table cell (one line, ``|`` escaped)."""
+    return oneline(value).replace("|", "\\|")
+
+
+def fmt_conf(value: float | None) -> str:
+    """Confidence as two decimals (``0.82``)."""
+    return "-" if value is None else f"{float(value):.2f}"
+
+
+def flatten(meta: Mapping[str, Any], prefix: str = "", depth: int = 3) -> list[tuple[str, str]]:
+    """Flatten nested configuration into ``(dotted.key, compact value)`` rows, sorted by key."""
+    rows: list[tuple[str, str]] = []
+    for key, value in meta.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and depth > 1:
+            rows.extend(flatten(value, f"{name}.", depth - 1))
+        else:
+            rows.append((name, compact(value, 200)))
+    return sorted(rows) if not prefix else rows
+
+
+def onset_label(onset: Mapping[str, Any] | None) -> str:
+    """``step 1234 (segment 1)`` or ``none``."""
+    if not onset:
+        return "none"
+    seg = onset.get("segment")
+    return f"step {onset.get('step')}" + ("" if seg is None else f" (segment {seg})")
+
+
+@cache
+def environment(autoescape: bool) -> jinja2.Environment:
+    """The Jinja environment over ``reports/templates`` (StrictUndefined; autoescape for HTML).
+
+    Args:
+        autoescape: True for HTML templates, False for Markdown.
+
+    Returns:
+        A cached environment with the formatting filters registered.
+    """
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=autoescape,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        num=fmt_num, compact=compact, conf=fmt_conf, oneline=oneline, md_cell=md_cell,
+        key_evidence=key_evidence, pretty_json=pretty_json, onset_label=onset_label,
+    )
+    return env

@@ -1,0 +1,406 @@
+"""Tests of the renderers in ``reports/`` (HTML, JSON, Markdown, text) on hand-built analyses."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+import jsonschema
+import numpy as np
+import polars as pl
+import pytest
+
+import forensics
+from forensics.model import (
+    CAUSES,
+    SEVERITIES,
+    Analysis,
+    Finding,
+    Hypothesis,
+    RecoveryPlan,
+    RunData,
+    Skip,
+    SourceInfo,
+    Trial,
+)
+from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, empty_events
+from reports import ReportFormat, render
+from reports.charts import BUCKETS, display_indices, minmax_indices
+from reports.html_report import chart_plan, render_html
+from reports.json_report import load_schema, render_json, to_dict
+from reports.markdown_report import MAX_LINES, render_markdown
+from reports.text_report import render_text
+
+# ----------------------------------------------------------------------------------- builders
+
+
+def metrics_frame(columns: dict[str, np.ndarray], steps: np.ndarray, segments: np.ndarray,
+                  run: str = "run") -> pl.DataFrame:
+    """A long metrics table (METRICS_SCHEMA layout) from wide numpy columns."""
+    parts = []
+    n = steps.shape[0]
+    for name, values in columns.items():
+        parts.append(pl.DataFrame({
+            "run": pl.Series([run] * n, dtype=pl.String) if n < 10_000 else pl.repeat(run, n, eager=True),
+            "segment": pl.Series(segments, dtype=pl.Int32),
+            "step": pl.Series(steps, dtype=pl.Int64),
+            "metric": pl.repeat(name, n, eager=True),
+            "value": pl.Series(values, dtype=pl.Float64, nan_to_null=False),
+            "wall_time": pl.Series([None] * n, dtype=pl.Float64) if n < 10_000
+            else pl.repeat(None, n, dtype=pl.Float64, eager=True),
+            "tag": pl.repeat(f"train/{name}", n, eager=True),
+            "source": pl.repeat("metrics.jsonl", n, eager=True),
+        }))
+    df = pl.concat(parts)
+    assert [(f.name) for f in METRICS_SCHEMA] == df.columns
+    return df
+
+
+def make_run(n: int = 500, *, restart: int = 300, layers: int = 0, name: str = "runs/toy") -> RunData:
+    """500 steps of loss/lr/grad_norm in two segments (restart at step 300), NaN at the end."""
+    steps = np.arange(n, dtype=np.int64)
+    segments = (steps >= restart).astype(np.int32)
+    rng = np.random.default_rng(0)
+    loss = 5.0 * np.exp(-steps / (n / 3)) + 1.5 + 0.05 * rng.standard_normal(n)
+    grad = 1.0 + 0.1 * rng.standard_normal(n)
+    onset = int(n * 0.9)
+    grad[onset:] *= np.exp(np.arange(n - onset) / 4.0)
+    loss[onset + 3:] += np.exp(np.arange(n - onset - 3) / 5.0) - 1
+    loss[-1] = math.nan
+    grad[-1] = math.inf
+    lr = np.minimum(1.0, (steps + 1) / 50.0) * 3e-4
+    cols = {"loss": loss, "lr": lr, "grad_norm": grad}
+    for i in range(layers):
+        cols[f"attn_logit_max/layer{i}"] = 10 + i + 0.05 * steps * (1 + (steps >= onset) * 3)
+    metrics = metrics_frame(cols, steps, segments, run=name)
+    events = pl.from_arrow(empty_events())
+    assert isinstance(events, pl.DataFrame) and events.schema.names() == EVENTS_SCHEMA.names
+    return RunData(
+        run=name, metrics=metrics, events=events,
+        meta={"lr": 3e-4, "optimizer": {"name": "adamw", "betas": [0.9, 0.95]}},
+        sources=[SourceInfo("metrics.jsonl", "jsonl", n, 2)], skipped=[],
+    )
+
+
+def healthy(run: str = "runs/healthy") -> Analysis:
+    """A healthy analysis: no cause, no onset, no recovery."""
+    return Analysis(
+        run=run, verdict="healthy", cause=None, mechanism=None, confidence=0.9, onset=None,
+        hypotheses=(), findings=(), recovery=None,
+        sources=(SourceInfo("metrics.jsonl", "jsonl", 500, 1),),
+        skipped=(Skip("OV02", "metric loss_scale not logged"),),
+        summary="Nothing anomalous.", meta={"lr": 3e-4},
+    )
+
+
+def anomaly(run: str = "runs/toy") -> Analysis:
+    """An anomaly with findings (non-finite evidence), hypotheses and a recovery plan."""
+    f1 = Finding(
+        code="UG01", name="update.grad_norm_growth", cause="update_scale_growth", mechanism="lr_too_high",
+        step=450, segment=1, confidence=0.82, severity="high",
+        message="grad_norm grew 40x over 45 steps before the loss diverged.",
+        evidence={"metric": "grad_norm", "growth": 40.2, "window": [405, 450], "last": math.inf,
+                  "z": np.float64(9.1), "steps": np.array([450, 451])},
+        against=("lr continuous across the resume",),
+    )
+    f2 = Finding(
+        code="NF01", name="nonfinite.loss", cause="overflow", mechanism="activation_overflow",
+        step=499, segment=1, confidence=0.4, severity="critical",
+        message="loss is NaN at step 499 | first non-finite value.",
+        evidence={"metric": "loss", "value": math.nan, "neg": -math.inf},
+    )
+    f3 = Finding(
+        code="LR02", name="lr.resume_check", cause=None, mechanism=None, step=300, segment=1,
+        confidence=0.1, severity="info", message="lr is continuous across the resume at step 300.",
+    )
+    plan = RecoveryPlan(
+        resume_from={"checkpoint": "ckpt/step_400", "step": 400,
+                     "why": "newest finite checkpoint before onset"},
+        restore=("optimizer moments", "scheduler state (expected lr 3e-4)"),
+        trials=(
+            Trial("lr x0.5", "peak lr x0.5 with 50-step re-warm-up", 150,
+                  {"peak_lr_factor": 0.5, "warmup_steps": 50, "clip_grad_norm": 1.0}),
+            Trial("lr x0.25", "peak lr x0.25 with 50-step re-warm-up", 150,
+                  {"peak_lr_factor": 0.25, "warmup_steps": 50, "clip_grad_norm": 1.0}),
+        ),
+        success_criteria=("no loss spike beyond 6 robust sigmas", "grad_norm within [0.8, 1.3]"),
+        do_not=("do not resume from ckpt/step_480: non-finite exp_avg_sq",),
+    )
+    return Analysis(
+        run=run, verdict="anomaly", cause="update_scale_growth", mechanism="lr_too_high", confidence=0.78,
+        onset={"step": 450, "segment": 1},
+        hypotheses=(
+            Hypothesis("update_scale_growth", "lr_too_high", 0.78, ("grad_norm leads loss by 3 steps",),
+                       ("no Q/K checkpoint evidence",)),
+            Hypothesis("overflow", "activation_overflow", 0.2, ("NaN loss at 499",),
+                       ("growth precedes NaN",)),
+        ),
+        findings=(f1, f2, f3), recovery=plan,
+        sources=(SourceInfo("metrics.jsonl", "jsonl", 500, 2),
+                 SourceInfo("https://example.org/x", "csv", 3, 1)),
+        skipped=(Skip("checkpoints/", "no checkpoints found"), Skip("OV02", "metric loss_scale not logged")),
+        summary="grad_norm grew for 45 steps before the loss diverged at step 453.",
+        meta={"lr": 3e-4, "optimizer": {"name": "adamw", "betas": [0.9, 0.95], "eps": 1e-8},
+              "warmup": math.nan},
+    )
+
+
+def transient(run: str = "runs/transient") -> Analysis:
+    """A transient: an isolated spike that recovered; monitor, no roll-back trials."""
+    f = Finding(
+        code="DB01", name="data.isolated_spike", cause="data_batch", mechanism="bad_batch",
+        step=200, segment=0,
+        confidence=0.6, severity="medium", message="Isolated loss spike at step 200 with no precursor.",
+        evidence={"metric": "loss", "batch_index": 1234, "robust_z": 14.2},
+    )
+    return Analysis(
+        run=run, verdict="transient", cause="data_batch", mechanism="bad_batch", confidence=0.6,
+        onset={"step": 200, "segment": 0},
+        hypotheses=(Hypothesis("data_batch", "bad_batch", 0.6, ("no precursor",)),),
+        findings=(f,), recovery=None, sources=(), skipped=(), summary="Recovered by itself; monitor.",
+    )
+
+
+ANALYSES = {"healthy": healthy, "anomaly": anomaly, "transient": transient}
+
+# ----------------------------------------------------------------------------------- dispatch
+
+
+@pytest.fixture(scope="module")
+def run() -> RunData:
+    """The 500-step, two-segment run."""
+    return make_run(layers=4)
+
+
+@pytest.mark.parametrize("fmt", list(ReportFormat))
+@pytest.mark.parametrize("kind", list(ANALYSES))
+def test_every_format_renders(fmt: ReportFormat, kind: str, run: RunData) -> None:
+    """STYLE item 8: every member of the enum renders every verdict."""
+    out = render(ANALYSES[kind](), run, fmt, html_path="/tmp/r.html")
+    assert isinstance(out, str) and out.strip()
+
+
+def test_format_values_and_strings(run: RunData) -> None:
+    """The enum values are the CLI's -f choices; a plain string works as well."""
+    assert [f.value for f in ReportFormat] == ["html", "json", "markdown", "text"]
+    assert json.loads(render(anomaly(), None, "json"))["verdict"] == "anomaly"
+    with pytest.raises(ValueError):
+        render(anomaly(), run, "pdf")
+
+
+def test_render_without_run_has_no_charts() -> None:
+    """run=None renders, with the charts section saying why it is empty."""
+    html = render(anomaly(), None, ReportFormat.html)
+    assert 'id="charts"' in html and "<svg" not in html
+
+
+# ----------------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize("kind", list(ANALYSES))
+def test_json_validates_against_schema(kind: str) -> None:
+    """Strict JSON (no NaN tokens) that validates against the published schema."""
+    text = render_json(ANALYSES[kind]())
+    obj = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(obj)
+    assert obj["schema_version"] == forensics.SCHEMA_VERSION
+
+
+def test_json_contract_keys_and_values() -> None:
+    """Section 7 keys, onset shape, non-finite evidence kept as strings, numpy converted."""
+    obj = to_dict(anomaly())
+    for key in ("schema_version", "run", "verdict", "cause", "mechanism", "confidence", "onset", "hypotheses",
+                "findings", "recovery", "sources", "skipped"):
+        assert key in obj
+    assert obj["onset"] == {"step": 450, "segment": 1}
+    assert set(obj["hypotheses"][0]) >= {"cause", "mechanism", "confidence", "for", "against"}
+    ev = obj["findings"][0]["evidence"]
+    assert ev["last"] == "Infinity" and ev["z"] == 9.1 and ev["steps"] == [450, 451]
+    assert obj["findings"][1]["evidence"] == {"metric": "loss", "value": "NaN", "neg": "-Infinity"}
+    assert obj["meta"]["warmup"] == "NaN"
+    assert obj["recovery"]["resume_from"]["step"] == 400
+    assert obj["sources"][0] == {"path": "metrics.jsonl", "format": "jsonl", "records": 500, "segments": 2}
+    assert obj["skipped"][0] == {"what": "checkpoints/", "reason": "no checkpoints found"}
+    h = to_dict(healthy())
+    assert h["cause"] is None and h["onset"] is None and h["recovery"] is None
+
+
+def test_schema_enums_follow_the_model() -> None:
+    """The schema's cause and severity enums are exactly forensics.model's."""
+    schema = load_schema()
+    assert schema["properties"]["cause"]["enum"] == [*CAUSES, None]
+    assert schema["$defs"]["hypothesis"]["properties"]["cause"]["enum"] == list(CAUSES)
+    assert schema["$defs"]["finding"]["properties"]["severity"]["enum"] == list(SEVERITIES)
+    assert schema["properties"]["schema_version"]["const"] == forensics.SCHEMA_VERSION
+
+
+def test_schema_rejects_bad_objects() -> None:
+    """Unknown verdicts and causes, a cause on a healthy run, a bad onset: all rejected."""
+    validator = jsonschema.Draft202012Validator(load_schema())
+    good = to_dict(anomaly())
+    assert validator.is_valid(good)
+    for patch in ({"verdict": "broken"}, {"cause": "gremlins"}, {"onset": {"step": "x", "segment": 0}},
+                  {"confidence": 1.5}, {"verdict": "healthy"}):
+        assert not validator.is_valid({**good, **patch}), patch
+    missing = dict(good)
+    del missing["skipped"]
+    assert not validator.is_valid(missing)
+
+
+# ----------------------------------------------------------------------------------- HTML
+
+SECTION_IDS = (
+    "verdict", "onset", "charts", "evidence", "hypotheses", "recovery", "sources", "skipped", "config",
+)
+_EXTERNAL = re.compile(r"""\b(?:src|href|xlink:href|action|poster)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+@pytest.mark.parametrize("kind", list(ANALYSES))
+def test_html_sections_and_self_contained(kind: str, run: RunData) -> None:
+    """Every section id, inline SVG charts, no external resource loads."""
+    html = render_html(ANALYSES[kind](), run)
+    for sid in SECTION_IDS:
+        assert f'id="{sid}"' in html, sid
+    assert "<svg" in html and "<?xml" not in html and "<!DOCTYPE svg" not in html
+    assert not _EXTERNAL.search(html), _EXTERNAL.search(html)
+    assert not re.search(r"@import|url\(\s*['\"]?https?:", html)
+    assert html.count('<section id="') == len(SECTION_IDS)
+    ids = re.findall(r'\bid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), "duplicate element ids across inline SVGs"
+
+
+def test_html_content(run: RunData) -> None:
+    """Verdict banner, onset, evidence, trials, do-not, sources, skips and config all appear."""
+    html = render_html(anomaly(), run)
+    assert 'class="banner anomaly"' in html
+    assert "step <strong>450</strong>" in html or "step 450" in html
+    for text in ("UG01", "update.grad_norm_growth", "lr x0.25", "ckpt/step_400", "non-finite exp_avg_sq",
+                 "no checkpoints found", "optimizer.name", "adamw", "no Q/K checkpoint evidence"):
+        assert text in html, text
+    for cid in ("chart-loss", "chart-lr", "chart-grad_norm", "zoom-loss", "zoom-grad_norm",
+                "layers-attn_logit_max"):
+        assert f'id="{cid}"' in html, cid
+    assert 'class="banner healthy"' in render_html(healthy(), run)
+    assert 'class="banner transient"' in render_html(transient(), run)
+
+
+def test_html_autoescape(run: RunData) -> None:
+    """A hostile run name or message is escaped, never executed."""
+    bad = anomaly(run="<script>alert(1)</script>")
+    html = render_html(bad, run)
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    md = render_markdown(bad)
+    assert "alert(1)" in md  # markdown is plain text: not escaped, but kept inside code spans
+
+
+def test_chart_plan_includes_referenced_metrics() -> None:
+    """A metric the findings reference is charted even when it is not a default."""
+    r = make_run(n=200, restart=150)
+    extra = metrics_frame({"param_norm": np.linspace(1, 2, 200)}, np.arange(200), np.zeros(200, np.int32))
+    r = RunData(r.run, pl.concat([r.metrics, extra]), r.events, r.meta, r.sources, r.skipped)
+    a = anomaly()
+    f = Finding("PN01", "param.norm_drift", "update_scale_growth", None, 100, 0, 0.5, "low", "drift",
+                {"metric": "param_norm"})
+    a2 = Analysis(**{**a.__dict__, "findings": (*a.findings, f)})
+    main, zoom, layers = chart_plan(a2, r)
+    assert main[:3] == ["loss", "lr", "grad_norm"] and "param_norm" in main
+    assert zoom == ["loss", "grad_norm"] and layers == {}
+    main_h, zoom_h, _ = chart_plan(healthy(), r)
+    assert "param_norm" not in main_h and zoom_h == []
+
+
+def test_downsampling_keeps_extremes_and_onset_window() -> None:
+    """Min/max per bucket survive; the onset window keeps every point."""
+    n = 100_000
+    steps = np.arange(n, dtype=np.int64)
+    values = np.sin(steps / 1000.0)
+    values[12_345] = 50.0
+    values[67_890] = -50.0
+    values[80_000] = math.nan
+    idx = minmax_indices(values)
+    assert idx.size <= 2 * BUCKETS + 2 + BUCKETS
+    assert {12_345, 67_890, 80_000, 0, n - 1} <= set(idx.tolist())
+    idx2 = display_indices(steps, values, (50_000, 50_200), 50_100)
+    assert set(range(50_000, 50_201)) <= set(idx2.tolist())
+    assert np.array_equal(minmax_indices(values[:100]), np.arange(100))
+
+
+# ----------------------------------------------------------------------------------- Markdown and text
+
+
+@pytest.mark.parametrize("kind", list(ANALYSES))
+def test_markdown_is_short(kind: str) -> None:
+    """Under 60 lines, with the verdict, onset and where the HTML report is."""
+    md = render_markdown(ANALYSES[kind](), html_path="reports/run.html")
+    assert len(md.splitlines()) < MAX_LINES
+    assert f"**Verdict: {kind.upper()}**" in md
+    assert "reports/run.html" in md
+
+
+def test_markdown_content_and_caps() -> None:
+    """Top-5 evidence, trials table with escaped pipes, success criteria, do-not; long lists capped."""
+    a = anomaly()
+    md = render_markdown(a)
+    assert "| lr x0.5 |" in md and "Resume from:** `ckpt/step_400` at step 400" in md
+    piped = RecoveryPlan(a.recovery.resume_from, (), (Trial("a|b", "x | y", 5),), ())  # type: ignore[union-attr]
+    md_piped = render_markdown(Analysis(**{**a.__dict__, "recovery": piped}))
+    assert "| a\\|b | x \\| y | 5 |" in md_piped
+    assert "**Do not:**" in md and "Success criteria" in md
+    many = tuple(
+        Finding(f"X{i:02d}", f"x.f{i}", "unknown", None, i, 0, 0.5, "low", f"finding {i}\nsecond line")
+        for i in range(40)
+    )
+    plan = RecoveryPlan({"checkpoint": None, "step": 10, "why": "w"}, tuple(f"r{i}" for i in range(20)),
+                        tuple(Trial(f"t{i}", "c", 10) for i in range(10)), tuple(f"s{i}" for i in range(20)),
+                        tuple(f"d{i}" for i in range(20)))
+    big = Analysis(**{**a.__dict__, "findings": many, "recovery": plan,
+                      "skipped": tuple(Skip(f"f{i}", "r") for i in range(50))})
+    md2 = render_markdown(big)
+    assert len(md2.splitlines()) < MAX_LINES
+    assert "X04" in md2 and "X05" not in md2 and "top 5 of 40" in md2
+    assert "second line" in md2 and "finding 0\n" not in md2
+
+
+def test_text_plain_and_color() -> None:
+    """Plain text has no escape codes; colour output has ANSI codes and the same words."""
+    a = anomaly()
+    plain = render_text(a, color=False)
+    assert "\x1b[" not in plain
+    assert "ANOMALY" in plain and "update_scale_growth / lr_too_high" in plain
+    assert "step 450 (segment 1)" in plain and "step 400 (ckpt/step_400)" in plain and "lr x0.5" in plain
+    assert plain.count("evidence:") == 3
+    colored = render_text(a, color=True)
+    assert "\x1b[" in colored and "ANOMALY" in colored
+    assert "HEALTHY" in render_text(healthy(), color=False)
+    assert len(render_text(a, color=False).splitlines()) <= 12
+
+
+# ----------------------------------------------------------------------------------- size bound
+
+
+def test_million_step_report_stays_small() -> None:
+    """A 1M-step run (3 metrics, 2 segments, NaN tail) renders to < 3 MB, in reasonable time."""
+    n = 1_000_000
+    steps = np.arange(n, dtype=np.int64)
+    segments = (steps >= 600_000).astype(np.int32)
+    rng = np.random.default_rng(1)
+    loss = 3 + np.exp(-steps / 2e5) + 0.05 * rng.standard_normal(n)
+    loss[990_000:] = math.nan
+    grad = np.abs(1 + 0.2 * rng.standard_normal(n))
+    grad[989_000:990_000] *= np.linspace(1, 1e4, 1000)
+    lr = np.minimum(1.0, (steps + 1) / 2000) * 3e-4
+    metrics = metrics_frame({"loss": loss, "lr": lr, "grad_norm": grad}, steps, segments, run="big")
+    r = RunData("big", metrics, pl.from_arrow(empty_events()), {}, [SourceInfo("m.jsonl", "jsonl", n, 2)], [])
+    a = Analysis(**{**anomaly(run="big").__dict__, "onset": {"step": 989_000, "segment": 1}})
+    t0 = time.perf_counter()
+    html = render_html(a, r)
+    elapsed = time.perf_counter() - t0
+    size = len(html.encode("utf-8"))
+    assert size < 3_000_000, size
+    assert 'id="zoom-loss"' in html and "10,000 NaN" in html and "NaN (10,000)" in html
+    assert elapsed < 60, elapsed
