@@ -32,8 +32,9 @@ def analyze_run(run: RunData) -> Analysis:
         if fs:
             main_ev = dict(max(fs, key=lambda f: f.confidence).evidence)
     recovery = None
-    if d.verdict == "anomaly":
-        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev)
+    if d.verdict in ("anomaly", "transient"):
+        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev,
+                        transient=d.verdict == "transient")
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
     return Analysis(

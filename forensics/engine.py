@@ -108,6 +108,14 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
         if fam == "data_batch" and all(f.evidence.get("recovered_step") is not None for f in fs) and not failed:
             score *= 0.6
             against.append("every spike recovered by itself")
+        if fam == "data_batch":
+            earlier = [f for f in cause_f if f.cause in ("update_scale_growth", "overflow", "lr_schedule_reset")
+                       and f.confidence >= MIN_CAUSE_CONF and f.step is not None and first is not None
+                       and f.step < first]
+            if earlier:
+                score *= 0.4
+                against.append(f"{earlier[0].code} ({earlier[0].cause}) departs earlier, at step {earlier[0].step}: "
+                               "the spike has a precursor")
         if not strong:
             score = min(score, MIN_CAUSE_CONF - 0.01)
         hyps.append(Hypothesis(fam, mech, score, tuple(support[:6]), tuple(dict.fromkeys(against))))

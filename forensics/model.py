@@ -210,7 +210,8 @@ class RecoveryPlan:
 
     def actions_text(self) -> str:
         """All recommended actions as one string (everything but ``do_not``), for matching."""
-        parts = [str(self.resume_from.get("why", ""))]
+        rf = self.resume_from
+        parts = [f"resume from {rf.get('checkpoint') or 'a checkpoint'} (step {rf.get('step')})", str(rf.get("why", ""))]
         parts += list(self.restore)
         for t in self.trials:
             parts += [t.name, t.change]
@@ -294,9 +295,15 @@ class RunData:
         if df.height == 0:
             self._cache[metric] = None
             return None
-        counts = df.group_by("source").len().sort(["len", "source"], descending=[True, False])
-        best = counts.get_column("source")[0]
-        df = df.filter(pl.col("source") == best).with_row_index("_i")
+        # the files of one source group (parsers.discover: e.g. lightning_logs/version_0, version_1) are
+        # one timeline; the group with the most rows wins
+        present = set(df.get_column("source").unique().to_list())
+        groups = {s: g for s, g in (self.meta.get("source_groups") or {}).items() if s in present}
+        df = df.with_columns((pl.col("source").replace(groups) if groups else pl.col("source")).alias("_g"))
+        counts = df.group_by("_g").len().sort(["len", "_g"], descending=[True, False])
+        df = df.filter(pl.col("_g") == counts.get_column("_g")[0]).with_row_index("_i")
+        per_file = df.group_by("source").len().sort(["len", "source"], descending=[True, False])
+        best = per_file.get_column("source")[0]
         # later segment wins for a repeated step (TensorBoard purge rule); within a segment the last row wins
         df = df.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
         # a step logged in segment k but followed by a lower-numbered step in segment k+1 is superseded
@@ -310,8 +317,7 @@ class RunData:
             later_min = np.full(seg_ids.shape[0], np.iinfo(np.int64).max)
             for k in range(seg_ids.shape[0] - 2, -1, -1):
                 later_min[k] = min(later_min[k + 1], seg_min[k + 1])
-            lookup = dict(zip(seg_ids.tolist(), later_min.tolist(), strict=True))
-            limit = np.array([lookup[int(g)] for g in segs])
+            limit = later_min[np.searchsorted(seg_ids, segs)]
             df = df.filter(pl.Series(steps < limit))
         vals = df.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy()
         out = Series(

@@ -34,8 +34,9 @@ def _checkpoints(run: RunData) -> list[tuple[int, str]]:
                 found.setdefault(int(m.group(1)), str(p.relative_to(root)))
     if run.events.height:
         for row in run.events.iter_rows(named=True):
-            if row["kind"] == "checkpoint_saved" and row["step"] is not None:
-                found.setdefault(int(row["step"]), f"checkpoint saved at step {row['step']} ({row['source']})")
+            if row["kind"] in ("checkpoint_saved", "checkpoint_loaded") and row["step"] is not None:
+                found.setdefault(int(row["step"]), f"checkpoint {row['step']} (global step {row['step']}, "
+                                 f"{row['kind'].replace('_', ' ')} in {row['source']})")
     return sorted(found.items())
 
 
@@ -68,7 +69,7 @@ def _g(x: float) -> str:
 
 
 def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | None,
-         evidence: dict[str, object] | None = None) -> RecoveryPlan | None:
+         evidence: dict[str, object] | None = None, *, transient: bool = False) -> RecoveryPlan | None:
     """Build the recovery plan for one diagnosis.
 
     Args:
@@ -77,12 +78,15 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         mechanism: Mechanism within the cause.
         onset: First anomalous step.
         evidence: Evidence of the chosen cause's main finding (expected lr, batch index, ...).
+        transient: The anomaly recovered by itself: monitor, do not go back to a checkpoint.
 
     Returns:
         A :class:`RecoveryPlan`, or None for a healthy run.
     """
     if cause is None or onset is None:
         return None
+    if transient:
+        return _monitor_plan(run, onset)
     ev = dict(evidence or {})
     stats = _pre_onset_stats(run, onset)
     ckpts = _checkpoints(run)
@@ -100,7 +104,7 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     else:
         step = max(first_logged, target)
         resume = {"checkpoint": None, "step": step,
-                  "why": f"no checkpoint found in the folder; roll back to a checkpoint at or before step {step} "
+                  "why": f"no checkpoint found in the folder; resume from the newest checkpoint at or before step {step} "
                   f"({ROLLBACK_MIN} steps before the onset {onset})"}
     margin = max(200, int(0.1 * max(onset - int(resume["step"]), 0)))
     length = max(onset - int(resume["step"]), 0) + margin
@@ -183,13 +187,14 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         else:
             trials.append(Trial("exclude the node", "exclude (drain) the faulty node/GPU, run a benchmark or GPU "
                                 "burn-in on it, and resume unchanged on other nodes", length, {"exclude_node": True}))
-        do_not.append("do not change hyper-parameters or roll back further: the model is fine, the machine is not")
+        do_not.append("do not change hyper-parameters or go further back: the model is fine, the machine is not")
         do_not.append("do not lower the lr and do not skip data: neither addresses a hardware fault")
     elif cause == "grad_scaling_bug":
         trials.append(Trial("fix the scaling", "fix the constant-factor scaling (e.g. upgrade transformers / patch the "
                             "loss normalisation by num_items_in_batch, or the adapter scale alpha/rank) and rerun",
                             length, {}))
-        do_not.append("do not lower the lr or roll back: the run is consistently mis-scaled, not unstable")
+        do_not.append("do not lower the lr or go back to an earlier checkpoint: the run is consistently mis-scaled, "
+                      "not unstable")
     elif cause == "state_not_restored":
         restore.append("resume again and verify what is loaded: weights, optimizer moments, scheduler, data sampler")
         restore.append("if optimizer moments were lost: run with lr=0 for 5/(1-beta2) steps to rebuild them, then resume")
@@ -217,3 +222,20 @@ def _criteria(stats: dict[str, float], length: int) -> list[str]:
                    f"{_g(stats['grad_norm_p95'])}] (median {_g(stats['grad_norm_median'])}); clipping active on < 5% of steps")
     out.append("no detector of train-forensics fires on the trial run (run `forensics analyze` on it)")
     return out
+
+
+def _monitor_plan(run: RunData, onset: int) -> RecoveryPlan:
+    """Plan for a transient anomaly: keep training and monitor; nothing to undo."""
+    stats = _pre_onset_stats(run, onset)
+    last = int(run.metrics.get_column("step").max()) if run.metrics.height else onset  # type: ignore[arg-type]
+    crit = _criteria(stats, 1000)
+    return RecoveryPlan(
+        resume_from={"checkpoint": None, "step": last,
+                     "why": "no resume needed: the run recovered by itself; keep training from where it is"},
+        restore=(),
+        trials=(Trial("monitor", "keep training and monitor the loss and grad norm; if a second spike "
+                      "follows within a few thousand steps, treat it as an anomaly and analyse again", 0,
+                      {"action": "monitor"}),),
+        success_criteria=tuple(crit),
+        do_not=("do not go back to an earlier checkpoint or change hyper-parameters for a spike that recovered",),
+    )

@@ -72,6 +72,7 @@ EVENT_KINDS = frozenset(
     {
         "restart", "checkpoint_saved", "checkpoint_loaded", "overflow_skip", "loss_scale_change",
         "nan_detected", "oom", "error", "warning", "config", "hardware_error", "data_skip",
+        "job_end",  # the job stopped on purpose or was cancelled (time limit, exit-duration, END TIME)
     }
 )
 
@@ -111,6 +112,9 @@ _ALIASES: dict[str, str] = {
     "eval_loss": "eval_loss", "val_loss": "eval_loss", "validation loss": "eval_loss", "valid_loss": "eval_loss",
     "consumed samples": "samples", "consumed_samples": "samples",
     "global batch size": "batch_size", "batch-size": "batch_size",
+    # added for the text/CSV parsers (mlx-lm stdout, W&B exports, Megatron in seconds)
+    "val loss": "eval_loss", "trained tokens": "tokens", "tokens/sec": "throughput",
+    "grad/norm/total": "grad_norm", "elapsed time per iteration (s)": "step_time",
 }
 
 _PREFIXES = ("train/", "training/", "train_inner/", "optim/", "trainer/", "metrics/", "train_")

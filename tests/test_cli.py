@@ -1,0 +1,69 @@
+"""The command line: exit codes, one-line errors, payload on stdout, summary on stderr."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from forensics.cli import main
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_logs"
+
+
+def _run(*args: str):  # noqa: ANN202
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "nologs", "file"])
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, kind: str) -> None:
+    """A missing path, an empty folder, a folder without logs and a file all exit 2 naming the path."""
+    target = tmp_path / "run"
+    if kind == "empty":
+        target.mkdir()
+    elif kind == "nologs":
+        target.mkdir()
+        (target / "notes.md").write_text("nothing here\n")
+        (target / "model.py").write_text("print(1)\n")
+    elif kind == "file":
+        target.write_text("hello\n")
+    res = _run("analyze", str(target), "-f", "json")
+    assert res.exit_code == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1, err
+    assert str(target) in err[0]
+    assert "Traceback" not in res.output
+
+
+def test_detectors_lists_registry() -> None:
+    """`forensics detectors` names every detector code."""
+    from forensics.detectors import DETECTORS
+
+    res = _run("detectors")
+    assert res.exit_code == 0
+    for d in DETECTORS:
+        assert d.code in res.output
+
+
+@pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not generated")
+def test_json_to_stdout_and_exit_codes() -> None:
+    """JSON goes to stdout (parseable), the summary to stderr; healthy exits 0, a fault exits 1."""
+    res = _run("analyze", str(SAMPLES / "healthy"), "-f", "json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["verdict"] == "healthy"
+    assert "healthy" in res.stderr
+    res = _run("analyze", str(SAMPLES / "lr_schedule_reset"), "-f", "json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["cause"] == "lr_schedule_reset"
+
+
+@pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not generated")
+def test_html_written_to_output(tmp_path: Path) -> None:
+    """-o writes one self-contained HTML file."""
+    out = tmp_path / "r.html"
+    res = _run("analyze", str(SAMPLES / "data_batch"), "-o", str(out))
+    assert res.exit_code == 1
+    html = out.read_text()
+    assert "<svg" in html and 'id="recovery"' in html
