@@ -5,6 +5,7 @@ Validated at import (unique codes and names), like sqlfluff's and bandit's regis
 
 from __future__ import annotations
 
+from forensics.detectors.activation_overflow import ActivationOverflow
 from forensics.detectors.attention_logits import AttentionLogitGrowth
 from forensics.detectors.bad_batch import BadBatch
 from forensics.detectors.base import Detector
@@ -26,6 +27,7 @@ DETECTORS: tuple[Detector, ...] = (
     GradNormDeparture(),
     LossDivergence(),
     LossScaleCollapse(),
+    ActivationOverflow(),
     LRScheduleReset(),
     BadBatch(),
     UpdateScaleGrowth(),

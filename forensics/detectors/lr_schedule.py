@@ -175,6 +175,18 @@ class LRScheduleReset(Detector):
             mech = "reset_to_initial"
             why = "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value"
             conf = 0.85
+        elif (hz := self._horizons(prev, cur)) is not None:
+            t_prev, t_cur, slope_prev, slope_cur = hz
+            ev.update({"decay_end_before": round(t_prev), "decay_end_after": round(t_cur),
+                       "slope_before": slope_prev, "slope_after": slope_cur})
+            if abs(slope_cur / slope_prev - 1) <= 0.1:
+                mech, conf = "offset", 0.7
+                ev["offset_steps"] = round(t_cur - t_prev)
+                why = f"the same linear decay shifted by {ev['offset_steps']} steps"
+            else:
+                mech, conf = "horizon_change", 0.75
+                why = (f"the linear decay now ends at step ~{round(t_cur)} instead of ~{round(t_prev)} "
+                       "(total steps changed on resume)")
         else:
             pv = prev.get_column("value").to_numpy().astype(float)
             psteps = prev.get_column("step").to_numpy()
@@ -190,6 +202,30 @@ class LRScheduleReset(Detector):
                 conf = 0.6
         return self._finding(run, s0, segment, mech, conf, ev,
                              f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
+
+    @staticmethod
+    def _horizons(prev: pl.DataFrame, cur: pl.DataFrame) -> tuple[float, float, float, float] | None:
+        """Where the linear decays of both sides reach zero, when both sides decay linearly.
+
+        Returns (end step before, end step after, slope before, slope after) or None.
+        """
+        fits = []
+        for df in (prev.tail(8), cur.head(8)):
+            st = df.get_column("step").to_numpy().astype(float)
+            v = df.get_column("value").to_numpy().astype(float)
+            ok = np.isfinite(v)
+            st, v = st[ok], v[ok]
+            if v.size < 3 or st[-1] == st[0]:
+                return None
+            slope, icpt = np.polyfit(st, v, 1)
+            resid = v - (slope * st + icpt)
+            if slope >= 0 or np.max(np.abs(resid)) > 0.02 * np.max(np.abs(v)):
+                return None
+            fits.append((-icpt / slope, slope))
+        (t_prev, s_prev), (t_cur, s_cur) = fits
+        if abs(t_cur - t_prev) <= 0.05 * abs(t_prev):
+            return None
+        return float(t_prev), float(t_cur), float(s_prev), float(s_cur)
 
     def _finding(
         self, run: RunData, step: int, segment: int, mech: str, conf: float, ev: dict[str, object], msg: str

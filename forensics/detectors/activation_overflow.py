@@ -1,0 +1,89 @@
+"""OV02 overflow.activation_range: a forward activation reaches the fp16 range limit.
+
+Rule: fp16's largest finite value is 65504 (IEEE 754 binary16); a logged activation
+magnitude (``absmax``, ``max_abs``, ``amax``, ``act_max`` series, per module) at or above
+``near_fraction`` (90%) of it, in an fp16 run, is at risk of an activation overflow; the
+first value above 65504 (or a ``*fp16_finite*`` flag turning false) is the overflow itself.
+Forward overflow is not fixed by a lower lr (HF transformers T5 fp16 reports, #10830/#14189):
+the recovery is bf16/fp32 for the block, or clamping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.model import Finding, RunData
+
+FP16_MAX = 65504.0
+"""Largest finite IEEE 754 binary16 value."""
+
+_ACT_WORDS = ("absmax", "abs_max", "max_abs", "amax", "act_max", "activation_max", "actmax")
+
+
+def is_fp16(run: RunData) -> bool | None:
+    """True/False when the run's precision is known to be fp16 or not; None when unknown."""
+    blob = repr(run.meta).lower()
+    names = " ".join(run.metric_names).lower()
+    if "fp16" in names or "'precision': 'fp16'" in blob or "float16" in blob.replace("bfloat16", ""):
+        return True
+    if "bf16" in blob or "bfloat16" in blob:
+        return False
+    if "'fp16': true" in blob or "fp16=true" in blob or "--fp16" in blob:
+        return True
+    return None
+
+
+@dataclass(frozen=True)
+class ActivationOverflow(Detector):
+    """Forward activations at the fp16 limit (an overflow a lower lr does not fix)."""
+
+    code = "OV02"
+    name = "overflow.activation_range"
+    near_fraction: float = 0.9
+
+    def _metrics(self, run: RunData) -> list[str]:
+        return [m for m in run.metric_names if any(w in m.lower() for w in _ACT_WORDS)]
+
+    def missing(self, run: RunData) -> str | None:
+        """Needs a logged activation-magnitude series (absmax/amax per module)."""
+        return None if self._metrics(run) else "needs an activation magnitude series (absmax, amax, act_max)"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding: the earliest activation at the fp16 limit."""
+        fp16 = is_fp16(run)
+        if fp16 is False:
+            return []
+        best = None
+        for m in self._metrics(run):
+            s = run.series(m)
+            if s is None or len(s) == 0:
+                continue
+            v = s.values
+            near = np.flatnonzero(np.isfinite(v) & (v >= self.near_fraction * FP16_MAX))
+            over = np.flatnonzero((np.isfinite(v) & (v > FP16_MAX)) | (np.isinf(v)))
+            if not over.size and not near.size:
+                continue
+            i_onset = int(over[0]) if over.size else int(near[0])
+            cand = (int(s.steps[i_onset]), m, s, i_onset, int(s.steps[near[0]]) if near.size else None)
+            if best is None or cand[0] < best[0]:
+                best = cand
+        if best is None:
+            return []
+        step, m, s, i, near_step = best
+        over_step = step if (not np.isfinite(s.values[i]) or s.values[i] > FP16_MAX) else None
+        module = m.split("/", 1)[1] if "/" in m else m
+        conf = 0.9 if (fp16 and over_step is not None) else 0.7 if over_step is not None else 0.55
+        return [self.finding(
+            cause="overflow", mechanism="activation_overflow", step=step, segment=segment_at(s, step),
+            confidence=conf, severity="critical",
+            message=f"{m} reaches {fmt(float(s.values[i]))} at step {step}, "
+            + ("beyond" if over_step is not None else "within 10% of") + " the fp16 limit of 65504"
+            + (f"; it had been within 10% of the limit since step {near_step}"
+               if near_step is not None and near_step < step else "") + ".",
+            evidence={"metric": m, "module": module, "value_at_onset": float(s.values[i]), "fp16_max": FP16_MAX,
+                      "first_over_step": over_step, "first_near_limit_step": near_step,
+                      "fp16_known": fp16},
+        )]
