@@ -31,6 +31,10 @@ def analyze_run(run: RunData) -> Analysis:
         fs = [f for f in d.findings if f.cause == d.cause]
         if fs:
             main_ev = dict(max(fs, key=lambda f: f.confidence).evidence)
+        growth = [f for f in d.findings if f.cause == "update_scale_growth" and f.confidence >= 0.5]
+        if d.cause != "update_scale_growth" and growth:
+            main_ev["growth_precursor"] = {"code": growth[0].code, "mechanism": growth[0].mechanism,
+                                           "step": growth[0].step}
     recovery = None
     if d.verdict in ("anomaly", "transient"):
         recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev,

@@ -155,6 +155,13 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
         verdict, cause, mechanism, confidence = "anomaly", chosen.cause, chosen.mechanism, chosen.confidence
         own = [f.step for f in families[chosen.cause] if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
         onset_step = min(own) if own else failure_step
+        # overflow caused by growing updates: the growth is on the causal path, its onset counts
+        if cause == "overflow":
+            growth = [f.step for f in families.get("update_scale_growth", [])
+                      if f.step is not None and f.confidence >= MIN_CAUSE_CONF and onset_step is not None
+                      and f.step < onset_step]
+            if growth:
+                onset_step = min(growth)
         # departures on the causal path just before the cause's first finding
         for f in findings:
             if f.code in _PRECURSORS[:1] and f.step is not None and onset_step is not None:

@@ -138,14 +138,20 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                             length, {"precision": "fp16", "fp32_modules": ev.get("module", "attention")}))
         restore.append("never resume from a checkpoint with non-finite weights or optimizer moments")
         restore.append("reset the loss scaler to its initial scale on resume")
-        if mechanism == "activation_overflow":
+        growth = ev.get("growth_precursor")
+        if mechanism == "activation_overflow" and not growth:
             do_not.append("do not lower the lr: the overflow is in the forward pass, a lower lr does not bound "
                           "activations")
         else:
-            trials.append(Trial("lr x0.5 + clip 1.0", "peak lr x0.5 with a re-warm-up and global-norm clipping 1.0 "
-                                "(a loss-scale collapse is often a symptom of growing updates)", length,
+            why = (f"{growth['mechanism']} from step {growth['step']} precedes the overflow"  # type: ignore[index]
+                   if isinstance(growth, dict) else "a loss-scale collapse is often a symptom of growing updates")
+            trials.append(Trial("lr x0.5 + clip 1.0", f"peak lr x0.5 with a re-warm-up and global-norm clipping 1.0 "
+                                f"({why})", length,
                                 {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
                                  "clip_grad_norm": 1.0}))
+            if isinstance(growth, dict) and growth.get("mechanism") == "attention_logit_growth":
+                trials.append(Trial("qk-layernorm", "add qk-layernorm so attention logits stay bounded in fp16",
+                                    length, {"qk_layernorm": True}))
     elif cause == "data_batch":
         bi = ev.get("batch_index")
         lo = onset if bi is None else int(bi)  # type: ignore[arg-type]

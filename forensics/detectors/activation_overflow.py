@@ -45,11 +45,15 @@ class ActivationOverflow(Detector):
     near_fraction: float = 0.9
 
     def _metrics(self, run: RunData) -> list[str]:
-        return [m for m in run.metric_names if any(w in m.lower() for w in _ACT_WORDS)]
+        out = [m for m in run.metric_names if any(w in m.lower() for w in _ACT_WORDS)]
+        if is_fp16(run):  # logit maxima are forward values too; in fp16 they overflow at 65504
+            out += [m for m in run.metric_names if m.startswith(("attn_logit_max", "output_logit_max"))]
+        return out
 
     def missing(self, run: RunData) -> str | None:
         """Needs a logged activation-magnitude series (absmax/amax per module)."""
-        return None if self._metrics(run) else "needs an activation magnitude series (absmax, amax, act_max)"
+        return None if self._metrics(run) else (
+            "needs an activation magnitude series (absmax, amax, act_max; logit maxima in fp16 runs)")
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the earliest activation at the fp16 limit."""

@@ -43,16 +43,30 @@ class AttentionLogitGrowth(Detector):
             if s is None or len(s) < 12:
                 continue
             d = sustained_rise(s.steps, s.values, log=True, k_sigma=4.0, min_rel=0.25)
-            vmax = float(np.nanmax(np.where(np.isfinite(s.values), s.values, np.nan)))
-            if d is None:
+            fin = np.where(np.isfinite(s.values), s.values, np.nan)
+            vmax = float(np.nanmax(fin)) if np.isfinite(fin).any() else float("nan")
+            above = (s.values > self.max_logit) | np.isposinf(s.values)
+            cross = None
+            if above.any():
+                # first crossing after which the series stays above the threshold for 80% of the rest
+                for i in np.flatnonzero(above):
+                    if above[i:].mean() >= 0.8:
+                        cross = int(i)
+                        break
+            onset = None
+            if d is not None and vmax >= 0.5 * self.max_logit and d.growth >= 1.5:
+                onset = d.onset_step
+            if cross is not None and (onset is None or int(s.steps[cross]) < onset):
+                onset = int(s.steps[cross])
+            if onset is None:
                 continue
-            if d.growth < 1.5 and vmax < self.max_logit:
-                continue
-            ev = {"metric": m, "onset_step": d.onset_step, "value_at_onset_trend": d.baseline,
-                  "max_value": vmax, "last_value": d.last, "growth_after_onset": round(d.growth, 2),
-                  "log_slope_per_step": d.slope_after, "exceeds_qk_clip_threshold": vmax > self.max_logit}
-            if best is None or d.onset_step < best[0]:
-                best = (d.onset_step, m, ev)
+            ev = {"metric": m, "onset_step": onset, "max_value": vmax, "last_value": float(s.values[-1]),
+                  "qk_clip_threshold": self.max_logit, "exceeds_qk_clip_threshold": bool(above.any()),
+                  "first_sustained_crossing": int(s.steps[cross]) if cross is not None else None,
+                  "drift_onset": d.onset_step if d is not None else None,
+                  "value_at_onset": float(s.values[np.searchsorted(s.steps, onset)])}
+            if best is None or onset < best[0]:
+                best = (onset, m, ev)
         for layer, (q, k, v) in self._qkv_triples(run).items():
             sq, sk, sv = run.series(q), run.series(k), run.series(v)
             if sq is None or sk is None or sv is None or len(sv) < 8:
@@ -84,8 +98,8 @@ class AttentionLogitGrowth(Detector):
             msg = (f"{what}: Q/K projection norms grow {ev['qk_norm_growth']}x while V grows "
                    f"{ev['v_norm_growth']}x; the Q/K-to-V ratio leaves its band at step {step}")
         else:
-            msg = (f"{what} rises for good from step {step} (trend {fmt(ev['value_at_onset_trend'])}, "
-                   f"max {fmt(ev['max_value'])}, x{ev['growth_after_onset']} after the onset)")
+            msg = (f"{what} rises for good from step {step} ({fmt(ev['value_at_onset'])} there, max "
+                   f"{fmt(ev['max_value'])}; the qk-clip threshold is {fmt(self.max_logit)})")
         conf = 0.85 if ("layer" in ev or ev.get("exceeds_qk_clip_threshold")) else 0.65
         return [self.finding(cause="update_scale_growth", mechanism="attention_logit_growth", step=step,
                              segment=seg, confidence=conf, severity="high", message=msg + ".", evidence=ev)]

@@ -2,8 +2,8 @@
 
 Rule (detectors.md D7; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00656): a loss
 departure whose excursion starts abruptly (within ``max_rise_steps`` of its detection) with no
-grad-norm departure and no sustained update/attention growth in the ``window`` steps before
-it. The batch is named when ``batch_index`` is logged. A spike that recovers by itself is
+grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
+in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11). The batch is named when ``batch_index`` is logged. A spike that recovers by itself is
 reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures, zscores
+from forensics.detectors.signals import SPIKE_Z, departures, zscores
 from forensics.model import Finding, RunData
 
 
@@ -28,6 +28,7 @@ class BadBatch(Detector):
     window: int = 128
     max_rise_steps: int = 2
     precursor_z: float = 3.0
+    lead_steps: int = 5
 
     def detect(self, run: RunData) -> list[Finding]:
         """One finding per precursor-free loss departure (at most three)."""
@@ -42,9 +43,11 @@ class BadBatch(Detector):
             if g is not None:
                 gs, _, gz, _ = g
                 m = (gs.steps >= pre_lo) & (gs.steps < d.onset_step)
-                gzm = gz[m]
-                if gzm.size and np.nanmax(np.where(np.isfinite(gzm), gzm, -np.inf)) >= self.precursor_z:
-                    k = int(np.flatnonzero(gzm >= self.precursor_z)[0])
+                gzm = np.where(np.isfinite(gz[m]), gz[m], -np.inf)
+                near = (gs.steps[m] >= d.onset_step - self.lead_steps)
+                hit = (gzm >= SPIKE_Z) | (near & (gzm >= self.precursor_z))
+                if hit.any():
+                    k = int(np.flatnonzero(hit)[0])
                     against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
                 gv = gs.values[m]
                 if gv.size and not np.all(np.isfinite(gv)):

@@ -114,7 +114,9 @@ class LRScheduleReset(Detector):
                 decayed = v[i - 1] < v[peak_i] * (1 - self.rel_tol) or (
                     i - 1 > peak_i + 2 and v[i - 1] <= v[peak_i]
                 )
-                if v[i] > v[i - 1] * (1 + self.rel_tol) and decayed and int(st[i]) not in checked_steps:
+                in_rewarm = any(0 < int(st[i]) - f.step <= 10_000 and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
+                                for f in out if f.step is not None)
+                if v[i] > v[i - 1] * (1 + self.rel_tol) and decayed and int(st[i]) not in checked_steps and not in_rewarm:
                     prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
                     cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
                     f = self._judge(

@@ -1,9 +1,10 @@
 """UP01 update.scale_growth: the update ratio ||dW||/||W|| (or its size per unit lr) keeps growing.
 
 Rule (detectors.md D5; Marin #1368: 2x update-norm spikes precede loss spikes; smdebug
-``WeightUpdateRatio``): the update ratio divided by the lr (AdamW's update scales with the lr,
-so the ratio during warm-up simply tracks the lr; tiny-runs.md) leaves the trend of its early
-part for good and ends at least ``min_growth`` (2x) above it. Also a sustained rise of the
+``WeightUpdateRatio``): the update ratio leaves the trend of its early part for good and ends
+at least ``min_growth`` (2x) above it. (Dividing by the lr is tempting because AdamW's update
+scales with it, but under a decaying schedule ratio/lr rises in healthy runs: measured on
+sample_logs/healthy.) Also a sustained rise of the
 parameter norm. Without logged ratios the checkpoint readers provide them.
 """
 
@@ -30,19 +31,14 @@ class UpdateScaleGrowth(Detector):
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding for the earliest sustained growth."""
         found: list[tuple[int, str, dict[str, object], str]] = []
-        ur, lr = run.series("update_ratio"), run.series("lr")
+        ur = run.series("update_ratio")
         if ur is not None and len(ur) >= 12:
             vals, what = ur.values, "update ratio"
-            if lr is not None and len(lr) >= 12:
-                lrv = np.interp(ur.steps, lr.steps, np.where(np.isfinite(lr.values), lr.values, np.nan))
-                with np.errstate(all="ignore"):
-                    vals = np.where(lrv > 0, ur.values / lrv, np.nan)
-                what = "update ratio per unit lr"
             d = sustained_rise(ur.steps, vals, log=True, k_sigma=4.0, min_rel=0.5)
             if d is not None and d.growth * (d.baseline and 1) >= 1.0 and (
                 float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, 1e-30) >= self.min_growth
             ):
-                found.append((d.onset_step, what, {"metric": "update_ratio", "normalised_by_lr": lr is not None,
+                found.append((d.onset_step, what, {"metric": "update_ratio", 
                               "baseline_at_onset": d.baseline, "max_after": float(np.nanmax(vals[d.onset_index:])),
                               "onset_step": d.onset_step}, "update_ratio"))
         pn = run.series("param_norm")
