@@ -73,8 +73,52 @@ def _noisy_or(confs: list[float]) -> float:
     return 1.0 - p
 
 
+MAX_ATTEMPTS = 6
+"""Rolled-back attempts analysed on their own (the earliest ones)."""
+
+
 def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
-    """Run the detectors on ``run`` and decide verdict, cause, mechanism, onset and hypotheses."""
+    """Decide on the whole run, including attempts that a restart rolled back.
+
+    The effective timeline hides a failed attempt once a restart re-logs its steps, so every
+    rolled-back segment is also analysed as the run stood when it ended; the earliest anomalous
+    attempt wins when the final timeline does not show an earlier onset. Failures that recur
+    across attempts at different steps argue against a single bad batch.
+    """
+    full = decide_timeline(run, detectors)
+    attempts = run.rolled_back_segments()[:MAX_ATTEMPTS]
+    if not attempts:
+        return full
+    views = [(k, decide_timeline(run.view(k), detectors)) for k in attempts]
+    bad = [(k, d) for k, d in views if d.verdict == "anomaly" and d.onset is not None]
+    if not bad:
+        return full
+    k0, best = min(bad, key=lambda kd: kd[1].onset["step"])  # type: ignore[index]
+    if full.verdict == "anomaly" and full.onset is not None and full.onset["step"] <= best.onset["step"]:  # type: ignore[index]
+        return full
+    fail_steps = sorted({d.failure_step if d.failure_step is not None
+                         else max((f.step for f in d.findings if f.step is not None), default=0) for _, d in bad})
+    note = Finding(
+        code="INT02", name="integrity.failed_attempts", cause=None, mechanism=None, step=best.onset["step"],  # type: ignore[index]
+        segment=k0, confidence=1.0, severity="info",
+        message=f"{len(bad)} attempt(s) rolled back by a restart ended anomalously (segments "
+        f"{', '.join(str(k) for k, _ in bad)}); the diagnosis is that of the earliest one, segment {k0}"
+        + (f"; failures became visible at steps {', '.join(map(str, fail_steps))}" if fail_steps else "") + ".",
+        evidence={"attempts": [{"segment": k, "verdict": d.verdict, "cause": d.cause,
+                                "onset": d.onset, "failure_step": d.failure_step} for k, d in views]},
+    )
+    hyps = list(best.hypotheses)
+    if len(fail_steps) >= 2:
+        hyps = [Hypothesis(h.cause, h.mechanism, h.confidence * 0.4, h.support,
+                           h.against + (f"failures recur at different steps ({', '.join(map(str, fail_steps))}) "
+                                        "after restarts from the same point: not one bad batch",))
+                if h.cause == "data_batch" else h for h in hyps]
+    return Decision(best.verdict, best.cause, best.mechanism, best.confidence, best.onset, tuple(hyps),
+                    (note, *best.findings), tuple(dict.fromkeys(best.skipped + full.skipped)), best.failure_step)
+
+
+def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
+    """Run the detectors on the effective timeline of ``run`` and decide verdict, cause, onset."""
     findings, skipped = run_detectors(run, detectors)
     findings.sort(key=lambda f: (f.step if f.step is not None else 1 << 62, f.code))
     by_code: dict[str, list[Finding]] = {}
@@ -134,6 +178,27 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
         fams = {h.cause for h in strong_fams}
         if "overflow" in fams and chosen.cause == "update_scale_growth":
             chosen = next(h for h in strong_fams if h.cause == "overflow")
+        # a loss-scale collapse after a grad-norm departure is a symptom of growing updates
+        if chosen.cause == "overflow" and chosen.mechanism == "loss_scale_collapse":
+            ov_step = first_step("overflow")
+            pre = [f for f in findings if f.code in ("GN01", "UP01", "AT01") and f.step is not None
+                   and f.step < ov_step and f.confidence >= MIN_CAUSE_CONF]
+            if pre:
+                g = pre[0]
+                growth = Hypothesis(
+                    "update_scale_growth", "lr_too_high", 0.7,
+                    (f"{g.code} step {g.step}: {g.message}",
+                     f"the loss scale collapses only later, from step {ov_step}"),
+                    (),
+                )
+                demoted = Hypothesis(chosen.cause, chosen.mechanism, min(chosen.confidence, 0.45), chosen.support,
+                                     chosen.against + (f"the collapse follows a {g.name} departure at step {g.step}: "
+                                                       "overflow is the symptom, growing updates the cause",))
+                hyps = [demoted if h is chosen else h for h in hyps if h.cause != "update_scale_growth"] + [growth]
+                families.setdefault("update_scale_growth", []).append(g)
+                chosen = growth
+                strong_fams = [h for h in hyps if h.confidence >= MIN_CAUSE_CONF]
+                ordered = [growth]
         # lr changes that were deliberate are never the chosen fault
         if chosen.cause == "lr_schedule_reset" and chosen.mechanism == "intentional_change":
             rest = [h for h in ordered if h is not chosen]
@@ -153,7 +218,7 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
     onset_step: int | None = None
     if chosen is not None:
         verdict, cause, mechanism, confidence = "anomaly", chosen.cause, chosen.mechanism, chosen.confidence
-        own = [f.step for f in families[chosen.cause] if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
+        own = [f.step for f in families.get(chosen.cause, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
         onset_step = min(own) if own else failure_step
         # overflow caused by growing updates: the growth is on the causal path, its onset counts
         if cause == "overflow":

@@ -330,6 +330,33 @@ class RunData:
         self._cache[metric] = out
         return out
 
+    def view(self, max_segment: int) -> RunData:
+        """The run as it stood at the end of segment ``max_segment`` (later segments dropped).
+
+        Used to analyse a failed attempt that a later restart rolled back and superseded.
+        """
+        keep = pl.col("segment") <= max_segment
+        return RunData(
+            run=self.run, metrics=self.metrics.filter(keep),
+            events=self.events.filter(keep) if self.events.height else self.events,
+            meta=self.meta, sources=self.sources, skipped=self.skipped,
+        )
+
+    def rolled_back_segments(self) -> list[int]:
+        """Segments that a later restart rolled back: a later segment starts before their last step.
+
+        Such a segment is a failed (or abandoned) attempt whose rows the effective timeline hides.
+        """
+        if self.metrics.height == 0:
+            return []
+        span = self.metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+        rows = sorted(span.iter_rows())
+        out = []
+        for i, (seg, _lo, hi) in enumerate(rows):
+            if any(lo2 < hi for _s2, lo2, _h2 in rows[i + 1:]):
+                out.append(int(seg))
+        return out
+
     def segment_starts(self) -> dict[int, int]:
         """First logged step of each global segment."""
         if self.metrics.height == 0:

@@ -169,6 +169,16 @@ class LRScheduleReset(Detector):
                                          f"lr decay rate changed at the resume at step {s0}: "
                                          f"{slope_prev:.3g}/step before, {slope_cur:.3g}/step after")
             return None
+        scale = self._constant_scale(prev, cur)
+        if scale is not None:
+            ev["lr_scale_factor"] = round(scale, 4)
+            return self.finding(
+                cause="lr_schedule_reset", mechanism="intentional_change", step=s0, segment=segment,
+                confidence=0.25, severity="info",
+                message=f"from the resume at step {s0} the whole lr schedule is scaled by {scale:.3g} "
+                "(same shape, constant factor): a deliberate lr change, not a lost scheduler state.",
+                evidence=ev, against=("a constant factor over every overlapping step is a configuration change",),
+            )
         rewarm = cur_v.size >= 3 and obs < exp and bool(np.all(np.diff(cur_v[: min(6, cur_v.size)]) > 0))
         near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, 1e-30) or (
             lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
@@ -204,6 +214,21 @@ class LRScheduleReset(Detector):
                 conf = 0.6
         return self._finding(run, s0, segment, mech, conf, ev,
                              f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
+
+    @staticmethod
+    def _constant_scale(prev: pl.DataFrame, cur: pl.DataFrame) -> float | None:
+        """The factor r when cur's lr is r x prev's lr at every overlapping step (>= 3), else None."""
+        j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
+        if j.height < 3:
+            return None
+        r = (j.get_column("value") / j.get_column("old")).to_numpy()
+        r = r[np.isfinite(r)]
+        if r.size < 3:
+            return None
+        m = float(np.median(r))
+        if abs(m - 1) > 0.05 and float(np.max(np.abs(r - m))) <= 0.01 * abs(m):
+            return m
+        return None
 
     @staticmethod
     def _horizons(prev: pl.DataFrame, cur: pl.DataFrame) -> tuple[float, float, float, float] | None:
