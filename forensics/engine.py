@@ -165,6 +165,23 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
         hyps.append(Hypothesis(fam, mech, score, tuple(support[:6]), tuple(dict.fromkeys(against))))
         del first
 
+    # a slow divergence that no other family explains: updates too large for the model (D13)
+    if dv and not any(h.confidence >= MIN_CAUSE_CONF for h in hyps):
+        cfg = repr(run.meta.get("config_files", {})).lower()
+        adapter = "adapter_config" in cfg or "lora" in cfg
+        hyps = [h for h in hyps if h.cause != "update_scale_growth"]
+        hyps.append(Hypothesis(
+            "update_scale_growth", "adapter_scale" if adapter else "lr_too_high", 0.55,
+            (f"{dv[0].code} step {dv[0].step}: {dv[0].message}",
+             "the loss turns and keeps rising without a spike: the slow-divergence signature of updates too "
+             "large for the model (detectors.md D13; BigScience 104B 'non-spike diverging')")
+            + (("a LoRA adapter is trained: its effective step scales with alpha/rank",) if adapter else ()),
+            ("no grad-norm, update-ratio or attention-logit series confirms the growth",),
+        ))
+        families.setdefault("update_scale_growth", []).append(
+            Finding(dv[0].code, dv[0].name, "update_scale_growth", None, dv[0].step, dv[0].segment, 0.55,
+                    dv[0].severity, dv[0].message, dv[0].evidence))
+
     # lead-lag: earliest strong family explains later ones; fp16 evidence makes growth an overflow
     def first_step(fam: str) -> int:
         return min((f.step for f in families.get(fam, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF),

@@ -3,8 +3,9 @@
 Rule (detectors.md D13: slow divergence without spikes, BigScience 104B "non-spike
 diverging", OPT 12.43 drift): after the minimum of the smoothed loss (rolling median of 9
 points), the loss rises above that minimum by more than ``min_rise`` (relative, 5%) and
-``k_sigma`` robust sigmas of its point-to-point noise, and stays there to the end of the log.
-The onset is the first point after which the smoothed loss never returns to within the band.
+``k_sigma`` robust sigmas of its noise around the smoothed curve, and ends there. The onset is
+the first point after which the smoothed loss never again comes within one noise sigma of its
+minimum.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ class LossDivergence(Detector):
         ok = np.isfinite(sm)
         if ok.sum() < 20:
             return []
-        noise = 1.4826 * float(np.nanmedian(np.abs(np.diff(v[fin]) - np.nanmedian(np.diff(v[fin]))))) / np.sqrt(2)
+        resid = (v - sm)[fin & ok]
+        noise = 1.4826 * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
         i_min = int(np.nanargmin(sm))
+        # the raw turning point near the smoothed minimum (centred smoothing shifts a V's minimum)
+        w = self.smooth
+        win = np.where(fin[max(0, i_min - w): i_min + w + 1], v[max(0, i_min - w): i_min + w + 1], np.inf)
+        i_raw = max(0, i_min - w) + int(np.argmin(win))
         lo = float(sm[i_min])
         band = lo + max(self.min_rise * abs(lo), self.k_sigma * noise)
         tail = sm[i_min:]
@@ -52,8 +58,8 @@ class LossDivergence(Detector):
         if last_ok.size == 0 or tail[last_ok[-1]] <= band:
             return []
         # onset: the last time the smoothed loss was within [lo, lo + small] before rising for good
-        within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + 0.5 * (band - lo)))
-        start = i_min + (int(within[-1]) + 1 if within.size else 0)
+        within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + max(noise, 1e-3 * abs(lo))))
+        start = max(i_min + (int(within[-1]) + 1 if within.size else 0), i_raw + 1)
         start = min(start, len(s) - 1)
         if len(s) - start < 5 or (len(s) - i_min) < 0.05 * len(s):
             return []
