@@ -66,6 +66,12 @@ def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> 
     return findings, skipped
 
 
+def _addresses(sentence: str, cause: str) -> bool:
+    from forensics.detectors.notes import ADDRESSES
+
+    return any(k.replace("_", " ") in sentence and v == cause for k, v in ADDRESSES.items())
+
+
 def _noisy_or(confs: list[float]) -> float:
     p = 1.0
     for c in confs:
@@ -153,7 +159,7 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
             score *= 0.6
             against.append("every spike recovered by itself")
         if fam == "data_batch":
-            earlier = [f for f in cause_f if f.cause in ("update_scale_growth", "overflow", "lr_schedule_reset")
+            earlier = [f for f in cause_f + dv if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")
                        and f.confidence >= MIN_CAUSE_CONF and f.step is not None and first is not None
                        and f.step < first]
             if earlier:
@@ -164,6 +170,13 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
             score = min(score, MIN_CAUSE_CONF - 0.01)
         hyps.append(Hypothesis(fam, mech, score, tuple(support[:6]), tuple(dict.fromkeys(against))))
         del first
+
+    # remedies the notes say were tried and failed argue against the cause they address
+    for nf_ in by_code.get("NT01", []):
+        bad = set(nf_.evidence.get("argues_against", []))
+        hyps = [Hypothesis(h.cause, h.mechanism, h.confidence * 0.5, h.support,
+                           h.against + tuple(a for a in nf_.against if _addresses(a, h.cause)))
+                if h.cause in bad else h for h in hyps]
 
     # a slow divergence that no other family explains: updates too large for the model (D13)
     if dv and not any(h.confidence >= MIN_CAUSE_CONF for h in hyps):

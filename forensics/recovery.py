@@ -112,6 +112,11 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     warm = int(stats.get("warmup_steps", 0) or 0)
     rewarm = max(50, min(warm, 2000)) if warm else 100
     crit = _criteria(stats, length)
+    from forensics.detectors.activation_overflow import is_fp16
+    from forensics.detectors.notes import read_notes
+
+    failed_remedies, ideas = read_notes(run)
+    fp16 = bool(is_fp16(run))
     restore: list[str] = []
     trials: list[Trial] = []
     do_not: list[str] = []
@@ -164,6 +169,17 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         restore.append("restore the data-sampler position so the skip range is exact")
         restore.append("inspect the named samples (empty, repeated-token, fully masked or corrupt sequences)")
         do_not.append("do not lower the lr: nothing before the spike shows the optimizer was unstable")
+    elif cause == "update_scale_growth" and mechanism in ("lr_too_high", "init_scale", None) and (
+            "lower_lr" in failed_remedies):
+        # the notes say lower learning rates were tried and failed: propose what was not tried
+        do_not.append("do not lower the lr again: the notes record lower lr attempts that failed ("
+                      + failed_remedies["lower_lr"][0][:120] + ")")
+        trials += _idea_trials(ideas, length, fp16)
+        if not trials:
+            trials.append(Trial("smaller init std", "restart with a smaller initialisation std (e.g. "
+                                "--init-method-std 0.006 or sqrt(2/(5*hidden)); Le Scao et al. 2022, Takase et al. "
+                                "'Spike No More')", length, {"init_std": "smaller"}))
+        restore.append("restore optimizer and scheduler state from the checkpoint (only the trial knobs change)")
     elif cause == "update_scale_growth":
         if mechanism == "attention_logit_growth":
             trials.append(Trial("qk-layernorm", "add qk-layernorm (LayerNorm on queries and keys before the dot "
@@ -180,6 +196,11 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             trials.append(Trial("lr x0.25", "peak lr x0.25 with the same re-warm-up and clipping 1.0", length,
                                 {"peak_lr_factor": 0.25, "peak_lr": peak and peak * 0.25, "warmup_steps": rewarm,
                                  "clip_grad_norm": 1.0}))
+            if fp16:
+                trials.append(Trial("bf16", "train in bf16 instead of fp16: loss-scale swings and 1e5 grad norms "
+                                    "stop mattering (BigScience's stable 176B run changed to bf16)", length,
+                                    {"precision": "bf16"}))
+            trials += _idea_trials(ideas, length, fp16)
         else:
             trials.append(Trial("weight decay on the head", "keep the lr; apply weight decay to the output layer "
                                 "and check that the lm_head norm stops accelerating", length, {"head_weight_decay": True}))
@@ -210,10 +231,33 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                             "reproduces (data or hardware) or not", length, {}))
         trials.append(Trial("lr x0.5 + clip 1.0", "peak lr x0.5 with a re-warm-up and global-norm clipping 1.0", length,
                             {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": 1.0}))
-        trials.append(Trial("skip batches", f"resume and skip the batches around the onset ({onset}..{onset + 199})",
-                            length, {"skip_batches": [onset, onset + 199]}))
+        if "skip_data" not in failed_remedies:
+            trials.append(Trial("skip batches", f"resume and skip the batches around the onset "
+                                f"({onset}..{onset + 199})", length, {"skip_batches": [onset, onset + 199]}))
+        trials += _idea_trials(ideas, length, fp16)
+    if "skip_data" in failed_remedies and cause != "data_batch":
+        do_not.append("do not skip data again: the notes record data skips that did not help ("
+                      + failed_remedies["skip_data"][0][:120] + ")")
+    trials = list({t.name: t for t in trials}.values())
     return RecoveryPlan(resume_from=resume, restore=tuple(restore), trials=tuple(trials[:4]),
                         success_criteria=tuple(crit), do_not=tuple(do_not))
+
+
+def _idea_trials(ideas: dict[str, list[str]], length: int, fp16: bool) -> list[Trial]:
+    """Trials for the remedies the notes list as open ideas."""
+    out = []
+    if "init_std" in ideas:
+        out.append(Trial("smaller init std", "restart with a smaller initialisation std (--init-method-std, e.g. "
+                         "0.006 instead of 0.02; the notes propose it: " + ideas["init_std"][0][:100] + ")", length,
+                         {"init_std": "smaller"}))
+    if "precision" in ideas:
+        out.append(Trial("bf16" if fp16 else "fp32 softmax", "bf16 instead of fp16, or fp32 for the softmax/attention "
+                         "(the notes propose it)", length, {"precision": "bf16" if fp16 else "fp32"}))
+    if "qk_norm" in ideas:
+        out.append(Trial("qk-layernorm", "add qk-layernorm (the notes propose it)", length, {"qk_layernorm": True}))
+    if "z_loss" in ideas:
+        out.append(Trial("z-loss", "add z-loss 1e-4 (the notes propose it)", length, {"z_loss": 1e-4}))
+    return out
 
 
 def _criteria(stats: dict[str, float], length: int) -> list[str]:

@@ -17,6 +17,7 @@ from forensics.detectors.loss_scale import LossScaleCollapse
 from forensics.detectors.loss_spike import LossSpike
 from forensics.detectors.lr_schedule import LRScheduleReset
 from forensics.detectors.nonfinite import NonFinite
+from forensics.detectors.notes import NotesAttempts
 from forensics.detectors.output_logits import OutputLogitDivergence
 from forensics.detectors.update_ratio import UpdateScaleGrowth
 
@@ -34,6 +35,7 @@ DETECTORS: tuple[Detector, ...] = (
     AttentionLogitGrowth(),
     OutputLogitDivergence(),
     HardwareSignature(),
+    NotesAttempts(),
 )
 
 

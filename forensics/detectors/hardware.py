@@ -83,6 +83,11 @@ class HardwareSignature(Detector):
                 if len(txt.replace("0.", "").replace(".", "")) < 6:
                     continue
                 step = int(g.steps[i])
+                ls = run.series("loss_scale")
+                if ls is not None:
+                    seg_ls = ls.values[(ls.steps >= step) & (ls.steps <= int(g.steps[i + self.min_repeats - 1]))]
+                    if seg_ls.size >= 2 and np.any(np.diff(seg_ls) < 0):
+                        continue  # skipped fp16 steps re-print the last grad norm while the scale backs off
                 loss = run.series("loss")
                 zero_loss = False
                 if loss is not None:

@@ -1,0 +1,99 @@
+"""NT01 notes.attempts: what the team already tried, read from the notes kept in the run folder.
+
+Rule: in the markdown/text notes of the run folder (``notes.md``, attempt tables, logbooks),
+a line that names a remedy (data skipped, lr lowered, optimizer reset, beta2 changed,
+precision changed, init changed, qk-norm/z-loss added) together with a failure word (failed,
+diverged, same behaviour, did not help, went the wrong way) is a *failed remedy*: negative
+evidence against the cause that remedy addresses (DESIGN.md section 4: "earlier attempts
+(skipped data did not help) recorded in the run folder"). Remedies named as open ideas
+(``Open ideas:``, ``next:``, ``todo``) are proposals the recovery plan picks up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from forensics.detectors.base import Detector
+from forensics.model import Finding, RunData
+
+REMEDIES: dict[str, re.Pattern[str]] = {
+    "skip_data": re.compile(r"skip[-_ ]train[-_ ]iteration|\bskip(ped|ping)?\b.{0,20}\b(data|batch|batches|"
+                            r"iteration|iterations|range)\b|\bskips?\b\s+\d", re.I),
+    "lower_lr": re.compile(r"\b(lower(ed)?|reduc\w*|decreas\w*|halv\w*)\b.{0,15}\b(lr|learning rate)\b|"
+                           r"\blr\s*[=:]?\s*\d(\.\d+)?e-\d|\blr\s*(x|\*)\s*0?\.\d|\blr multiplied by 0?\.\d", re.I),
+    "optimizer_reset": re.compile(r"no-load-optim|optimi[sz]er (state )?reset|reset the optimi[sz]er", re.I),
+    "beta2": re.compile(r"beta2|adam-beta2|betas", re.I),
+    "init_std": re.compile(r"init-method-std|init_method_std|init(ialisation|ialization)? std|weight init", re.I),
+    "precision": re.compile(r"\bbf16\b|\bfp32\b|float32|softmax in fp32", re.I),
+    "qk_norm": re.compile(r"qk[-_ ]?(layer)?norm", re.I),
+    "z_loss": re.compile(r"z[-_ ]?loss", re.I),
+}
+"""Remedy -> the pattern naming it in a notes line."""
+
+FAILED = re.compile(r"\bfail(ed|s)?\b|diverg\w*|did not help|didn't help|no help|same (behaviou?r|way|shape)|"
+                    r"wrong way|roller coaster|same as \d|like \d|no effect|never took effect|abandoned|"
+                    r"no progress|glitch", re.I)
+IDEAS = re.compile(r"open ideas?|ideas?:|\bnext\b:|\btodo\b|to try|goes first", re.I)
+
+ADDRESSES = {
+    "skip_data": "data_batch",
+    "lower_lr": "update_scale_growth",
+    "optimizer_reset": "state_not_restored",
+}
+"""A failed remedy argues against the cause it addresses."""
+
+
+def read_notes(run: RunData) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(failed remedies, proposed remedies): remedy -> the notes lines that say so."""
+    failed: dict[str, list[str]] = {}
+    ideas: dict[str, list[str]] = {}
+    notes = run.meta.get("notes") or {}
+    for _path, text in notes.items():
+        in_ideas = False
+        for raw in str(text).splitlines():
+            line = raw.strip()
+            if not line:
+                in_ideas = False
+                continue
+            if line.startswith("```") or line.startswith(" iteration"):
+                continue
+            if IDEAS.search(line):
+                in_ideas = True
+            for name, pat in REMEDIES.items():
+                if not pat.search(line):
+                    continue
+                if in_ideas:
+                    ideas.setdefault(name, []).append(line[:200])
+                elif FAILED.search(line) and not (name == "lower_lr" and "back to" in line.lower()):
+                    failed.setdefault(name, []).append(line[:200])
+    return failed, ideas
+
+
+@dataclass(frozen=True)
+class NotesAttempts(Detector):
+    """Failed remedies and open ideas recorded in the run folder's notes."""
+
+    code = "NT01"
+    name = "notes.attempts"
+
+    def missing(self, run: RunData) -> str | None:
+        """Needs notes (markdown/text) in the run folder."""
+        return None if run.meta.get("notes") else "no notes (markdown) in the run folder"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """One informational finding listing failed remedies and proposals."""
+        failed, ideas = read_notes(run)
+        if not failed and not ideas:
+            return []
+        against = tuple(f"the notes record that {k.replace('_', ' ')} was tried and failed: {v[0]}"
+                        for k, v in failed.items())
+        return [self.finding(
+            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity="info",
+            message="notes in the run folder: "
+            + ("failed remedies: " + ", ".join(failed) if failed else "no failed remedy recorded")
+            + ("; open ideas: " + ", ".join(ideas) if ideas else "") + ".",
+            evidence={"failed_remedies": failed, "ideas": ideas,
+                      "argues_against": sorted({ADDRESSES[k] for k in failed if k in ADDRESSES})},
+            against=against,
+        )]

@@ -1,0 +1,185 @@
+r"""Line shapes of trainer stdout, one small module per framework, and a row buffer.
+
+Each framework module exports ``parse_line(line, state) -> LineRecord | None``: ``line`` is one
+physical line already cleaned by :mod:`parsers.textlog` (ANSI escapes and ``[rankN]:`` prefixes
+removed, split on ``\r`` too), ``state`` a per-file dict the module may use for its own counters.
+A module returns ``None`` when the line is not one of its shapes; :mod:`parsers.textlog` then
+tries the next module. Modules never raise on odd input.
+
+:class:`Rows` collects metrics and events column-wise and builds the Arrow tables of
+:mod:`forensics.schema`; :mod:`parsers.hf_trainer` and :mod:`parsers.csv_metrics` use it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+
+from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
+
+Metric = tuple[str, str, float | None]
+"""(canonical metric, tag as logged, value)."""
+Event = tuple[str, str, int | None]
+"""(kind, message, step or ``None`` for "the last step seen")."""
+
+
+@dataclass
+class LineRecord:
+    """What one line says.
+
+    Attributes:
+        framework: ``megatron``, ``deepspeed``, ``hf_trainer_stdout``, ``fairseq``, ``metaseq``,
+            ``imagenet``, ``mlx``, ``generic`` or ``common`` (framework-neutral lines).
+        step: The step the metrics belong to (``None``: derive it, or use the last step seen).
+        metrics: ``(metric, tag, value)`` triples; ``value`` NaN/inf kept, ``None`` for null.
+        events: ``(kind, message, step)``; a ``None`` step means the last step seen.
+        epoch: Fractional epoch, used to derive a step when the line has none (HF dict lines).
+        eval: The metrics are evaluation metrics (they never advance a running index).
+        summary: End-of-training summary (kept in ``meta["train_summary"]``, not as metrics).
+        config: A one-line configuration dump (``Namespace(...)``, a config dict) to diff and keep.
+        arg: One ``(name, value)`` line of a multi-line argument dump.
+        dump: ``"begin"``/``"end"`` of a multi-line argument dump, with its namespace in ``ns``.
+        ns: Namespace of ``config``/``arg``/``dump`` (``args``, ``deepspeed``, ``training_args``).
+        launch: The line marks a (re)start of the program.
+        resume: A checkpoint was loaded; ``step`` is the checkpoint step (or ``None``).
+        meta: Facts for ``ParseResult.meta``; a change of value later in the file is a ``config`` event.
+        has_loss: For step lines that normally carry a loss: whether this one did (Megatron NaN trap).
+        agg_last: The metrics replace earlier rows with the same (segment, step, metric).
+        wall_time: Seconds since epoch parsed from the line's timestamp, if any.
+    """
+
+    framework: str
+    step: int | None = None
+    metrics: list[Metric] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    epoch: float | None = None
+    eval: bool = False
+    summary: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    arg: tuple[str, Any] | None = None
+    dump: str | None = None
+    ns: str = "args"
+    launch: bool = False
+    resume: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+    has_loss: bool | None = None
+    agg_last: bool = False
+    wall_time: float | None = None
+
+
+def metric(tag: str, value: float | None, name: str | None = None) -> Metric:
+    """A metric triple with the canonical name of ``tag`` (or ``name`` when given).
+
+    Args:
+        tag: The name as logged.
+        value: The value (``None`` for a JSON null).
+        name: Override for the canonical name.
+
+    Returns:
+        ``(metric, tag, value)``.
+    """
+    return (name or _canonical(tag), tag, value)
+
+
+@lru_cache(maxsize=4096)
+def _canonical(tag: str) -> str:
+    return canonical_metric(tag)
+
+
+def dedupe_canonical(metrics: list[Metric]) -> list[Metric]:
+    """Keep one row per canonical name on a line; the other tags stay under their raw names.
+
+    fairseq logs ``loss`` and ``nll_loss``, both aliases of ``loss``: the tag spelled like the
+    canonical name wins, otherwise the first one; the rest keep their tag as metric name.
+
+    Args:
+        metrics: The triples of one line.
+
+    Returns:
+        The triples with unique metric names.
+    """
+    names = [m for m, _, _ in metrics]
+    if len(set(names)) == len(names):
+        return metrics
+    winner: dict[str, int] = {}
+    for i, (m, tag, _) in enumerate(metrics):
+        if m not in winner or (tag.lower() == m and metrics[winner[m]][1].lower() != m):
+            winner[m] = i
+    out = []
+    for i, (m, tag, v) in enumerate(metrics):
+        out.append((m, tag, v) if winner[m] == i else (tag, tag, v))
+    return out
+
+
+class Rows:
+    """Column buffers for the metrics and events tables of one source file.
+
+    Args:
+        source: Path relative to the run folder, written into every row.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.seg: list[int] = []
+        self.step: list[int] = []
+        self.metric: list[str] = []
+        self.value: list[float | None] = []
+        self.wall: list[float | None] = []
+        self.tag: list[str] = []
+        self.events: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def add(self, segment: int, step: int, name: str, value: float | None, tag: str,
+            wall_time: float | None = None) -> int:
+        """Append one metrics row; returns its index."""
+        self.seg.append(segment)
+        self.step.append(int(step))
+        self.metric.append(name)
+        self.value.append(value)
+        self.wall.append(wall_time)
+        self.tag.append(tag)
+        return len(self.step) - 1
+
+    def extend(self, segment: int, step: int, metrics: list[Metric], wall_time: float | None = None) -> None:
+        """Append one row per ``(metric, tag, value)`` triple, all at the same step."""
+        n = len(metrics)
+        self.seg.extend([segment] * n)
+        self.step.extend([int(step)] * n)
+        self.metric.extend([m for m, _, _ in metrics])
+        self.tag.extend([t for _, t, _ in metrics])
+        self.value.extend([v for _, _, v in metrics])
+        self.wall.extend([wall_time] * n)
+
+    def set_value(self, index: int, value: float | None, wall_time: float | None) -> None:
+        """Overwrite the value (and wall time) of row ``index``."""
+        self.value[index] = value
+        self.wall[index] = wall_time
+
+    def event(self, segment: int, step: int | None, kind: str, message: str) -> None:
+        """Append one events row."""
+        self.events.append({"run": "", "segment": segment, "step": step, "kind": kind,
+                            "message": message, "source": self.source})
+
+    def metrics_table(self, keep: list[bool] | None = None) -> pa.Table:
+        """The metrics table (:data:`METRICS_SCHEMA`), optionally only rows where ``keep`` is true."""
+        idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep) if k]
+        pick = (lambda col: [col[i] for i in idx]) if keep is not None else (lambda col: col)
+        n = len(idx)
+        return pa.Table.from_arrays(
+            [pa.array([""] * n, pa.string()), pa.array(pick(self.seg), pa.int32()),
+             pa.array(pick(self.step), pa.int64()), pa.array(pick(self.metric), pa.string()),
+             pa.array(pick(self.value), pa.float64()), pa.array(pick(self.wall), pa.float64()),
+             pa.array(pick(self.tag), pa.string()), pa.array([self.source] * n, pa.string())],
+            schema=METRICS_SCHEMA,
+        )
+
+    def events_table(self) -> pa.Table:
+        """The events table (:data:`EVENTS_SCHEMA`)."""
+        if not self.events:
+            return EVENTS_SCHEMA.empty_table()
+        return pa.Table.from_pylist(self.events, schema=EVENTS_SCHEMA)

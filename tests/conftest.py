@@ -1,0 +1,16 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def cases_dir() -> Path:
+    """The acceptance cases folder (``../shared/cases``); skips the test when it is absent."""
+    d = Path(__file__).resolve().parents[2] / "shared" / "cases"
+    if not d.is_dir():
+        pytest.skip(f"acceptance cases not found at {d}")
+    return d

@@ -1,0 +1,365 @@
+"""parsers.tensorboard: real SummaryWriter files, EventAccumulator cross-checks, damage, crafted encodings."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forensics.errors import ParseError
+from parsers import tensorboard as tb
+
+# ------------------------------------------------ a tiny protobuf/TFRecord encoder (tests only)
+
+
+def _vint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _ld(fn: int, data: bytes) -> bytes:
+    return _vint(fn << 3 | 2) + _vint(len(data)) + data
+
+
+def _vi(fn: int, v: int) -> bytes:
+    return _vint(fn << 3) + _vint(v)
+
+
+def _event(step: int, summary: bytes = b"", wall: float = 1.7e9, extra: bytes = b"") -> bytes:
+    body = _vint(1 << 3 | 1) + struct.pack("<d", wall) + (_vi(2, step) if step else b"")
+    return body + (_ld(5, summary) if summary else b"") + extra
+
+
+def _value(tag: str, simple: float | None = None, tensor: bytes | None = None,
+           plugin: str | None = None) -> bytes:
+    v = _ld(1, tag.encode())
+    if simple is not None:
+        v += _vint(2 << 3 | 5) + struct.pack("<f", simple)
+    if tensor is not None:
+        v += _ld(8, tensor)
+    if plugin is not None:
+        v += _ld(9, _ld(1, _ld(1, plugin.encode())))
+    return _ld(1, v)
+
+
+def _record(payload: bytes) -> bytes:
+    head = struct.pack("<Q", len(payload))
+    crc = struct.pack("<I", tb.masked_crc32c(head)), struct.pack("<I", tb.masked_crc32c(payload))
+    return head + crc[0] + payload + crc[1]
+
+
+def _write(path: Path, payloads: list[bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(_record(p) for p in [_ld(3, b"brain.Event:2"), *payloads]))
+    return path
+
+
+def _frames(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) byte span of every record of a clean file."""
+    out, pos = [], 0
+    while pos < len(data):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        out.append((pos, pos + 16 + n))
+        pos += 16 + n
+    return out
+
+
+def _rows(res) -> list[tuple[str, int, float]]:
+    t = res.metrics
+    return list(zip(t.column("tag").to_pylist(), t.column("step").to_pylist(), t.column("value").to_pylist(),
+                    strict=True))
+
+
+# ------------------------------------------------ real writer fixture
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """A run folder written by torch's SummaryWriter with every scalar encoding, histograms, text, hparams."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.tensorboard import SummaryWriter
+
+    d = tmp_path_factory.mktemp("tbrun")
+    w = SummaryWriter(str(d))
+    for s in range(40):
+        x = 1.0 / (s + 1) + 0.1
+        w.add_scalar("train/loss", x, s)
+        w.add_scalar("lr", 1e-3 * 0.97 ** s, s, new_style=True)
+        w.add_scalar("grad_norm", x * 3.0, s, new_style=True, double_precision=True)
+        if s % 10 == 0:
+            w.add_histogram("weights", torch.arange(10, dtype=torch.float32) * s, s)
+            w.add_text("note", f"step {s}", s)
+    w.add_hparams({"lr": 1e-3, "optimizer": "adamw", "layers": 4, "amp": True}, {"hp/final_loss": 0.2})
+    w.close()
+    return d
+
+
+def _main_file(d: Path) -> Path:
+    return next(p for p in sorted(d.glob("events.out.tfevents.*")))
+
+
+def test_sniff(tmp_path):
+    """Event files are recognised by name."""
+    assert tb.sniff(tmp_path / "events.out.tfevents.1700000000.host.1.0")
+    assert not tb.sniff(tmp_path / "metrics.jsonl")
+
+
+def test_reads_every_scalar_encoding(real_run):
+    """simple_value, new_style float and double scalars are all read, with their precision."""
+    res = tb.read(_main_file(real_run), real_run)
+    t = res.metrics
+    assert t.num_rows == 120 and res.skipped == ()
+    by = {(r[0], r[1]): r[2] for r in _rows(res)}
+    assert by[("train/loss", 3)] == float(np.float32(1.0 / 4 + 0.1))  # simple_value: float32
+    assert by[("lr", 5)] == float(np.float32(1e-3 * 0.97 ** 5))  # new_style DT_FLOAT
+    assert by[("grad_norm", 7)] == (1.0 / 8 + 0.1) * 3.0  # new_style double: exact
+    assert set(t.column("metric").to_pylist()) == {"loss", "lr", "grad_norm"}
+    assert set(t.column("segment").to_pylist()) == {0}
+    assert all(w > 1.5e9 for w in t.column("wall_time").to_pylist())
+    assert res.meta["encodings"] == {"train/loss": "simple_value", "lr": "DT_FLOAT", "grad_norm": "DT_DOUBLE"}
+    assert res.meta["non_scalar"] == {"histogram": 4, "text": 4}
+    assert res.meta["file_version"] == "brain.Event:2"
+    assert res.precision == "float32"
+
+
+def test_hparams_side_file(real_run):
+    """add_hparams' side file yields the hyper-parameters and its metric."""
+    side = next(p for p in real_run.rglob("events.out.tfevents.*") if p.parent != real_run)
+    res = tb.read(side, real_run)
+    assert res.meta["hparams"] == {"lr": 1e-3, "optimizer": "adamw", "layers": 4.0, "amp": 1.0}
+    assert _rows(res) == [("hp/final_loss", 0, float(np.float32(0.2)))]
+
+
+def test_matches_event_accumulator(real_run):
+    """Same (tag, step, value) set as tensorboard's EventAccumulator keeping everything."""
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    path = _main_file(real_run)
+    acc = ea_mod.EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    theirs = {(t, e.step, e.value) for t in acc.Tags()["scalars"] for e in acc.Scalars(t)}
+    for t in acc.Tags()["tensors"]:
+        from tensorboard.util import tensor_util
+
+        for e in acc.Tensors(t):
+            arr = tensor_util.make_ndarray(e.tensor_proto)
+            if arr.size == 1 and arr.dtype.kind == "f":
+                theirs.add((t, e.step, float(arr.reshape(()))))
+    ours = set(_rows(tb.read(path, real_run)))
+    assert ours == theirs
+
+
+@pytest.fixture(params=["torch", "crafted"])
+def event_file(request, tmp_path_factory) -> Path:
+    """The SummaryWriter file (skipped without torch), or a crafted file with every encoding."""
+    if request.param == "torch":
+        return _main_file(request.getfixturevalue("real_run"))
+    d = tmp_path_factory.mktemp("crafted")
+    f32 = lambda x: _vi(1, 1) + _ld(2, b"") + _ld(4, struct.pack("<f", x))  # noqa: E731
+    f64 = lambda x: _vi(1, 2) + _ld(2, b"") + _ld(6, struct.pack("<d", x))  # noqa: E731
+    ev = []
+    for s in range(1, 30):
+        ev += [_event(s, _value("loss", simple=1.0 / s)),
+               _event(s, _value("lr", tensor=f32(s * 1e-4), plugin="scalars")),
+               _event(s, _value("gnorm", tensor=f64(s / 3)))]
+    return _write(d / "events.out.tfevents.crafted", ev)
+
+
+def test_truncated_at_every_offset(event_file, tmp_path):
+    """A file cut anywhere keeps every complete record and reports the cut offset."""
+    data = event_file.read_bytes()
+    spans = _frames(data)
+    root = tmp_path
+    res = tb.read(event_file, event_file.parent)
+    full = _rows(res)
+    # every record is read: one row per record except the file_version one and the non-scalar ones
+    assert res.meta["records"] == len(spans)
+    assert len(full) == len(spans) - 1 - sum(res.meta["non_scalar"].values())
+    # rows read from each clean prefix (ending at a record boundary)
+    clean = {}
+    for _, end in spans:
+        p = root / "events.out.tfevents.clean"
+        p.write_bytes(data[:end])
+        clean[end] = _rows(tb.read(p, root))
+    assert clean[len(data)] == full
+    p = root / "events.out.tfevents.cut"
+    # every offset of the first records, and around every header/CRC boundary of the others
+    cuts = set(range(1, min(len(data), spans[3][1]))) | set(range(1, len(data), 97))
+    for s, e in spans:
+        cuts |= {s + d for d in (1, 7, 8, 11, 12, 13)} | {e - 5, e - 4, e - 3, e - 1}
+    for cut in sorted(c for c in cuts if 0 < c < len(data)):
+        p.write_bytes(data[:cut])
+        res = tb.read(p, root)
+        boundary = max((e for _, e in spans if e <= cut), default=0)
+        if boundary == 0:
+            assert res.metrics.num_rows == 0
+        else:
+            assert _rows(res) == clean[boundary], cut
+        if cut != boundary:
+            assert [s.what for s in res.skipped] == [f"events.out.tfevents.cut:{boundary}"], cut
+            assert "truncated" in res.skipped[0].reason
+
+
+def test_truncated_matches_event_accumulator(real_run, tmp_path):
+    """On a tail cut 7 bytes short, same events as EventAccumulator."""
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    data = _main_file(real_run).read_bytes()
+    p = tmp_path / "events.out.tfevents.cut"
+    p.write_bytes(data[:-7])
+    acc = ea_mod.EventAccumulator(str(p), size_guidance={"scalars": 0})
+    acc.Reload()
+    theirs = {(t, e.step) for t in acc.Tags()["scalars"] for e in acc.Scalars(t)}
+    ours = {(t, s) for t, s, _ in _rows(tb.read(p, tmp_path)) if t == "train/loss"}
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("where", ["payload", "length", "length_crc", "payload_crc"])
+def test_corrupt_record_in_the_middle(event_file, tmp_path, where):
+    """One damaged record is skipped (resync after a bad length); all others kept."""
+    data = bytearray(event_file.read_bytes())
+    spans = _frames(bytes(data))
+    k = len(spans) // 2
+    start, end = spans[k]
+    at = {"payload": start + 12 + (end - start - 16) // 2, "length": start + 1, "length_crc": start + 9,
+          "payload_crc": end - 2}[where]
+    data[at] ^= 0x5A
+    p = tmp_path / "events.out.tfevents.bad"
+    p.write_bytes(bytes(data))
+    clean = tmp_path / "events.out.tfevents.clean"
+    clean.write_bytes(bytes(data[:start]) + event_file.read_bytes()[end:])
+    res = tb.read(p, tmp_path)
+    assert _rows(res) == _rows(tb.read(clean, tmp_path))  # every other record kept
+    assert [s.what for s in res.skipped] == [f"events.out.tfevents.bad:{start}"]
+    reason = res.skipped[0].reason
+    if where.startswith("length"):
+        assert "bad length CRC" in reason and f"resynchronised at byte {end}" in reason
+    else:
+        assert "bad payload CRC" in reason
+
+
+def test_absurd_length_and_zero_tail(tmp_path):
+    """An absurd length is never allocated; a zero-filled tail is named as such."""
+    ev = [_event(s, _value("loss", simple=float(s))) for s in range(1, 6)]
+    p = _write(tmp_path / "events.out.tfevents.a", ev)
+    data = bytearray(p.read_bytes())
+    start = _frames(bytes(data))[2][0]
+    huge = struct.pack("<Q", 1 << 40)  # a valid length CRC on an absurd length: never allocated
+    data[start:start + 12] = huge + struct.pack("<I", tb.masked_crc32c(huge))
+    p.write_bytes(bytes(data) + b"\x00" * 5000)
+    res = tb.read(p, tmp_path)
+    assert [r[1] for r in _rows(res)] == [1, 3, 4, 5]
+    assert "absurd length" in res.skipped[0].reason
+    assert "zero-filled tail" in res.skipped[1].reason
+
+
+def test_crc_switch(tmp_path, monkeypatch):
+    """check_crc=False and the module-level CHECK_CRC switch skip the CRC checks."""
+    p = _write(tmp_path / "events.out.tfevents.a", [_event(s, _value("x", simple=1.5)) for s in range(1, 4)])
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0xFF  # last payload CRC
+    p.write_bytes(bytes(data))
+    assert len(_rows(tb.read(p, tmp_path))) == 2
+    assert len(_rows(tb.read(p, tmp_path, check_crc=False))) == 3
+    monkeypatch.setattr(tb, "CHECK_CRC", False)
+    assert len(_rows(tb.read(p, tmp_path))) == 3
+
+
+def test_step_rewind_and_session_start_make_local_segments(tmp_path):
+    """A per-tag step rewind and a SessionLog START open local segments."""
+    start = _vi(1, 1)  # SessionLog{status: START}
+    ev = [_event(s, _value("loss", simple=float(s))) for s in range(1, 6)]
+    ev += [_event(3, _value("loss", simple=30.0)), _event(4, _value("loss", simple=40.0))]  # rewind
+    ev += [_event(4, extra=_ld(7, start)), _event(4, _value("loss", simple=41.0))]  # purge_step START
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", ev), tmp_path)
+    assert res.metrics.column("segment").to_pylist() == [0, 0, 0, 0, 0, 1, 1, 2]
+    assert res.events.column("kind").to_pylist() == ["restart"]
+    assert res.events.column("step").to_pylist() == [4] and res.meta["session_starts"] == 1
+
+
+def test_crafted_tensor_scalars(tmp_path):
+    """Tensor scalars of every dtype and layout; non-scalars and other plugins counted only."""
+    f = lambda x: struct.pack("<f", x)  # noqa: E731
+    half = struct.unpack("<H", struct.pack("<e", 1.5))[0]
+    shape0 = _ld(2, b"")
+    tensors = {
+        "f_content": _vi(1, 1) + shape0 + _ld(4, f(2.5)),
+        "d_content": _vi(1, 2) + shape0 + _ld(4, struct.pack("<d", 0.1)),
+        "f_unpacked": _vi(1, 1) + shape0 + _vint(5 << 3 | 5) + f(3.25),
+        "d_val": _vi(1, 2) + shape0 + _ld(6, struct.pack("<d", 1e-300)),
+        "half": _vi(1, 19) + shape0 + _ld(13, _vint(half)),
+        "bf16": _vi(1, 14) + shape0 + _vi(13, 0x3FC0),  # 1.5 in bfloat16
+        "i64": _vi(1, 9) + shape0 + _ld(10, _vint(-7)),
+        "i32_content": _vi(1, 3) + shape0 + _ld(4, struct.pack("<i", -3)),
+        "vector": _vi(1, 1) + _ld(2, _ld(2, _vi(1, 3))) + _ld(4, f(1) * 3),
+        "string": _vi(1, 7) + shape0 + _ld(8, b"hello"),
+    }
+    ev = [_event(s, _value(tag, tensor=t)) for tag, t in tensors.items() for s in (1, 2)]
+    ev += [_event(1, _value("custom", tensor=tensors["f_content"], plugin="my_plugin")),
+           _event(2, _value("custom", tensor=tensors["f_content"]))]  # metadata only on the first event
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", ev), tmp_path)
+    vals = {(t, s): v for t, s, v in _rows(res)}
+    assert vals[("f_content", 2)] == 2.5 and vals[("d_content", 2)] == 0.1 and vals[("f_unpacked", 1)] == 3.25
+    assert vals[("d_val", 2)] == 1e-300 and vals[("half", 1)] == 1.5 and vals[("bf16", 2)] == 1.5
+    assert vals[("i64", 1)] == -7.0 and vals[("i32_content", 2)] == -3.0
+    assert ("vector", 1) not in vals and ("string", 1) not in vals and ("custom", 2) not in vals
+    assert res.meta["non_scalar"] == {"tensor": 6}  # vector x2, string x2, custom-plugin scalar x2
+    assert res.meta["plugins"] == {"custom": "my_plugin"}
+    assert res.meta["encodings"]["d_val"] == "DT_DOUBLE" and res.meta["encodings"]["half"] == "DT_HALF"
+
+
+def test_large_steps_negative_steps_and_nan(tmp_path):
+    """Multi-byte and negative varint steps; NaN and inf kept."""
+    ev = [_event(s, _value("loss", simple=v)) for s, v in ((127, 1.0), (128, math.inf), (2**40, math.nan))]
+    ev.append(_event(-5, _value("loss", simple=-0.0)))
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", ev), tmp_path)
+    rows = _rows(res)
+    assert [r[1] for r in rows] == [127, 128, 2**40, -5]
+    assert rows[1][2] == math.inf and math.isnan(rows[2][2])
+    assert res.metrics.column("segment").to_pylist() == [0, 0, 0, 1]
+
+
+def test_empty_and_garbage_files(tmp_path):
+    """An empty file is a Skip; a file with no TFRecord frame is a ParseError."""
+    empty = tmp_path / "events.out.tfevents.empty"
+    empty.write_bytes(b"")
+    res = tb.read(empty, tmp_path)
+    assert res.metrics.num_rows == 0 and "empty event file" in res.skipped[0].reason
+    junk = tmp_path / "events.out.tfevents.junk"
+    junk.write_bytes(bytes(range(256)) * 20)
+    with pytest.raises(ParseError):
+        tb.read(junk, tmp_path)
+
+
+def test_lightning_resume_case(cases_dir):
+    """br04: two Lightning version folders, the second resumes at a step the first logged."""
+    root = cases_dir / "br04_lightning_resume_explr"
+    files = sorted((root / "lightning_logs").glob("version_*/events.out.tfevents.*"))
+    assert len(files) == 2
+    a, b = (tb.read(f, root) for f in files)
+    last_a = max(a.metrics.column("step").to_pylist())
+    first_b = min(b.metrics.column("step").to_pylist())
+    assert first_b <= last_a == 500  # the resumed file goes back: a new global segment in discovery
+    lr_b = {s: v for t, s, v in _rows(b) if t == "lr-Adam"}
+    assert lr_b[500] == pytest.approx(1e-3)
+    assert set(a.metrics.column("metric").to_pylist()) >= {"lr", "loss", "eval_loss"}
+
+
+def test_undecodable_event_and_plugin_change(tmp_path):
+    """A well-framed but undecodable payload is one Skip; a tag whose plugin changes stops being a scalar."""
+    scalar = _vi(1, 1) + _ld(2, b"") + _ld(4, struct.pack("<f", 1.0))
+    ev = [_event(1, _value("x", tensor=scalar)), _event(2, _value("x", tensor=scalar)),
+          b"\x0f\x00\x01",  # field 1 with wire type 7: not protobuf
+          _event(3, _value("x", tensor=scalar, plugin="custom")), _event(4, _value("x", tensor=scalar))]
+    p = _write(tmp_path / "events.out.tfevents.a", ev)
+    res = tb.read(p, tmp_path)
+    assert [s for _, s, _ in _rows(res)] == [1, 2]
+    bad_at = _frames(p.read_bytes())[3][0]
+    assert [s.what for s in res.skipped] == [f"events.out.tfevents.a:{bad_at}"]
+    assert "undecodable" in res.skipped[0].reason and res.meta["non_scalar"] == {"tensor": 2}
