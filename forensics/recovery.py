@@ -18,6 +18,8 @@ import numpy as np
 
 from forensics.model import RecoveryPlan, RunData, Trial
 
+_CKPT_PATH = re.compile(r"\S*(?:checkpoint|ckpt|global_step)\S*\d\S*", re.I)
+
 ROLLBACK_MIN = 100
 """Steps before the onset the resume point must be at least (PaLM section 5.1)."""
 
@@ -35,7 +37,9 @@ def _checkpoints(run: RunData) -> list[tuple[int, str]]:
     if run.events.height:
         for row in run.events.iter_rows(named=True):
             if row["kind"] in ("checkpoint_saved", "checkpoint_loaded") and row["step"] is not None:
-                found.setdefault(int(row["step"]), f"checkpoint {row['step']} (global step {row['step']}, "
+                m = _CKPT_PATH.search(str(row["message"] or ""))
+                name = m.group(0).rstrip(".,;:)") if m else f"checkpoint {row['step']}"
+                found.setdefault(int(row["step"]), f"{name} (global step {row['step']}, "
                                  f"{row['kind'].replace('_', ' ')} in {row['source']})")
     return sorted(found.items())
 
@@ -94,13 +98,22 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     first_logged = int(run.metrics.get_column("step").min()) if run.metrics.height else 0  # type: ignore[arg-type]
     before = [c for c in ckpts if c[0] <= target]
     hw = cause == "hardware_or_distributed"
+    short_margin = False
     if hw:
         before = [c for c in ckpts if c[0] <= onset] or before
+    elif not before:
+        before = [c for c in ckpts if c[0] < onset]
+        short_margin = bool(before)
     if before:
         step, path = before[-1]
-        resume = {"checkpoint": path, "step": step,
-                  "why": f"newest checkpoint at or before step {target if not hw else onset} "
-                  f"({'the last one before the fault' if hw else f'{ROLLBACK_MIN}+ steps before the onset {onset}'})"}
+        if short_margin:
+            why = (f"the only checkpoint before the onset {onset} ({onset - step} steps before it, less than the "
+                   f"{ROLLBACK_MIN}-step margin PaLM used: keep the trial's first steps under watch)")
+        elif hw:
+            why = f"newest checkpoint before the fault at step {onset}"
+        else:
+            why = f"newest checkpoint at least {ROLLBACK_MIN} steps before the onset {onset}"
+        resume = {"checkpoint": path, "step": step, "why": why}
     else:
         step = max(first_logged, target)
         resume = {"checkpoint": None, "step": step,

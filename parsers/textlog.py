@@ -20,6 +20,7 @@ line, and when the step goes back; several markers in a row open one segment onl
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ _PRECISION = {"megatron": "%.6E", "fairseq": "%.3f", "metaseq": "%.3f", "hf_trai
               "imagenet": "%.4f"}
 _QUIET_META = {"step_source", "loss_scale_zero_means_small", "batches_per_epoch", "versions", "step_unit"}
 _ERROR_KINDS = {"error", "hardware_error", "oom"}
+_TQDM = re.compile(r"^[^{|]{0,80}\d+%\|[^|]{0,200}\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
 def _recognised(text: str) -> bool:
@@ -188,6 +190,7 @@ class _Assembler:
                 self.brk()
                 self.event("restart", f"line {lineno}: the program was started again", None)
             self.block_kinds.clear()
+            self.last_ckpt = None
         if r.config is not None:
             self.config(r.ns, r.config, lineno)
         if r.meta:
@@ -252,7 +255,7 @@ class _Assembler:
             self.end_dump(lineno)
             self.tb = []
             return
-        if not line.strip():
+        if not line.strip() or _TQDM.match(line):
             return
         for mod in self.order:
             r = mod.parse_line(line, self.state)

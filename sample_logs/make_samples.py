@@ -62,6 +62,8 @@ class Config:
     seed: int = 0
     data_bytes: int = 1_500_000
     checkpoint_every: int = 100
+    optimizer: str = "adamw"
+    lr_schedule: str = "linear_warmup_cosine"
     fault: str = field(default="none", metadata={"private": True})
     fault_step: int = field(default=0, metadata={"private": True})
     fault_len: int = field(default=1, metadata={"private": True})
@@ -100,7 +102,9 @@ def get_batch(corpus: torch.Tensor, cfg: Config, batch_index: int) -> tuple[torc
     return window[:, :-1].clone(), window[:, 1:].clone()
 
 
-def corrupt_batch(x: torch.Tensor, y: torch.Tensor, kind: str, batch_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def corrupt_batch(
+    x: torch.Tensor, y: torch.Tensor, kind: str, batch_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupt a batch the way a broken data pipeline does (used only by the ``data_batch`` fault)."""
     gen = torch.Generator().manual_seed(10_007 + batch_index)
     if kind == "random":  # random bytes
@@ -137,7 +141,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend causally; records the max |q.k|/sqrt(d_head) over unmasked positions."""
         b, t, d = x.shape
-        q, k, v = (lin(x).view(b, t, self.n_heads, self.d_head).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        q, k, v = (
+            lin(x).view(b, t, self.n_heads, self.d_head).transpose(1, 2) for lin in (self.q, self.k, self.v)
+        )
         q, k = self.q_norm(q), self.k_norm(k)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)
         allowed = self.mask[:t, :t]
@@ -154,7 +160,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = Attention(cfg)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the block."""
@@ -222,7 +230,10 @@ class Trainer:
         self.model = TinyLM(cfg)
         decay = [p for p in self.model.parameters() if p.dim() == 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.fp16 = cfg.precision == "fp16"
@@ -240,8 +251,13 @@ class Trainer:
 
     def save(self, path: Path) -> None:
         """Checkpoint model, optimizer, scheduler and scaler state."""
-        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
-                 "scaler": self.scaler.state_dict(), "step": self.step}
+        state = {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "sched": self.sched.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+        }
         torch.save(state, path)
 
     def resume(self, path: Path, restore_scheduler: bool) -> None:
@@ -268,7 +284,9 @@ class Trainer:
         before = flat_params(self.model)
         with torch.autocast("cpu", dtype=torch.float16, enabled=self.fp16):
             logits = self.model(x)
-            loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1), ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1), ignore_index=IGNORE_INDEX
+            )
         log_z = torch.logsumexp(logits.detach().float(), dim=-1).mean().item()
         layer_max = self.model.attn_logit_max()
         self.opt.zero_grad(set_to_none=True)
@@ -288,9 +306,16 @@ class Trainer:
         update_ratio = ((after - before).norm() / before.norm()).item()
         self.step = step
         rec: dict[str, Any] = {
-            "step": step, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm, "update_ratio": update_ratio,
-            "param_norm": after.norm().item(), "attn_logit_max": nan_max(layer_max), "log_z": log_z,
-            "batch_index": batch_index, "tokens": step * cfg.batch_size * cfg.seq_len,
+            "step": step,
+            "loss": loss.item(),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "update_ratio": update_ratio,
+            "param_norm": after.norm().item(),
+            "attn_logit_max": nan_max(layer_max),
+            "log_z": log_z,
+            "batch_index": batch_index,
+            "tokens": step * cfg.batch_size * cfg.seq_len,
         }
         if self.fp16:
             rec["loss_scale"], rec["skipped_step"] = scale, int(skipped)
@@ -310,8 +335,10 @@ class Trainer:
             self.say(f"ERROR: non-finite loss {rec['loss']} at step {step}; aborting.")
             return False
         if self.fp16 and self.skips >= cfg.max_consecutive_skips:
-            self.say(f"ERROR: {self.skips} consecutive non-finite steps (loss scale {self.scaler.get_scale():g}) "
-                     f"at step {step}; aborting.")
+            self.say(
+                f"ERROR: {self.skips} consecutive non-finite steps (loss scale {self.scaler.get_scale():g}) "
+                f"at step {step}; aborting."
+            )
             return False
         return True
 
@@ -380,26 +407,91 @@ def run(cfg: Config, out: Path) -> float:
 RUNS: dict[str, dict[str, Any]] = {
     "healthy": {"fault": "none"},
     "lr_schedule_reset": {"fault": "lr_schedule_reset", "steps": 500, "crash_step": 320},
-    "overflow": {"fault": "overflow", "precision": "fp16", "lr": 0.1, "clip": 0.0, "weight_decay": 0.0,
-                 "batch_size": 16, "warmup": 20, "steps": 300},
+    "overflow": {
+        "fault": "overflow",
+        "precision": "fp16",
+        "lr": 0.1,
+        "clip": 0.0,
+        "weight_decay": 0.0,
+        "batch_size": 16,
+        "warmup": 20,
+        "steps": 300,
+    },
     "data_batch": {"fault": "data_batch", "fault_step": 250, "fault_len": 1, "corruption": "pad"},
     "update_scale_growth": {"fault": "update_scale_growth", "lr": 6e-2, "clip": 0.0},
 }
+"""Exact settings of each committed run (the rest are Config defaults)."""
+
+EXPECTED: dict[str, dict[str, Any]] = {
+    "healthy": {"verdict": "healthy", "cause": None, "mechanism": None, "onset_window": None},
+    "lr_schedule_reset": {
+        "verdict": "anomaly",
+        "cause": "lr_schedule_reset",
+        "mechanism": "reset_to_initial",
+        "onset_window": [301, 301],
+        "events": {"checkpoint": 300, "crash": 320, "resume_first_step": 301, "warmup_restart_peak": 340},
+    },
+    "overflow": {
+        "verdict": "anomaly",
+        "cause": "overflow",
+        "mechanism": "activation_overflow",
+        "onset_window": [1, 171],
+        "events": {
+            "attn_logit_max_above_healthy_max": 10,
+            "first_fp16_overflow_attn_logit_inf": 97,
+            "first_skipped_step_and_nan_loss": 171,
+            "job_died": 178,
+        },
+    },
+    "data_batch": {
+        "verdict": "anomaly",
+        "cause": "data_batch",
+        "mechanism": "bad_batch",
+        "onset_window": [250, 250],
+        "batch_index": 249,
+        "events": {"all_padding_batch_nan_loss": 250, "job_died": 250},
+    },
+    "update_scale_growth": {
+        "verdict": "anomaly",
+        "cause": "update_scale_growth",
+        "mechanism": "lr_too_high",
+        "onset_window": [1, 48],
+        "mechanism_alternatives": ["attention_logit_growth"],
+        "events": {
+            "first_grad_norm_spike": 10,
+            "first_loss_spike": 12,
+            "attn_logit_max_above_healthy_max": 23,
+            "loss_above_healthy_for_good": 48,
+        },
+    },
+}
+"""Ground truth of each committed run, written to ``<run>/expected.json`` (measured, see README.md)."""
+
+CLI_KEYS = (
+    "seed",
+    "steps",
+    "lr",
+    "warmup",
+    "clip",
+    "precision",
+    "d_model",
+    "batch_size",
+    "weight_decay",
+    "init_loss_scale",
+    "fault_step",
+    "fault_len",
+    "corruption",
+    "crash_step",
+)
 
 
-def build_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Config:
-    """Merge CLI arguments (those given) and per-run overrides into a Config."""
-    cfg = Config()
-    for key in ("seed", "steps", "lr", "warmup", "clip", "precision", "fault_step", "fault_len", "corruption",
-                "crash_step", "d_model", "batch_size", "weight_decay", "init_loss_scale"):
-        value = getattr(args, key, None)
+def build_config(fault: str, cli: dict[str, Any] | None = None) -> Config:
+    """Config of the committed run for ``fault``, then any CLI values given (not None) on top."""
+    name = "healthy" if fault == "none" else fault
+    cfg = Config(**RUNS[name])
+    for key, value in (cli or {}).items():
         if value is not None:
             setattr(cfg, key, value)
-    cfg.fault = args.fault
-    if args.qk_layernorm:
-        cfg.qk_layernorm = True
-    for key, value in (overrides or {}).items():
-        setattr(cfg, key, value)
     return cfg
 
 
@@ -408,34 +500,37 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--out", type=Path)
-    p.add_argument("--all", action="store_true", help="regenerate every committed run with its exact settings")
+    p.add_argument(
+        "--all", action="store_true", help="regenerate every committed run with its exact settings"
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup", type=int)
     p.add_argument("--clip", type=float, help="global-norm clipping threshold (0 disables)")
     p.add_argument("--precision", choices=("fp32", "fp16"))
-    p.add_argument("--qk-layernorm", action="store_true")
+    p.add_argument("--qk-layernorm", action="store_true", default=None)
     p.add_argument("--d-model", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--init-loss-scale", type=float)
     p.add_argument("--fault-step", type=int, help="data_batch: first corrupted step")
     p.add_argument("--fault-len", type=int, help="data_batch: number of corrupted steps")
-    p.add_argument("--corruption", choices=("random", "repeat", "shift", "pad"))
-    p.add_argument("--crash-step", type=int, help="lr_schedule_reset: step at which segment 1 dies")
+    p.add_argument(
+        "--corruption", choices=("random", "repeat", "shift", "pad"), help="data_batch: corruption kind"
+    )
+    p.add_argument("--crash-step", type=int, help="lr_schedule_reset: step at which the first process dies")
     args = p.parse_args(argv)
     if args.all:
         root = Path(__file__).resolve().parent
-        for name, overrides in RUNS.items():
-            cfg = build_config(argparse.Namespace(fault=overrides["fault"], qk_layernorm=False), overrides)
-            print(f"{name}: {run(cfg, root / name):.1f} s", file=sys.stderr)
+        for name, settings in RUNS.items():
+            seconds = run(build_config(settings["fault"]), root / name)
+            (root / name / "expected.json").write_text(json.dumps(EXPECTED[name], indent=2) + "\n")
+            print(f"{name}: {seconds:.1f} s", file=sys.stderr)
         return 0
     if args.out is None:
         p.error("--out is required unless --all is given")
-    defaults = {k: v for k, v in RUNS.get(args.fault if args.fault != "none" else "healthy", {}).items()
-                if getattr(args, k, None) is None}
-    cfg = build_config(args, defaults)
+    cfg = build_config(args.fault, {k: getattr(args, k) for k in (*CLI_KEYS, "qk_layernorm")})
     print(f"{args.out}: {run(cfg, args.out):.1f} s", file=sys.stderr)
     return 0
 
