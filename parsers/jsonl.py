@@ -30,7 +30,7 @@ STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates",
 """Keys that hold the step, in priority order (the first present in a record wins)."""
 TIME_KEYS = ("wall_time", "time", "timestamp", "_timestamp")
 """Keys read as the wall time (s since epoch; ms when > 1e11; ISO-8601 strings accepted)."""
-NAME_KEYS = ("module", "layer", "name", "tensor")
+NAME_KEYS = ("module", "layer", "tensor", "param")  # not "name": often the run name
 """String fields that name what a per-module record is about; they become a metric suffix."""
 _NOT_METRIC_FILES = {"trainer_state.json", "expected.json"}
 _MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
