@@ -249,7 +249,8 @@ class RunData:
         meta: Merged configuration and facts (``precision``, ``framework``, hyper-parameters).
         sources: Files read.
         skipped: Files or records not read, and why.
-        segment_starts: For each global segment, the first step it logged.
+        tensors: Per-checkpoint tensor statistics (:data:`forensics.schema.TENSORS_SCHEMA`), may be empty.
+        updates: Update ratios between consecutive checkpoints (:data:`forensics.schema.UPDATES_SCHEMA`).
     """
 
     run: str
@@ -258,6 +259,8 @@ class RunData:
     meta: dict[str, Any]
     sources: list[SourceInfo]
     skipped: list[Skip]
+    tensors: pl.DataFrame = field(default_factory=pl.DataFrame)
+    updates: pl.DataFrame = field(default_factory=pl.DataFrame)
     _cache: dict[str, Series | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -340,6 +343,9 @@ class RunData:
             run=self.run, metrics=self.metrics.filter(keep),
             events=self.events.filter(keep) if self.events.height else self.events,
             meta=self.meta, sources=self.sources, skipped=self.skipped,
+            tensors=self.tensors.filter(pl.col("step") <= self.metrics.filter(keep).get_column("step").max())
+            if self.tensors.height and self.metrics.height else self.tensors,
+            updates=self.updates,
         )
 
     def rolled_back_segments(self) -> list[int]:
