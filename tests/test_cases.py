@@ -16,7 +16,6 @@ from forensics.api import analyze
 
 KNOWN_FAILING: dict[str, str] = {
     "br16": "data ordering (a train-only level shift while eval loss and lr stay smooth) has no detector yet",
-    "br27": "two runs in one folder compared against each other (constant-factor grad scaling) is not analysed yet",
 }
 
 

@@ -10,6 +10,7 @@ from forensics.detectors.attention_logits import AttentionLogitGrowth
 from forensics.detectors.bad_batch import BadBatch
 from forensics.detectors.base import Detector
 from forensics.detectors.grad_norm import GradNormDeparture
+from forensics.detectors.grad_scaling import GradScalingFactor
 from forensics.detectors.hardware import HardwareSignature
 from forensics.detectors.integrity import Integrity
 from forensics.detectors.loss_divergence import LossDivergence
@@ -35,6 +36,7 @@ DETECTORS: tuple[Detector, ...] = (
     AttentionLogitGrowth(),
     OutputLogitDivergence(),
     HardwareSignature(),
+    GradScalingFactor(),
     NotesAttempts(),
 )
 
