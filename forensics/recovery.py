@@ -170,6 +170,15 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             if isinstance(growth, dict) and growth.get("mechanism") == "attention_logit_growth":
                 trials.append(Trial("qk-layernorm", "add qk-layernorm so attention logits stay bounded in fp16",
                                     length, {"qk_layernorm": True}))
+    elif cause == "data_batch" and mechanism == "ordering":
+        trials.append(Trial("fix the data order", "resume with a proper shuffle of the sample order (a pseudo-random "
+                            "permutation such as a Feistel network instead of an affine a*x+b mod N index permutation) "
+                            "and compare the train loss with the failed run over the same steps", length,
+                            {"shuffle": "feistel"}))
+        trials.append(Trial("inspect the stream", f"dump the batches around step {onset} and check for correlated runs "
+                            "of documents from one source or a mixture boundary", 0, {"inspect_batches": [onset, onset + 200]}))
+        restore.append("restore the data-sampler state so both arms see the same tokens up to the onset")
+        do_not.append("do not lower the lr: the eval loss and the lr are smooth, only the training stream changed")
     elif cause == "data_batch":
         bi = ev.get("batch_index")
         lo = onset if bi is None else int(bi)  # type: ignore[arg-type]

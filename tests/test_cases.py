@@ -15,7 +15,6 @@ import pytest
 from forensics.api import analyze
 
 KNOWN_FAILING: dict[str, str] = {
-    "br16": "data ordering (a train-only level shift while eval loss and lr stay smooth) has no detector yet",
 }
 
 

@@ -9,6 +9,7 @@ from forensics.detectors.activation_overflow import ActivationOverflow
 from forensics.detectors.attention_logits import AttentionLogitGrowth
 from forensics.detectors.bad_batch import BadBatch
 from forensics.detectors.base import Detector
+from forensics.detectors.data_ordering import OrderingShift
 from forensics.detectors.grad_norm import GradNormDeparture
 from forensics.detectors.grad_scaling import GradScalingFactor
 from forensics.detectors.hardware import HardwareSignature
@@ -32,6 +33,7 @@ DETECTORS: tuple[Detector, ...] = (
     ActivationOverflow(),
     LRScheduleReset(),
     BadBatch(),
+    OrderingShift(),
     UpdateScaleGrowth(),
     AttentionLogitGrowth(),
     OutputLogitDivergence(),
