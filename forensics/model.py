@@ -211,7 +211,8 @@ class RecoveryPlan:
     def actions_text(self) -> str:
         """All recommended actions as one string (everything but ``do_not``), for matching."""
         rf = self.resume_from
-        parts = [f"resume from {rf.get('checkpoint') or 'a checkpoint'} (step {rf.get('step')})", str(rf.get("why", ""))]
+        parts = [f"resume from {rf.get('checkpoint') or 'a checkpoint'} (step {rf.get('step')})",
+                 str(rf.get("why", ""))]
         parts += list(self.restore)
         for t in self.trials:
             parts += [t.name, t.change]

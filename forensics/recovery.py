@@ -117,7 +117,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     else:
         step = max(first_logged, target)
         resume = {"checkpoint": None, "step": step,
-                  "why": f"no checkpoint found in the folder; resume from the newest checkpoint at or before step {step} "
+                  "why": "no checkpoint found in the folder; resume from the newest checkpoint at or before step "
+                  f"{step} "
                   f"({ROLLBACK_MIN} steps before the onset {onset})"}
     margin = max(200, int(0.1 * max(onset - int(resume["step"]), 0)))
     length = max(onset - int(resume["step"]), 0) + margin
@@ -176,7 +177,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                             "and compare the train loss with the failed run over the same steps", length,
                             {"shuffle": "feistel"}))
         trials.append(Trial("inspect the stream", f"dump the batches around step {onset} and check for correlated runs "
-                            "of documents from one source or a mixture boundary", 0, {"inspect_batches": [onset, onset + 200]}))
+                            "of documents from one source or a mixture boundary", 0,
+                            {"inspect_batches": [onset, onset + 200]}))
         restore.append("restore the data-sampler state so both arms see the same tokens up to the onset")
         do_not.append("do not lower the lr: the eval loss and the lr are smooth, only the training stream changed")
     elif cause == "data_batch":
@@ -225,7 +227,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             trials += _idea_trials(ideas, length, fp16)
         else:
             trials.append(Trial("weight decay on the head", "keep the lr; apply weight decay to the output layer "
-                                "and check that the lm_head norm stops accelerating", length, {"head_weight_decay": True}))
+                                "and check that the lm_head norm stops accelerating", length,
+                                {"head_weight_decay": True}))
             do_not.append("do not lower the lr: the divergence grows at a low lr; it is the logits, not the step size")
         restore.append("restore optimizer and scheduler state from the checkpoint (only the trial knobs change)")
     elif cause == "hardware_or_distributed":
@@ -246,7 +249,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                       "not unstable")
     elif cause == "state_not_restored":
         restore.append("resume again and verify what is loaded: weights, optimizer moments, scheduler, data sampler")
-        restore.append("if optimizer moments were lost: run with lr=0 for 5/(1-beta2) steps to rebuild them, then resume")
+        restore.append("if optimizer moments were lost: run with lr=0 for 5/(1-beta2) steps to rebuild them, "
+                       "then resume")
         trials.append(Trial("verified resume", "resume with every state verified against the checkpoint", length, {}))
     else:  # unknown
         trials.append(Trial("replay unchanged", "resume from the checkpoint unchanged to see whether the failure "
@@ -291,7 +295,8 @@ def _criteria(stats: dict[str, float], length: int) -> list[str]:
                    f"({_g(stats['loss_median'])} +- {_g(2 * stats['loss_sigma'])}) and keeps decreasing")
     if "grad_norm_median" in stats:
         out.append(f"grad norm stays inside its pre-onset band [{_g(stats['grad_norm_p05'])}, "
-                   f"{_g(stats['grad_norm_p95'])}] (median {_g(stats['grad_norm_median'])}); clipping active on < 5% of steps")
+                   f"{_g(stats['grad_norm_p95'])}] (median {_g(stats['grad_norm_median'])}); "
+                   "clipping active on < 5% of steps")
     out.append("no detector of train-forensics fires on the trial run (run `forensics analyze` on it)")
     return out
 

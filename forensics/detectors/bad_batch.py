@@ -3,8 +3,9 @@
 Rule (detectors.md D7; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00656): a loss
 departure whose excursion starts abruptly (within ``max_rise_steps`` of its detection) with no
 grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
-in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11). The batch is named when ``batch_index`` is logged. A spike that recovers by itself is
-reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
+in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11).
+The batch is named when ``batch_index`` is logged. A spike that recovers by itself is reported
+with ``recovered_step`` (the engine calls the run transient if nothing else fires).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The detector contract (STYLE.md item 4): one class per module, a stable code, a dotted
-name, the metrics it requires, typed defaults, and ``detect(run) -> list[Finding]``.
+"""The detector contract (STYLE.md item 4).
+
+One class per module, a stable code, a dotted name, the metrics it requires, typed defaults,
+and ``detect(run) -> list[Finding]``.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 Rule: where the run logs both a train loss and an eval loss, the train loss sits at a constant
 multiple k >= ``min_factor`` (2) of the eval loss at matched steps (robust relative spread of
-the ratio below ``max_spread``, 35%: train loss falls faster than eval loss early on), while
-the eval loss itself is normal. The train loss then is mis-normalised, not unstable; when k is close to the gradient-accumulation factor the loss was
-summed instead of averaged over micro-batches (transformers 4.46-4.47 with ``num_items_in_batch``,
-huggingface/transformers#35663, fixed in 4.48.1 by PR #35651). A sibling run in the same folder
-whose loss is exactly k times smaller at every step confirms it.
+the ratio below ``max_spread``, 35%: train loss falls faster than eval loss early on), while the
+eval loss itself is normal. The train loss then is mis-normalised, not unstable; when k is close
+to the gradient-accumulation factor the loss was summed instead of averaged over micro-batches
+(transformers 4.46-4.47 with ``num_items_in_batch``, huggingface/transformers#35663, fixed in
+4.48.1 by PR #35651). A sibling run in the same folder whose loss is exactly k times smaller at
+every step confirms it.
 """
 
 from __future__ import annotations

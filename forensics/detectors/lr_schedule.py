@@ -29,7 +29,7 @@ _OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "over
 
 
 def _lr_rows(run: RunData) -> pl.DataFrame:
-    """lr rows of the best source, all segments, in read order."""
+    """Lr rows of the best source, all segments, in read order."""
     s = run.series("lr")
     if s is None:
         return pl.DataFrame()
@@ -114,9 +114,13 @@ class LRScheduleReset(Detector):
                 decayed = v[i - 1] < v[peak_i] * (1 - self.rel_tol) or (
                     i - 1 > peak_i + 2 and v[i - 1] <= v[peak_i]
                 )
-                in_rewarm = any(0 < int(st[i]) - f.step <= 10_000 and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
-                                for f in out if f.step is not None)
-                if v[i] > v[i - 1] * (1 + self.rel_tol) and decayed and int(st[i]) not in checked_steps and not in_rewarm:
+                in_rewarm = any(
+                    0 < int(st[i]) - f.step <= 10_000
+                    and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
+                    for f in out if f.step is not None
+                )
+                jump = v[i] > v[i - 1] * (1 + self.rel_tol)
+                if jump and decayed and int(st[i]) not in checked_steps and not in_rewarm:
                     prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
                     cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
                     f = self._judge(

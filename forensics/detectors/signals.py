@@ -100,7 +100,8 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
         if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
             base_sig = (lx[onset_i] - np.log(base_med)) / zi
         recovered = None
-        band = np.log(base_med) + 2 * (base_sig if base_sig and base_sig > 0 else 0.05) if np.isfinite(base_med) else None
+        width = base_sig if base_sig and base_sig > 0 else 0.05
+        band = np.log(base_med) + 2 * width if np.isfinite(base_med) else None
         k = i + 1
         while k < n:
             v = vals[k]

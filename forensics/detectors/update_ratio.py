@@ -38,7 +38,7 @@ class UpdateScaleGrowth(Detector):
             if d is not None and d.growth * (d.baseline and 1) >= 1.0 and (
                 float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, 1e-30) >= self.min_growth
             ):
-                found.append((d.onset_step, what, {"metric": "update_ratio", 
+                found.append((d.onset_step, what, {"metric": "update_ratio",
                               "baseline_at_onset": d.baseline, "max_after": float(np.nanmax(vals[d.onset_index:])),
                               "onset_step": d.onset_step}, "update_ratio"))
         pn = run.series("param_norm")
