@@ -6,6 +6,7 @@ Payload to stdout or ``-o``; the summary and progress to stderr.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -67,6 +68,11 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         return
     except OSError as exc:
         _fail(f"{getattr(exc, 'filename', None) or run_dir}: {exc.strerror or exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - never a traceback on the terminal (FORENSICS_DEBUG=1 shows it)
+        if os.environ.get("FORENSICS_DEBUG"):
+            raise
+        _fail(f"{run_dir}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)")
         return
     if strict and any(not s.what.startswith(tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")) or ":" in s.what
                       for s in analysis.skipped if "not evaluated" not in s.reason):
