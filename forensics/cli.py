@@ -74,9 +74,9 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             raise
         _fail(f"{run_dir}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)")
         return
-    if strict and any(not s.what.startswith(tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")) or ":" in s.what
-                      for s in analysis.skipped if "not evaluated" not in s.reason):
-        click.echo("forensics: --strict: some inputs were skipped or damaged (see 'skipped')", err=True)
+    if strict and run.skipped:
+        click.echo(f"forensics: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
+                   f"{run.skipped[0].what}: {run.skipped[0].reason}", err=True)
         sys.exit(EXIT_ERROR)
     levels = {"healthy": 0, "transient": 1, "anomaly": 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
