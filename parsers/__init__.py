@@ -17,6 +17,7 @@ from __future__ import annotations
 PARSER_MODULES: tuple[str, ...] = (
     "parsers.tensorboard",   # events.out.tfevents.*
     "parsers.hf_trainer",    # trainer_state.json (log_history)
+    "parsers.wandb_run",     # W&B run-*.wandb transaction logs (+ their side files)
     "parsers.jsonl",         # *.jsonl metric logs
     "parsers.csv_metrics",   # W&B history exports, Lightning metrics.csv
     "parsers.textlog",       # Megatron-LM / DeepSpeed / HF stdout / fairseq / metaseq / generic stdout

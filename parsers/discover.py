@@ -10,8 +10,9 @@ Global segments: the files of one *group* are put in time order, and a file whos
 or below the previous file's last step starts a new segment (a resume that went back); a file that
 continues forward stays in the segment. Groups: TensorBoard files of the whole run form chains of
 files that follow one another in time (``version_0``, ``version_1``, ... of one job; writers running
-at the same time, like Keras ``train/`` and ``validation/``, are separate chains); other formats are
-grouped by (format, folder). Each group numbers its segments from 0.
+at the same time, like Keras ``train/`` and ``validation/``, are separate chains); W&B transaction logs
+are grouped by run id (each ``offline-run-*`` folder of the run, a resume, is a new segment); other
+formats are grouped by (format, folder). Each group numbers its segments from 0.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
                     files.append(Path(e.path))
             except OSError:
                 continue
+        subdirs.sort(key=os.path.islink)  # real folders first: a link (wandb/latest-run) must not hide its target
         stack.extend(reversed(subdirs))
     return files
 
@@ -225,6 +227,9 @@ def _groups(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
     chains: list[dict[str, Any]] = []
     for rel, pr, b in sorted(items, key=_order_key):
         parent = rel.rpartition("/")[0]
+        if pr.format == "wandb" and pr.meta.get("run_id"):
+            out[rel] = f"wandb:{pr.meta['run_id']}"  # one W&B run: its offline-run-* folders, one per resume
+            continue
         if pr.format != "tensorboard":
             out[rel] = f"{pr.format}:{parent or '.'}"
             continue
@@ -254,6 +259,8 @@ def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str])
             continue
         if prev is None:
             off = 0
+        elif g.startswith("wandb:"):  # each W&B run folder of a run id is a new process (a resume)
+            off = prev[0] + 1
         else:
             off = prev[0] + 1 if b["first_step"] is None or b["first_step"] <= prev[1] else prev[0]
         offsets[rel] = off

@@ -25,7 +25,7 @@ def test_sample_run_diagnosis(run: Path) -> None:
     assert a.verdict == exp["verdict"], a.summary
     assert a.cause == exp["cause"], a.summary
     if exp.get("mechanism"):
-        assert a.mechanism == exp["mechanism"], a.summary
+        assert a.mechanism in {exp["mechanism"], *exp.get("mechanism_alternatives", [])}, a.summary
     if exp.get("onset_window"):
         lo, hi = exp["onset_window"]
         assert a.onset is not None and lo <= a.onset["step"] <= hi, a.summary
