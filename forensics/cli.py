@@ -6,6 +6,7 @@ Payload to stdout or ``-o``; the summary and progress to stderr.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         else:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(payload, encoding="utf-8")
+            if analysis.recovery is not None:  # the machine-readable plan, for a launcher
+                trial_path = output.with_name(f"{output.stem}.recovery_trial.json")
+                trial_path.write_text(json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n",
+                                      encoding="utf-8")
         click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
         if output is not None:
             click.echo(f"report written to {output}", err=True)
@@ -125,3 +130,33 @@ def detectors() -> None:
         defaults = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
         req = ", ".join(d.requires) or "(see docstring)"
         click.echo(f"{d.code:6} {d.name:32} requires: {req}  defaults: {defaults}")
+
+
+@main.command()
+@click.argument("root")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Parallel processes.")
+@click.option("--scheduler", default=None, help="Address of an existing Dask scheduler (tcp://HOST:PORT).")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="A previous summary.json: findings become new / known / resolved.")
+@click.option("--fail-on-new", is_flag=True, help="Exit 1 only for anomalies not in the baseline.")
+@click.option("--no-cache", is_flag=True, help="Re-analyse every run (ignore OUT/.cache).")
+def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: Path | None, fail_on_new: bool,
+          no_cache: bool) -> None:
+    """Audit every run folder under ROOT (a folder or an fsspec URL): reports, index, summary."""
+    from forensics.audit import audit as run_audit
+
+    try:
+        res = run_audit(root, output, jobs=jobs, scheduler=scheduler, baseline=baseline,
+                        use_cache=not no_cache, progress=True)
+    except ForensicsError as exc:
+        _fail(str(exc))
+        return
+    except OSError as exc:
+        _fail(f"{getattr(exc, 'filename', None) or root}: {exc.strerror or exc}")
+        return
+    bad = sum(r["verdict"] == "anomaly" for r in res.rows)
+    new = sum(r["verdict"] == "anomaly" and r["status"] == "new" for r in res.rows)
+    click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "
+               f"({new} new), {len(res.errors)} unreadable, {res.seconds:.1f} s -> {res.index}", err=True)
+    sys.exit(res.exit_code(fail_on_new=fail_on_new))

@@ -264,9 +264,50 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     if "skip_data" in failed_remedies and cause != "data_batch":
         do_not.append("do not skip data again: the notes record data skips that did not help ("
                       + failed_remedies["skip_data"][0][:120] + ")")
-    trials = list({t.name: t for t in trials}.values())
+    trials = [_with_launch_args(t, str(run.meta.get("framework") or ""), resume) for t in
+              {t.name: t for t in trials}.values()]
     return RecoveryPlan(resume_from=resume, restore=tuple(restore), trials=tuple(trials[:4]),
                         success_criteria=tuple(crit), do_not=tuple(do_not))
+
+
+def _with_launch_args(trial: Trial, framework: str, resume: dict[str, object]) -> Trial:
+    """Add ready-to-paste settings for the detected framework to a trial's settings.
+
+    Hugging Face: ``TrainingArguments`` keys; Megatron-LM: command-line flags. Only the knobs the
+    trial changes are written; everything else stays as in the failed run.
+    """
+    st = dict(trial.settings)
+    ckpt = resume.get("checkpoint")
+    if framework.startswith("hf"):
+        args: dict[str, object] = {}
+        if ckpt:
+            args["resume_from_checkpoint"] = str(ckpt).split(" (")[0]
+        if st.get("peak_lr"):
+            args["learning_rate"] = float(f"{float(st['peak_lr']):.4g}")
+        if st.get("warmup_steps"):
+            args["warmup_steps"] = int(st["warmup_steps"])
+        if st.get("clip_grad_norm"):
+            args["max_grad_norm"] = float(st["clip_grad_norm"])
+        if st.get("precision") == "bf16":
+            args.update({"bf16": True, "fp16": False})
+        if args:
+            st["hf_training_arguments"] = args
+    elif framework in ("megatron", "deepspeed"):
+        flags: list[str] = []
+        if st.get("peak_lr"):
+            flags += [f"--lr {float(st['peak_lr']):.4g}", "--override-opt_param-scheduler"]
+        if st.get("warmup_steps"):
+            flags.append(f"--lr-warmup-iters {int(st['warmup_steps'])}")
+        if st.get("clip_grad_norm"):
+            flags.append(f"--clip-grad {float(st['clip_grad_norm'])}")
+        if st.get("precision") == "bf16":
+            flags.append("--bf16")
+        sk = st.get("skip_batches")
+        if isinstance(sk, (list, tuple)) and len(sk) == 2:
+            flags.append(f"--skip-train-iteration-range {sk[0]}-{sk[1]}")
+        if flags:
+            st["megatron_flags"] = flags
+    return Trial(trial.name, trial.change, trial.steps, st)
 
 
 def _idea_trials(ideas: dict[str, list[str]], length: int, fp16: bool) -> list[Trial]:

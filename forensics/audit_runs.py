@@ -1,0 +1,404 @@
+"""The audit's run side: finding run folders (local or fsspec URL) and analysing one run in a worker.
+
+Run discovery (:func:`find_runs`). A *log file* is a file that one of the parsers of
+:data:`parsers.PARSER_MODULES` claims (their ``sniff``). Folders are walked from ROOT down (hidden
+entries, ``__pycache__`` and symlinked folders left out) and each folder F is decided as follows:
+
+1. F is named ``wandb`` and holds ``run-*`` / ``offline-run-*`` folders: each such folder is one run
+   (W&B's layout); its other sub-folders are decided by these rules.
+2. F holds a log file itself: F is one run (with everything below it).
+3. Nothing below F holds a log file: no run.
+4. A ``wandb`` sub-folder is decided by rule 1; F's other sub-folders that hold logs are its *parts*.
+5. F is a *container* and its parts are decided one by one when F is ROOT, or when F holds no file
+   of its own (README/LICENSE and hidden files do not count) and no part has a name that belongs
+   inside a run (``version_N``, ``checkpoint-N``, ``lightning_logs``, ``logs``, ``runs``, ``output``,
+   ``train``/``eval``..., see :data:`PART_NAME`). ROOT whose parts all have such names is one run.
+6. Otherwise F is one run: the highest folder that groups its logs (``exp/lightning_logs/version_*``
+   and ``exp/output/checkpoint-*`` give ``exp``; a case folder with ``expected.json`` and two output
+   folders gives the case folder).
+
+So ``ROOT/project/run/...`` gives ``project/run`` (projects hold no files), a folder of finished runs
+gives one run each, and a run never splits into its resumes or checkpoints.
+
+On an fsspec URL the same rules run over ``fs.find``; content sniffing reads the first 64 KiB of
+candidate files (one batched ``cat_ranges``). A worker downloads the run folder to a temporary
+folder, analyses it and deletes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from forensics.errors import InputError
+
+CACHE_VERSION = 1
+PART_NAME = re.compile(
+    r"^(?:(?:version|checkpoint|ckpt|global_step|step|epoch|iter|attempt|restart|resume|segment|part)[-_]?\d+"
+    r"|lightning_logs|logs?|runs|tb|tb_logs|tensorboard|events|metrics|checkpoints|ckpts?|output|outputs"
+    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb_export|history)$", re.I)
+"""Sub-folder names that belong inside one run (rule 5 of the module docstring)."""
+_WANDB_RUN = re.compile(r"^(?:offline-)?run-[^/]+$")
+_NOT_OWN = re.compile(r"^(?:readme|license|licence|changelog|contributing)(?:\.[a-z]+)?$", re.I)
+_HEAD = 64 * 1024
+_IDENTITY_KEYS = {"seed", "data_seed", "run_name", "run_id", "id", "name", "output_dir", "logging_dir",
+                  "resume_from_checkpoint", "hub_model_id", "timestamp", "date", "host", "hostname"}
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One run to analyse (picklable: it travels to worker processes and Dask workers).
+
+    Attributes:
+        run: The run's folder relative to ROOT (``"."`` when ROOT itself is the run: then its name).
+        name: A file-system safe, unique name for ``OUT/runs/<name>/`` and the cache.
+        path: Local folder, or the run folder's URL.
+        parent: The parent folder relative to ROOT (the cohort when no configuration is found).
+        key: Cache key: analyser version and the run's files (relative paths, sizes, mtimes).
+        files: ``(relative path, size)`` of the run's files (used to download a remote run).
+        formats: Report formats to render.
+        storage_options: fsspec options for a remote run.
+    """
+
+    run: str
+    name: str
+    path: str
+    parent: str
+    key: str
+    files: tuple[tuple[str, int], ...] = ()
+    formats: tuple[str, ...] = ("html", "json")
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def remote(self) -> bool:
+        """True when the run lives behind an fsspec URL."""
+        return is_url(self.path)
+
+
+@dataclass
+class _Dir:
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (size, mtime/etag)
+    dirs: list[str] = field(default_factory=list)
+    direct: bool = False  # holds a log file itself
+    logs: bool | None = None  # holds a log file somewhere below (computed once)
+
+
+def is_url(root: str | Path) -> bool:
+    """True for an fsspec URL such as ``s3://bucket/runs`` (``file://`` counts as local)."""
+    s = str(root)
+    return "://" in s and not s.startswith("file://")
+
+
+def find_runs(root: str | Path, *, exclude: str | Path | None = None,
+              storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The run folders under ``root`` (module docstring), as paths or URLs, sorted.
+
+    Args:
+        root: A local folder or an fsspec URL.
+        exclude: A local folder to leave out (the audit's output folder when it lies inside ROOT).
+        storage_options: fsspec options for a URL.
+
+    Raises:
+        InputError: ``root`` does not exist or is not a folder.
+    """
+    return [t.path for t in list_runs(root, exclude=exclude, storage_options=storage_options)]
+
+
+def list_runs(root: str | Path, *, exclude: str | Path | None = None,
+              storage_options: Mapping[str, Any] | None = None,
+              formats: tuple[str, ...] = ("html", "json")) -> list[RunTask]:
+    """Like :func:`find_runs`, with each run's cache key and file list (the audit's tasks)."""
+    from forensics import SCHEMA_VERSION, __version__
+
+    so = dict(storage_options or {})
+    if is_url(root):
+        tree, base = _remote_tree(str(root), so)
+    else:
+        tree, base = _local_tree(str(root).removeprefix("file://"), exclude)
+    picked = _classify(tree, "", True)
+    names: dict[str, str] = {}
+    tasks = []
+    for rel in sorted(set(picked)):
+        run = rel or PurePosixPath(base).name or "run"
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run.replace("/", "__")).lstrip(".") or "run"
+        if safe.lower() in names:
+            safe = f"{safe}-{hashlib.sha1(run.encode()).hexdigest()[:8]}"
+        names[safe.lower()] = run
+        files = sorted(_subtree_files(tree, rel))
+        key = hashlib.sha256(json.dumps([CACHE_VERSION, __version__, SCHEMA_VERSION, files]).encode()).hexdigest()
+        path = f"{base.rstrip('/')}/{rel}" if rel else base
+        tasks.append(RunTask(run=run, name=safe, path=path, parent=str(PurePosixPath(rel).parent) if rel else ".",
+                             key=key, files=tuple((f, s) for f, s, _ in files), formats=formats,
+                             storage_options=so))
+    return tasks
+
+
+def _classify(tree: dict[str, _Dir], rel: str, is_root: bool) -> list[str]:
+    node = tree[rel]
+    kids = [k for k in node.dirs if _has_logs(tree, k)]
+    name = PurePosixPath(rel).name
+    if name == "wandb" and any(_WANDB_RUN.match(PurePosixPath(k).name) for k in kids):
+        runs = [k for k in kids if _WANDB_RUN.match(PurePosixPath(k).name)]
+        return runs + [r for k in kids if k not in runs for r in _classify(tree, k, False)]
+    if node.direct:
+        return [rel]
+    wandb = [r for k in kids if PurePosixPath(k).name == "wandb" for r in _classify(tree, k, False)]
+    parts = [k for k in kids if PurePosixPath(k).name != "wandb"]
+    if not parts:
+        return wandb
+    own = any(not _NOT_OWN.match(f) for f in node.files)
+    all_part_names = all(PART_NAME.match(PurePosixPath(k).name) for k in parts)
+    if is_root and all_part_names and not wandb:
+        return [rel]
+    if is_root or (not own and not any(PART_NAME.match(PurePosixPath(k).name) for k in parts)):
+        return wandb + [r for k in parts for r in _classify(tree, k, False)]
+    return wandb + [rel]
+
+
+def _has_logs(tree: dict[str, _Dir], rel: str) -> bool:
+    node = tree[rel]
+    if node.logs is None:
+        node.logs = node.direct or any(_has_logs(tree, k) for k in node.dirs)
+    return node.logs
+
+
+def _subtree_files(tree: dict[str, _Dir], rel: str) -> list[tuple[str, int, str]]:
+    out, stack = [], [rel]
+    while stack:
+        d = stack.pop()
+        for f, (size, mtime) in tree[d].files.items():
+            full = f"{d}/{f}" if d else f
+            out.append((full[len(rel) + 1:] if rel else full, size, mtime))
+        stack.extend(tree[d].dirs)
+    return out
+
+
+def _sniffers() -> list[Callable[[Path], bool]]:
+    from parsers import PARSER_MODULES
+
+    out = []
+    for name in PARSER_MODULES:
+        try:
+            out.append(importlib.import_module(name).sniff)
+        except Exception:  # noqa: BLE001 - a parser that cannot load claims nothing (discover says why)
+            continue
+    return out
+
+
+def _claimed(path: Path, sniffers: list[Callable[[Path], bool]]) -> bool:
+    for sniff in sniffers:
+        try:
+            if sniff(path):
+                return True
+        except Exception:  # noqa: BLE001 - sniff must never raise; treat as "not mine"
+            continue
+    return False
+
+
+def _local_tree(root: str, exclude: str | Path | None) -> tuple[dict[str, _Dir], str]:
+    top = Path(root).expanduser()
+    if not top.exists():
+        raise InputError(root, "no such file or directory")
+    if not top.is_dir():
+        raise InputError(root, "not a directory (give the folder that holds the runs)")
+    skip = Path(exclude).resolve() if exclude is not None else None
+    sniffers, tree, stack = _sniffers(), {}, [""]
+    while stack:
+        rel = stack.pop()
+        node = tree[rel] = _Dir()
+        folder = top / rel if rel else top
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if e.name.startswith(".") or e.name == "__pycache__":
+                continue
+            sub = f"{rel}/{e.name}" if rel else e.name
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if skip is None or Path(e.path).resolve() != skip:
+                        node.dirs.append(sub)
+                        stack.append(sub)
+                elif e.is_file():
+                    st = e.stat()
+                    node.files[e.name] = (st.st_size, str(st.st_mtime_ns))
+                    if not node.direct and _claimed(Path(e.path), sniffers):
+                        node.direct = True
+            except OSError:
+                continue
+    return tree, str(top)
+
+
+def remote_fs(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """``(filesystem, path)`` for an fsspec URL; ``FSSPEC_<PROTOCOL>_<KWARG>`` variables are honoured.
+
+    Raises:
+        InputError: fsspec (or the protocol's package, e.g. s3fs) is not installed.
+    """
+    try:
+        import fsspec
+        import fsspec.config
+    except ImportError as exc:
+        raise InputError(url, "a URL root needs fsspec: pip install 'train-forensics[distributed]'") from exc
+    fsspec.config.set_conf_env(fsspec.config.conf)  # variables set after fsspec was imported count too
+    try:
+        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise InputError(url, f"cannot open: {exc}") from exc
+
+
+def _remote_tree(url: str, so: Mapping[str, Any]) -> tuple[dict[str, _Dir], str]:
+    fs, top = remote_fs(url, so)
+    top = top.rstrip("/")
+    fs.invalidate_cache()
+    try:
+        infos = fs.find(top, detail=True)
+    except (OSError, FileNotFoundError) as exc:
+        raise InputError(url, f"cannot list: {exc}") from exc
+    if not infos:
+        raise InputError(url, "no such folder, or it is empty")
+    tree: dict[str, _Dir] = {"": _Dir()}
+    heads: list[tuple[str, str, int]] = []  # remote path, relative path, bytes to read
+    for full, info in sorted(infos.items()):
+        rel = full[len(top):].lstrip("/")
+        parts = rel.split("/")
+        if not rel or info.get("type") == "directory" or any(p.startswith(".") or p == "__pycache__" for p in parts):
+            continue
+        for i in range(len(parts) - 1):
+            d, parent = "/".join(parts[:i + 1]), "/".join(parts[:i])
+            if d not in tree:
+                tree[d] = _Dir()
+                tree[parent].dirs.append(d)
+        size = int(info.get("size") or 0)
+        stamp = str(info.get("LastModified") or info.get("mtime") or info.get("ETag") or info.get("etag") or "")
+        tree["/".join(parts[:-1])].files[parts[-1]] = (size, stamp)
+        name = parts[-1].lower()
+        want = size if name.endswith(".parquet") and size <= 8 << 20 else min(size, _HEAD)
+        heads.append((full, rel, want))
+    with tempfile.TemporaryDirectory(prefix="forensics-sniff-") as tmp:
+        fetch = [h for h in heads if h[2] > 0]
+        got = fs.cat_ranges([h[0] for h in fetch], [0] * len(fetch), [h[2] for h in fetch],
+                            on_error="return") if fetch else []
+        by_path = dict(zip([h[0] for h in fetch], got, strict=True))
+        data = [by_path.get(h[0], b"") for h in heads]
+        sniffers = _sniffers()
+        for (_, rel, _), blob in zip(heads, data, strict=True):
+            stub = Path(tmp) / rel
+            stub.parent.mkdir(parents=True, exist_ok=True)
+            stub.write_bytes(blob if isinstance(blob, bytes) else b"")
+            d = rel.rpartition("/")[0]
+            if not tree[d].direct and (_claimed(stub, sniffers) or rel.lower().endswith(".parquet")):
+                tree[d].direct = True
+    return tree, fs.unstrip_protocol(top)
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def work(task: RunTask) -> dict[str, Any]:
+    """Analyse one run (in a worker process or on a Dask worker): the row and the rendered reports.
+
+    Never raises for a bad run: the row then carries the error and no report is rendered.
+    """
+    t0 = time.perf_counter()
+    tmp = None
+    try:
+        local = task.path
+        if task.remote:
+            tmp = tempfile.mkdtemp(prefix="forensics-audit-")
+            local = str(Path(tmp) / (PurePosixPath(task.path).name or "run"))
+            _download(task, local)
+        row, reports = _analyse(task, local)
+    except Exception as exc:  # noqa: BLE001 - a run that cannot be read is a row, never a crash
+        from forensics.errors import ForensicsError
+
+        msg = exc.message if isinstance(exc, ForensicsError) else f"{type(exc).__name__}: {exc}"
+        row, reports = error_row(task, " ".join(str(msg).split())[:500]), {}
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    row["seconds"] = round(time.perf_counter() - t0, 3)
+    return {"row": row, "reports": reports}
+
+
+def _download(task: RunTask, local: str) -> None:
+    fs, top = remote_fs(task.path, task.storage_options)
+    top = top.rstrip("/")
+    rpaths = [f"{top}/{rel}" for rel, _ in task.files]
+    lpaths = [os.path.join(local, *rel.split("/")) for rel, _ in task.files]
+    for p in {os.path.dirname(p) for p in lpaths} | {local}:
+        os.makedirs(p, exist_ok=True)
+    if rpaths:
+        fs.get(rpaths, lpaths)
+
+
+def error_row(task: RunTask, message: str) -> dict[str, Any]:
+    """The summary row of a run that could not be analysed."""
+    return {"run": task.run, "path": task.path, "verdict": None, "cause": None, "mechanism": None,
+            "onset_step": None, "onset_segment": None, "confidence": None, "last_step": None, "n_sources": 0,
+            "error": message, "fingerprint": None, "status": None, "cohort": f"folder:{task.parent}",
+            "spike_count": 0, "onset_z": None, "spikes_z": None, "report": None}
+
+
+def fingerprint(cause: str | None, mechanism: str | None, onset_step: int | None) -> str:
+    """``cause/mechanism/@bucket``: the onset step kept to two significant digits (1234 -> 1200)."""
+    if onset_step is None:
+        bucket = "none"
+    else:
+        step = max(int(onset_step), 0)
+        unit = 10 ** max(len(str(step)) - 2, 0)
+        bucket = str(step // unit * unit)
+    return f"{cause or 'unknown'}/{mechanism or '-'}/@{bucket}"
+
+
+def config_cohort(meta: Mapping[str, Any], parent: str) -> str:
+    """``config:<hash>`` of the run's config files and hparams (seeds, names, paths left out), else the folder."""
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {str(k): strip(x) for k, x in v.items() if str(k).lower() not in _IDENTITY_KEYS}
+        return [strip(x) for x in v] if isinstance(v, list | tuple) else v
+
+    configs = {PurePosixPath(k).name: strip(v) for k, v in sorted((meta.get("config_files") or {}).items())}
+    hp = strip(meta.get("hparams") or {})
+    if not configs and not hp:
+        return f"folder:{parent}"
+    blob = json.dumps([configs, hp], sort_keys=True, default=str)
+    return "config:" + hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _analyse(task: RunTask, local: str) -> tuple[dict[str, Any], dict[str, str]]:
+    from forensics.api import analyze_run, load
+    from reports import render
+
+    run = load(local)  # forensics.api.analyze(path) == analyze_run(load(path)); the HTML needs the run's data
+    analysis = analyze_run(run)
+    if task.remote:
+        analysis = replace(analysis, run=task.path)
+    reports = {fmt: render(analysis, run, fmt) for fmt in task.formats}
+    onset = analysis.onset or {}
+    last = run.metrics.get_column("step").max() if run.metrics.height else None
+    finding = analysis.verdict in ("anomaly", "transient")
+    row = {
+        "run": task.run, "path": task.path, "verdict": analysis.verdict, "cause": analysis.cause,
+        "mechanism": analysis.mechanism, "onset_step": onset.get("step"), "onset_segment": onset.get("segment"),
+        "confidence": round(float(analysis.confidence), 3), "last_step": None if last is None else int(last),
+        "n_sources": len(analysis.sources), "error": None,
+        "fingerprint": fingerprint(analysis.cause, analysis.mechanism, onset.get("step")) if finding else None,
+        "status": None, "cohort": config_cohort(analysis.meta, task.parent),
+        "spike_count": sum(1 for f in analysis.findings if f.code == "SP01"),
+        "onset_z": None, "spikes_z": None, "report": None,
+    }
+    return row, reports
