@@ -16,11 +16,19 @@ def load(path: str | Path) -> RunData:
     """Read a run folder into a :class:`RunData` (all parsers, discovery, segments).
 
     Raises:
-        forensics.errors.InputError: the path does not exist, is not a folder, or holds no logs.
+        forensics.errors.InputError: the path does not exist, is not a folder, holds no logs, or
+            its logs hold no metric record that could be read.
     """
+    from forensics.errors import InputError
     from parsers.discover import load_run
 
-    return load_run(path)
+    run = load_run(path)
+    if run.metrics.height == 0 and run.tensors.height == 0:
+        n = len(run.sources)
+        first = f"; first problem: {run.skipped[0].what}: {run.skipped[0].reason}" if run.skipped else ""
+        raise InputError(path, f"no metric records could be read from {n} log file(s)"
+                         + (" (" + ", ".join(s.path for s in run.sources[:3]) + ")" if n else "") + first)
+    return run
 
 
 def analyze_run(run: RunData) -> Analysis:

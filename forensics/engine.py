@@ -131,7 +131,7 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
 
-    nf = by_code.get("NF01", [])
+    nf = [f for f in by_code.get("NF01", []) if not f.evidence.get("recovered")]
     dv = by_code.get("DV01", [])
     spikes = by_code.get("SP01", [])
     unrecovered = [f for f in spikes if f.evidence.get("recovered_step") is None]

@@ -44,9 +44,43 @@ def _checkpoints(run: RunData) -> list[tuple[int, str]]:
     return sorted(found.items())
 
 
+def _finite_checkpoints(run: RunData, onset: int) -> tuple[list[tuple[int, str]], str]:
+    """Checkpoints whose tensors were read and are all finite and complete, and a sentence on the rest.
+
+    Returns:
+        ``(qualifying, note)``: (step, path) in step order, and why the others before the onset were passed over.
+    """
+    import polars as pl
+
+    incomplete = {c.get("path") for c in run.meta.get("checkpoints") or [] if not c.get("complete", True)}
+    per = (run.tensors.filter(pl.col("step").is_not_null()).group_by("step", "checkpoint")
+           .agg(pl.len().alias("n"), ((pl.col("n_nan") + pl.col("n_inf")) > 0).sum().alias("bad"))
+           .sort("step", "checkpoint"))
+    ok, passed = [], []
+    for step, path, n, bad in per.iter_rows():
+        if bad:
+            passed.append(f"step {step} has {bad} of {n} tensors non-finite")
+        elif path in incomplete:
+            passed.append(f"step {step} is incomplete (missing or unreadable files)")
+        else:
+            ok.append((int(step), str(path), int(n)))
+    note = ("its tensors (weights and optimizer state) were read: all finite" if any(c[0] < onset for c in ok)
+            else "no checkpoint read before the onset has only finite, complete tensors")
+    skipped = [p for p in passed if int(p.split()[1]) < onset]
+    if skipped:
+        note += "; passed over: " + ", ".join(skipped[:4])
+    return [(s, p) for s, p, _ in ok], note
+
+
+def _step_unit(run: RunData) -> str:
+    """``"epoch"`` when the logs are numbered by epoch (e.g. ImageNet scripts), else ``"step"``."""
+    units = {str(v.get("step_unit")) for v in run.meta.get("by_source", {}).values() if isinstance(v, dict)}
+    return "epoch" if units == {"epoch"} else "step"
+
+
 def _pre_onset_stats(run: RunData, onset: int, window: int = 128) -> dict[str, float]:
     out: dict[str, float] = {}
-    for m in ("loss", "grad_norm"):
+    for m in ("loss", "grad_norm", "throughput", "step_time"):
         s = run.series(m)
         if s is None:
             continue
@@ -94,38 +128,67 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     ev = dict(evidence or {})
     stats = _pre_onset_stats(run, onset)
     ckpts = _checkpoints(run)
-    target = onset - ROLLBACK_MIN
+    verified: str | None = None
+    if run.tensors.height:  # checkpoints were read: only finite, complete ones qualify
+        ckpts, verified = _finite_checkpoints(run, onset)
+    unit = _step_unit(run)
+    epochs = unit == "epoch"
+    rollback = 1 if epochs else ROLLBACK_MIN
+    target = onset - rollback
     first_logged = int(run.metrics.get_column("step").min()) if run.metrics.height else 0  # type: ignore[arg-type]
-    before = [c for c in ckpts if c[0] <= target]
+    at_resume = cause in ("lr_schedule_reset", "state_not_restored")
     hw = cause == "hardware_or_distributed"
     short_margin = False
-    if hw:
-        before = [c for c in ckpts if c[0] <= onset] or before
-    elif not before:
-        before = [c for c in ckpts if c[0] < onset]
-        short_margin = bool(before)
-    if before:
+    if at_resume or hw:
+        # the fault is in the resume (or the machine), not in the weights: the checkpoint is fine
+        before = [c for c in ckpts if c[0] <= onset]
+    else:
+        before = [c for c in ckpts if c[0] <= target]
+        if not before:
+            before = [c for c in ckpts if c[0] < onset]
+            short_margin = bool(before)
+    if cause == "grad_scaling_bug":
+        resume: dict[str, object] = {"checkpoint": None, "step": 0,
+                                     "why": "the scaling is wrong from the first logged step: fix it and rerun "
+                                     "from the start (or from the base model)"}
+    elif before:
         step, path = before[-1]
         if short_margin:
-            why = (f"the only checkpoint before the onset {onset} ({onset - step} steps before it, less than the "
-                   f"{ROLLBACK_MIN}-step margin PaLM used: keep the trial's first steps under watch)")
+            why = (f"the only checkpoint before the onset {onset} ({onset - step} {unit}s before it, less than "
+                   f"the {rollback}-{unit} margin PaLM used: keep the trial's first steps under watch)")
+        elif at_resume:
+            why = f"the checkpoint the faulty resume loaded ({unit} {step}); its weights are fine, the resume was not"
         elif hw:
-            why = f"newest checkpoint before the fault at step {onset}"
+            why = f"newest checkpoint before the fault at {unit} {onset}"
         else:
-            why = f"newest checkpoint at least {ROLLBACK_MIN} steps before the onset {onset}"
+            why = f"newest checkpoint at least {rollback} {unit}s before the onset {onset}"
+        if verified is not None:
+            why += f"; {verified}"
         resume = {"checkpoint": path, "step": step, "why": why}
-    else:
+    elif verified is not None:
         step = max(first_logged, target)
-        resume = {"checkpoint": None, "step": step,
-                  "why": "no checkpoint found in the folder; resume from the newest checkpoint at or before step "
-                  f"{step} "
-                  f"({ROLLBACK_MIN} steps before the onset {onset})"}
-    margin = max(200, int(0.1 * max(onset - int(resume["step"]), 0)))
-    length = max(onset - int(resume["step"]), 0) + margin
+        resume = {"checkpoint": None, "step": step, "why": f"no checkpoint before the onset {onset} qualifies: "
+                  f"{verified}; resume from an earlier copy at or before {unit} {step} or restart"}
+    elif target < first_logged:
+        resume = {"checkpoint": None, "step": 0,
+                  "why": f"no checkpoint found in the folder and the onset ({unit} {onset}) is within {rollback} "
+                  f"{unit}s of the start of the log: restart from the beginning"}
+    else:
+        resume = {"checkpoint": None, "step": target,
+                  "why": f"no checkpoint found in the folder; resume from the newest checkpoint at or before {unit} "
+                  f"{target} ({rollback} {unit}s before the onset {onset})"}
+    span = max(onset - int(resume["step"]), 0)  # type: ignore[call-overload]
+    margin = max(2, int(0.5 * max(span, 1))) if epochs else max(200, int(0.1 * span))
+    length = span + margin
     peak = stats.get("peak_lr")
     warm = int(stats.get("warmup_steps", 0) or 0)
     rewarm = max(50, min(warm, 2000)) if warm else 100
-    crit = _criteria(stats, length)
+    gmed = stats.get("grad_norm_median")
+    clip: float | None = 1.0 if gmed is None or gmed < 1.0 else None
+    clip_text = ("global-norm clipping 1.0" if clip else
+                 f"the run's current clipping (pre-onset grad norms, median {_g(gmed or 0)}, are far above 1.0: "
+                 "clipping at 1.0 would clip every step)")
+    crit = _criteria(stats, length, unit=unit)
     from forensics.detectors.activation_overflow import is_fp16
     from forensics.detectors.notes import read_notes
 
@@ -150,11 +213,12 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                                 "launch (max_steps, num_train_epochs, lr-decay-iters)", length, {"keep_horizon": True}))
         do_not.append("do not lower the peak lr: the schedule, not its level, changed")
     elif cause == "overflow":
+        module = ev.get("module") if "/" in str(ev.get("metric", "")) else "attention scores (q.k) and softmax"
         trials.append(Trial("bf16", "train in bf16 instead of fp16 (same range as fp32, no loss scaler needed)",
                             length, {"precision": "bf16"}))
         trials.append(Trial("fp32 for the offending block", "keep fp16 but run the overflowing block (attention "
                             "softmax/scores or the FFN output) in fp32; unscale gradients before clipping",
-                            length, {"precision": "fp16", "fp32_modules": ev.get("module", "attention")}))
+                            length, {"precision": "fp16", "fp32_modules": module}))
         restore.append("never resume from a checkpoint with non-finite weights or optimizer moments")
         restore.append("reset the loss scaler to its initial scale on resume")
         growth = ev.get("growth_precursor")
@@ -164,10 +228,9 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         else:
             why = (f"{growth['mechanism']} from step {growth['step']} precedes the overflow"  # type: ignore[index]
                    if isinstance(growth, dict) else "a loss-scale collapse is often a symptom of growing updates")
-            trials.append(Trial("lr x0.5 + clip 1.0", f"peak lr x0.5 with a re-warm-up and global-norm clipping 1.0 "
-                                f"({why})", length,
+            trials.append(Trial("lr x0.5", f"peak lr x0.5 with a re-warm-up and {clip_text} ({why})", length,
                                 {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
-                                 "clip_grad_norm": 1.0}))
+                                 "clip_grad_norm": clip}))
             if isinstance(growth, dict) and growth.get("mechanism") == "attention_logit_growth":
                 trials.append(Trial("qk-layernorm", "add qk-layernorm so attention logits stay bounded in fp16",
                                     length, {"qk_layernorm": True}))
@@ -214,12 +277,12 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                                 "2023), or a logit soft-cap", length, {"z_loss": 1e-4}))
         if mechanism != "output_logit_divergence":
             trials.append(Trial("lr x0.5", "peak lr x0.5 with a re-warm-up of "
-                                f"{rewarm} steps and global-norm clipping 1.0", length,
+                                f"{rewarm} steps and {clip_text}", length,
                                 {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
-                                 "clip_grad_norm": 1.0}))
-            trials.append(Trial("lr x0.25", "peak lr x0.25 with the same re-warm-up and clipping 1.0", length,
+                                 "clip_grad_norm": clip}))
+            trials.append(Trial("lr x0.25", f"peak lr x0.25 with the same re-warm-up and {clip_text}", length,
                                 {"peak_lr_factor": 0.25, "peak_lr": peak and peak * 0.25, "warmup_steps": rewarm,
-                                 "clip_grad_norm": 1.0}))
+                                 "clip_grad_norm": clip}))
             if fp16:
                 trials.append(Trial("bf16", "train in bf16 instead of fp16: loss-scale swings and 1e5 grad norms "
                                     "stop mattering (BigScience's stable 176B run changed to bf16)", length,
@@ -255,8 +318,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     else:  # unknown
         trials.append(Trial("replay unchanged", "resume from the checkpoint unchanged to see whether the failure "
                             "reproduces (data or hardware) or not", length, {}))
-        trials.append(Trial("lr x0.5 + clip 1.0", "peak lr x0.5 with a re-warm-up and global-norm clipping 1.0", length,
-                            {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": 1.0}))
+        trials.append(Trial("lr x0.5 + clip", f"peak lr x0.5 with a re-warm-up and {clip_text}", length,
+                            {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": clip}))
         if "skip_data" not in failed_remedies:
             trials.append(Trial("skip batches", f"resume and skip the batches around the onset "
                                 f"({onset}..{onset + 199})", length, {"skip_batches": [onset, onset + 199]}))
@@ -327,18 +390,22 @@ def _idea_trials(ideas: dict[str, list[str]], length: int, fp16: bool) -> list[T
     return out
 
 
-def _criteria(stats: dict[str, float], length: int) -> list[str]:
+def _criteria(stats: dict[str, float], length: int, unit: str = "step") -> list[str]:
+    """Success criteria from the run's own pre-onset statistics (robust, not absolute thresholds)."""
     out = []
     if "loss_median" in stats:
-        out.append(f"no loss spike beyond 6 robust sigmas of the trailing 128 steps through the {length}-step trial "
-                   f"(pre-onset loss median {_g(stats['loss_median'])}, sigma {_g(stats['loss_sigma'])})")
-        out.append(f"after the onset step, the loss returns within 2 sigma of the pre-onset trend "
-                   f"({_g(stats['loss_median'])} +- {_g(2 * stats['loss_sigma'])}) and keeps decreasing")
+        out.append(f"no loss spike beyond 6 robust sigmas of the trailing 128 {unit}s through the {length}-{unit} "
+                   f"trial (pre-onset loss median {_g(stats['loss_median'])}, robust sigma {_g(stats['loss_sigma'])})")
+        out.append(f"past the onset, the loss stays within 3 robust sigmas of the pre-onset level "
+                   f"({_g(stats['loss_median'])} +- {_g(3 * stats['loss_sigma'])}) or below it, and keeps decreasing")
     if "grad_norm_median" in stats:
-        out.append(f"grad norm stays inside its pre-onset band [{_g(stats['grad_norm_p05'])}, "
-                   f"{_g(stats['grad_norm_p95'])}] (median {_g(stats['grad_norm_median'])}); "
-                   "clipping active on < 5% of steps")
-    out.append("no detector of train-forensics fires on the trial run (run `forensics analyze` on it)")
+        out.append(f"the grad norm's rolling median stays within 2x of its pre-onset median "
+                   f"({_g(stats['grad_norm_median'])}) and no grad-norm spike beyond 6 robust sigmas appears")
+    for m, better in (("throughput", "at or above"), ("step_time", "at or below")):
+        if f"{m}_median" in stats:
+            out.append(f"{m.replace('_', ' ')} back {better} its pre-onset median ({_g(stats[f'{m}_median'])}) "
+                       "within 3% on the new hardware")
+    out.append("`forensics analyze` on the trial run reports it healthy")
     return out
 
 
@@ -346,13 +413,13 @@ def _monitor_plan(run: RunData, onset: int) -> RecoveryPlan:
     """Plan for a transient anomaly: keep training and monitor; nothing to undo."""
     stats = _pre_onset_stats(run, onset)
     last = int(run.metrics.get_column("step").max()) if run.metrics.height else onset  # type: ignore[arg-type]
-    crit = _criteria(stats, 1000)
+    crit = _criteria(stats, 1000)[:-1] + ["`forensics analyze` on the continuing run stays healthy over the next 1000 steps"]
     return RecoveryPlan(
         resume_from={"checkpoint": None, "step": last,
                      "why": "no resume needed: the run recovered by itself; keep training from where it is"},
         restore=(),
         trials=(Trial("monitor", "keep training and monitor the loss and grad norm; if a second spike "
-                      "follows within a few thousand steps, treat it as an anomaly and analyse again", 0,
+                      "follows within a few thousand steps, treat it as an anomaly and analyse again", 1000,
                       {"action": "monitor"}),),
         success_criteria=tuple(crit),
         do_not=("do not go back to an earlier checkpoint or change hyper-parameters for a spike that recovered",),
