@@ -81,6 +81,6 @@ def _summary(verdict: str, cause: str | None, mech: str | None, conf: float, ons
     s = f"{verdict}: {what}, confidence {conf:.2f}"
     if onset:
         s += f"; onset at step {onset['step']} (segment {onset['segment']})"
-    if failure is not None and onset and failure != onset["step"]:
+    if failure is not None and onset and failure > onset["step"]:
         s += f"; the failure became visible at step {failure}"
     return s + "."

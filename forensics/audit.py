@@ -211,7 +211,7 @@ def _execute_dask(tasks: list[RunTask], scheduler: str):  # noqa: ANN202 - gener
     except ImportError as exc:
         raise InputError(None, "--scheduler needs Dask: pip install 'train-forensics[distributed]'") from exc
     try:
-        client = Client(scheduler, timeout="20s", set_as_default=False)
+        client = Client(scheduler, timeout="20s")
     except (OSError, TimeoutError) as exc:
         raise InputError(scheduler, f"cannot reach the Dask scheduler: {exc}") from exc
     with client:
@@ -340,7 +340,7 @@ def _write_outputs(result: AuditResult) -> None:
                "counts": dict(counts), "rows": rows}
     out = result.out_dir
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    schema = pa.schema([(k, getattr(pa, t)()) for k, t in COLUMNS.items()])
+    schema = pa.schema([(k, getattr(pa, {"bool": "bool_"}.get(t, t))()) for k, t in COLUMNS.items()])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / "summary.parquet")
     html = environment(True).get_template("audit_index.html.j2").render(
         root=result.root, rows=rows, counts=dict(counts), generated=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -4,11 +4,12 @@ Run discovery (:func:`find_runs`). A *log file* is a file that one of the parser
 :data:`parsers.PARSER_MODULES` claims (their ``sniff``). Folders are walked from ROOT down (hidden
 entries, ``__pycache__`` and symlinked folders left out) and each folder F is decided as follows:
 
-1. F is named ``wandb`` and holds ``run-*`` / ``offline-run-*`` folders: each such folder is one run
-   (W&B's layout); its other sub-folders are decided by these rules.
+1. F is named ``wandb`` and holds two or more ``run-*`` / ``offline-run-*`` folders: each is one run
+   (W&B's layout); its other sub-folders are decided by these rules. A ``wandb`` folder with a
+   single run is an ordinary part of the folder above it.
 2. F holds a log file itself: F is one run (with everything below it).
 3. Nothing below F holds a log file: no run.
-4. A ``wandb`` sub-folder is decided by rule 1; F's other sub-folders that hold logs are its *parts*.
+4. A ``wandb`` sub-folder of several runs is decided by rule 1; F's other sub-folders that hold logs are its *parts*.
 5. F is a *container* and its parts are decided one by one when F is ROOT, or when F holds no file
    of its own (README/LICENSE and hidden files do not count) and no part has a name that belongs
    inside a run (``version_N``, ``checkpoint-N``, ``lightning_logs``, ``logs``, ``runs``, ``output``,
@@ -46,7 +47,7 @@ CACHE_VERSION = 1
 PART_NAME = re.compile(
     r"^(?:(?:version|checkpoint|ckpt|global_step|step|epoch|iter|attempt|restart|resume|segment|part)[-_]?\d+"
     r"|lightning_logs|logs?|runs|tb|tb_logs|tensorboard|events|metrics|checkpoints|ckpts?|output|outputs"
-    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb_export|history)$", re.I)
+    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb|wandb_export|history)$", re.I)
 """Sub-folder names that belong inside one run (rule 5 of the module docstring)."""
 _WANDB_RUN = re.compile(r"^(?:offline-)?run-[^/]+$")
 _NOT_OWN = re.compile(r"^(?:readme|license|licence|changelog|contributing)(?:\.[a-z]+)?$", re.I)
@@ -146,23 +147,28 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
 def _classify(tree: dict[str, _Dir], rel: str, is_root: bool) -> list[str]:
     node = tree[rel]
     kids = [k for k in node.dirs if _has_logs(tree, k)]
-    name = PurePosixPath(rel).name
-    if name == "wandb" and any(_WANDB_RUN.match(PurePosixPath(k).name) for k in kids):
-        runs = [k for k in kids if _WANDB_RUN.match(PurePosixPath(k).name)]
-        return runs + [r for k in kids if k not in runs for r in _classify(tree, k, False)]
+    wb_runs = [k for k in kids if _WANDB_RUN.match(_name(k))]
+    if _name(rel) == "wandb" and len(wb_runs) >= 2:
+        return wb_runs + [r for k in kids if k not in wb_runs for r in _classify(tree, k, False)]
     if node.direct:
         return [rel]
-    wandb = [r for k in kids if PurePosixPath(k).name == "wandb" for r in _classify(tree, k, False)]
-    parts = [k for k in kids if PurePosixPath(k).name != "wandb"]
+    wandb = [k for k in kids if _name(k) == "wandb" and sum(bool(_WANDB_RUN.match(_name(x))) for x in
+                                                          tree[k].dirs if _has_logs(tree, x)) >= 2]
+    parts = [k for k in kids if k not in wandb]
+    found = [r for k in wandb for r in _classify(tree, k, False)]
     if not parts:
-        return wandb
+        return found
     own = any(not _NOT_OWN.match(f) for f in node.files)
-    all_part_names = all(PART_NAME.match(PurePosixPath(k).name) for k in parts)
-    if is_root and all_part_names and not wandb:
+    part_named = [bool(PART_NAME.match(_name(k))) for k in parts]
+    if is_root and all(part_named) and not wandb:
         return [rel]
-    if is_root or (not own and not any(PART_NAME.match(PurePosixPath(k).name) for k in parts)):
-        return wandb + [r for k in parts for r in _classify(tree, k, False)]
-    return wandb + [rel]
+    if is_root or (not own and not any(part_named)):
+        return found + [r for k in parts for r in _classify(tree, k, False)]
+    return found + [rel]
+
+
+def _name(rel: str) -> str:
+    return rel.rpartition("/")[2]
 
 
 def _has_logs(tree: dict[str, _Dir], rel: str) -> bool:
@@ -349,7 +355,7 @@ def error_row(task: RunTask, message: str) -> dict[str, Any]:
     return {"run": task.run, "path": task.path, "verdict": None, "cause": None, "mechanism": None,
             "onset_step": None, "onset_segment": None, "confidence": None, "last_step": None, "n_sources": 0,
             "error": message, "fingerprint": None, "status": None, "cohort": f"folder:{task.parent}",
-            "spike_count": 0, "onset_z": None, "spikes_z": None, "report": None}
+            "spike_count": 0, "onset_z": None, "spikes_z": None, "report": None, "seconds": 0.0}
 
 
 def fingerprint(cause: str | None, mechanism: str | None, onset_step: int | None) -> str:
@@ -384,6 +390,9 @@ def _analyse(task: RunTask, local: str) -> tuple[dict[str, Any], dict[str, str]]
     from reports import render
 
     run = load(local)  # forensics.api.analyze(path) == analyze_run(load(path)); the HTML needs the run's data
+    if run.metrics.height == 0:  # "healthy" on no data would hide an unreadable run
+        why = "; ".join(f"{s.what}: {s.reason}" for s in run.skipped[:3])
+        raise InputError(local, "no metric could be read" + (f" ({why})" if why else ""))
     analysis = analyze_run(run)
     if task.remote:
         analysis = replace(analysis, run=task.path)

@@ -160,3 +160,76 @@ def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: P
     click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "
                f"({new} new), {len(res.errors)} unreadable, {res.seconds:.1f} s -> {res.index}", err=True)
     sys.exit(res.exit_code(fail_on_new=fail_on_new))
+
+
+def _emit(payload: str, output: Path | None) -> None:
+    """Write a report to ``output`` (folders created) or to stdout."""
+    if output is None:
+        click.echo(payload, nl=not payload.endswith("\n"))
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(payload, encoding="utf-8")
+    click.echo(f"report written to {output}", err=True)
+
+
+@main.command()
+@click.argument("proxy", type=click.Path(path_type=Path))
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown")), default="html",
+              show_default=True, help="Report format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Where to write the report (default: stdout; for html ./forensics-compare.html).")
+def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
+    """What changed between a PROXY run and its TARGET, where they parted, and the trial to test it."""
+    try:
+        from forensics.compare import compare as run_compare
+        from reports.compare_report import render as render_compare
+
+        result = run_compare(proxy, target)
+        if fmt == "html" and output is None:
+            output = Path("forensics-compare.html")
+        _emit(render_compare(result, fmt), output)
+        dep, top = result["departure"], (result["explanations"] or [None])[0]
+        where = f"{dep['signal']} at step {dep['step']}" if dep else "none"
+        what = (top["setting"] or top["mechanism"]) if top else "none"
+        click.echo(f"departure: {where}; top explanation: {what}", err=True)
+    except ForensicsError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{getattr(exc, 'filename', None) or proxy}: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback (FORENSICS_DEBUG=1 shows it)
+        if os.environ.get("FORENSICS_DEBUG"):
+            raise
+        _fail(f"{proxy} vs {target}: internal error {type(exc).__name__}: {exc}")
+
+
+@main.command()
+@click.argument("root", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown")), default="html",
+              show_default=True, help="Report format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Where to write the report (default: stdout; for html ./forensics-sweep.html).")
+@click.option("--target-d-model", type=click.IntRange(min=1), default=None,
+              help="Width to extrapolate the attention-logit and grad-norm trends to.")
+def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None) -> None:
+    """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
+    try:
+        from forensics.sweep import sweep as run_sweep
+        from reports.sweep_report import render as render_sweep
+
+        result = run_sweep(root, target_d_model=target_d_model)
+        if fmt == "html" and output is None:
+            output = Path("forensics-sweep.html")
+        _emit(render_sweep(result, fmt), output)
+        for g in result["groups"]:
+            key = ", ".join(f"{k}={v}" for k, v in g["key"].items()) or "all runs"
+            click.echo(f"{key}: LR sensitivity {g['lr_sensitivity']:.3f}, largest stable lr "
+                       f"{g['largest_stable_lr']}, best lr {g['best_lr']}", err=True)
+    except ForensicsError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{getattr(exc, 'filename', None) or root}: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback (FORENSICS_DEBUG=1 shows it)
+        if os.environ.get("FORENSICS_DEBUG"):
+            raise
+        _fail(f"{root}: internal error {type(exc).__name__}: {exc}")

@@ -164,7 +164,8 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
                        and f.step < first]
             if earlier:
                 score *= 0.4
-                against.append(f"{earlier[0].code} ({earlier[0].cause}) departs earlier, at step {earlier[0].step}: "
+                what = earlier[0].cause or earlier[0].name
+                against.append(f"{earlier[0].code} ({what}) departs earlier, at step {earlier[0].step}: "
                                "the spike has a precursor")
         if not strong:
             score = min(score, MIN_CAUSE_CONF - 0.01)
@@ -238,6 +239,29 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
                       and first_step(h.cause) < first_step("data_batch")]
             if growth:
                 chosen = growth[0]
+
+    # growth that starts after an lr reset is its consequence, not a second cause
+    if chosen is not None and chosen.cause == "lr_schedule_reset":
+        lr_step = first_step("lr_schedule_reset")
+        hyps = [Hypothesis(h.cause, h.mechanism, min(h.confidence, 0.4), h.support,
+                           h.against + (f"starts after the lr discontinuity at step {lr_step}: a consequence of "
+                                        "the larger lr",))
+                if h.cause == "update_scale_growth" and first_step(h.cause) > lr_step else h for h in hyps]
+        chosen = next(h for h in hyps if h.cause == "lr_schedule_reset")
+
+    # lower learning rates already tried and failed (notes): "lr too high" is not an explanation
+    failed_lr = any("lower_lr" in f.evidence.get("failed_remedies", {}) for f in by_code.get("NT01", []))
+    if chosen is not None and chosen.cause == "update_scale_growth" and chosen.mechanism == "lr_too_high" and failed_lr:
+        ideas = {k for f in by_code.get("NT01", []) for k in f.evidence.get("ideas", {})}
+        demoted = Hypothesis(chosen.cause, chosen.mechanism, min(chosen.confidence, 0.45), chosen.support,
+                             chosen.against + ("the notes record lower learning rates that failed the same way",))
+        unknown = Hypothesis("unknown", "init_scale" if "init_std" in ideas else None, 0.5,
+                             ("the run diverges like an update-scale problem, yet lower lrs did not fix it",)
+                             + (("the notes point to the initialisation scale as the open lead",)
+                                if "init_std" in ideas else ()), ())
+        hyps = [demoted if h is chosen else h for h in hyps] + [unknown]
+        families.setdefault("unknown", list(families.get("update_scale_growth", [])))
+        chosen = unknown
 
     # rank hypotheses: chosen first, then by score
     hyps.sort(key=lambda h: (h is not chosen, -h.confidence))

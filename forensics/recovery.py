@@ -188,7 +188,7 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     clip_text = ("global-norm clipping 1.0" if clip else
                  f"the run's current clipping (pre-onset grad norms, median {_g(gmed or 0)}, are far above 1.0: "
                  "clipping at 1.0 would clip every step)")
-    crit = _criteria(stats, length, unit=unit)
+    crit = _criteria(stats, length, unit=unit, hardware=cause == "hardware_or_distributed")
     from forensics.detectors.activation_overflow import is_fp16
     from forensics.detectors.notes import read_notes
 
@@ -260,7 +260,7 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             "lower_lr" in failed_remedies):
         # the notes say lower learning rates were tried and failed: propose what was not tried
         do_not.append("do not lower the lr again: the notes record lower lr attempts that failed ("
-                      + failed_remedies["lower_lr"][0][:120] + ")")
+                      + _clip_words(failed_remedies["lower_lr"][0], 120) + ")")
         trials += _idea_trials(ideas, length, fp16)
         if not trials:
             trials.append(Trial("smaller init std", "restart with a smaller initialisation std (e.g. "
@@ -316,17 +316,21 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
                        "then resume")
         trials.append(Trial("verified resume", "resume with every state verified against the checkpoint", length, {}))
     else:  # unknown
+        if "lower_lr" in failed_remedies:
+            do_not.append("do not lower the lr again: the notes record lower lr attempts that failed ("
+                          + _clip_words(failed_remedies["lower_lr"][0], 120) + ")")
         trials.append(Trial("replay unchanged", "resume from the checkpoint unchanged to see whether the failure "
                             "reproduces (data or hardware) or not", length, {}))
-        trials.append(Trial("lr x0.5 + clip", f"peak lr x0.5 with a re-warm-up and {clip_text}", length,
-                            {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": clip}))
-        if "skip_data" not in failed_remedies:
+        if "lower_lr" not in failed_remedies:
+            trials.append(Trial("lr x0.5 + clip", f"peak lr x0.5 with a re-warm-up and {clip_text}", length,
+                                {"peak_lr_factor": 0.5, "warmup_steps": rewarm, "clip_grad_norm": clip}))
+        if "skip_data" not in failed_remedies and "reshuffle_data" not in failed_remedies:
             trials.append(Trial("skip batches", f"resume and skip the batches around the onset "
                                 f"({onset}..{onset + 199})", length, {"skip_batches": [onset, onset + 199]}))
         trials += _idea_trials(ideas, length, fp16)
     if "skip_data" in failed_remedies and cause != "data_batch":
         do_not.append("do not skip data again: the notes record data skips that did not help ("
-                      + failed_remedies["skip_data"][0][:120] + ")")
+                      + _clip_words(failed_remedies["skip_data"][0], 120) + ")")
     trials = [_with_launch_args(t, str(run.meta.get("framework") or ""), resume) for t in
               {t.name: t for t in trials}.values()]
     return RecoveryPlan(resume_from=resume, restore=tuple(restore), trials=tuple(trials[:4]),
@@ -373,13 +377,21 @@ def _with_launch_args(trial: Trial, framework: str, resume: dict[str, object]) -
     return Trial(trial.name, trial.change, trial.steps, st)
 
 
+def _clip_words(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters (with an ellipsis)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + "..."
+
+
 def _idea_trials(ideas: dict[str, list[str]], length: int, fp16: bool) -> list[Trial]:
     """Trials for the remedies the notes list as open ideas."""
     out = []
     if "init_std" in ideas:
-        out.append(Trial("smaller init std", "restart with a smaller initialisation std (--init-method-std, e.g. "
-                         "0.006 instead of 0.02; the notes propose it: " + ideas["init_std"][0][:100] + ")", length,
-                         {"init_std": "smaller"}))
+        out.append(Trial("smaller init std", "restart FROM SCRATCH (the initialisation only acts at step 0) with a "
+                         "smaller initialisation std (--init-method-std, e.g. 0.006 instead of 0.02), as the run's "
+                         "notes propose", length,
+                         {"init_std": "smaller", "notes": _clip_words(ideas["init_std"][0], 200)}))
     if "precision" in ideas:
         out.append(Trial("bf16" if fp16 else "fp32 softmax", "bf16 instead of fp16, or fp32 for the softmax/attention "
                          "(the notes propose it)", length, {"precision": "bf16" if fp16 else "fp32"}))
@@ -390,7 +402,7 @@ def _idea_trials(ideas: dict[str, list[str]], length: int, fp16: bool) -> list[T
     return out
 
 
-def _criteria(stats: dict[str, float], length: int, unit: str = "step") -> list[str]:
+def _criteria(stats: dict[str, float], length: int, unit: str = "step", hardware: bool = False) -> list[str]:
     """Success criteria from the run's own pre-onset statistics (robust, not absolute thresholds)."""
     out = []
     if "loss_median" in stats:
@@ -402,7 +414,7 @@ def _criteria(stats: dict[str, float], length: int, unit: str = "step") -> list[
         out.append(f"the grad norm's rolling median stays within 2x of its pre-onset median "
                    f"({_g(stats['grad_norm_median'])}) and no grad-norm spike beyond 6 robust sigmas appears")
     for m, better in (("throughput", "at or above"), ("step_time", "at or below")):
-        if f"{m}_median" in stats:
+        if hardware and f"{m}_median" in stats:
             out.append(f"{m.replace('_', ' ')} back {better} its pre-onset median ({_g(stats[f'{m}_median'])}) "
                        "within 3% on the new hardware")
     out.append("`forensics analyze` on the trial run reports it healthy")
@@ -413,7 +425,8 @@ def _monitor_plan(run: RunData, onset: int) -> RecoveryPlan:
     """Plan for a transient anomaly: keep training and monitor; nothing to undo."""
     stats = _pre_onset_stats(run, onset)
     last = int(run.metrics.get_column("step").max()) if run.metrics.height else onset  # type: ignore[arg-type]
-    crit = _criteria(stats, 1000)[:-1] + ["`forensics analyze` on the continuing run stays healthy over the next 1000 steps"]
+    crit = _criteria(stats, 1000)[:-1]
+    crit.append("`forensics analyze` on the continuing run stays healthy over the next 1000 steps")
     return RecoveryPlan(
         resume_from={"checkpoint": None, "step": last,
                      "why": "no resume needed: the run recovered by itself; keep training from where it is"},

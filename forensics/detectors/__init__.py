@@ -9,6 +9,9 @@ from forensics.detectors.activation_overflow import ActivationOverflow
 from forensics.detectors.attention_logits import AttentionLogitGrowth
 from forensics.detectors.bad_batch import BadBatch
 from forensics.detectors.base import Detector
+from forensics.detectors.ckpt_nonfinite import CheckpointNonFinite
+from forensics.detectors.ckpt_state import CheckpointStateMismatch
+from forensics.detectors.ckpt_update_growth import CheckpointUpdateGrowth
 from forensics.detectors.data_ordering import OrderingShift
 from forensics.detectors.grad_norm import GradNormDeparture
 from forensics.detectors.grad_scaling import GradScalingFactor
@@ -40,6 +43,9 @@ DETECTORS: tuple[Detector, ...] = (
     HardwareSignature(),
     GradScalingFactor(),
     NotesAttempts(),
+    CheckpointNonFinite(),
+    CheckpointUpdateGrowth(),
+    CheckpointStateMismatch(),
 )
 
 

@@ -22,6 +22,7 @@ REMEDIES: dict[str, re.Pattern[str]] = {
                             r"iteration|iterations|range)\b|\bskips?\b\s+\d", re.I),
     "lower_lr": re.compile(r"\b(lower(ed)?|reduc\w*|decreas\w*|halv\w*)\b.{0,15}\b(lr|learning rate)\b|"
                            r"\blr\s*[=:]?\s*\d(\.\d+)?e-\d|\blr\s*(x|\*)\s*0?\.\d|\blr multiplied by 0?\.\d", re.I),
+    "reshuffle_data": re.compile(r"reshuffl\w*|new seed|different seed|another seed|data order", re.I),
     "optimizer_reset": re.compile(r"no-load-optim|optimi[sz]er (state )?reset|reset the optimi[sz]er", re.I),
     "beta2": re.compile(r"beta2|adam-beta2|betas", re.I),
     "init_std": re.compile(r"init-method-std|init_method_std|init(ialisation|ialization)? std|weight init", re.I),
@@ -38,6 +39,7 @@ IDEAS = re.compile(r"open ideas?|ideas?:|\bnext\b:|\btodo\b|to try|goes first", 
 
 ADDRESSES = {
     "skip_data": "data_batch",
+    "reshuffle_data": "data_batch",
     "lower_lr": "update_scale_growth",
     "optimizer_reset": "state_not_restored",
 }
@@ -51,23 +53,44 @@ def read_notes(run: RunData) -> tuple[dict[str, list[str]], dict[str, list[str]]
     notes = run.meta.get("notes") or {}
     for _path, text in notes.items():
         in_ideas = False
-        for raw in str(text).splitlines():
-            line = raw.strip()
-            if not line:
-                in_ideas = False
-                continue
-            if line.startswith("```") or line.startswith(" iteration"):
-                continue
-            if IDEAS.search(line):
+        for unit in _units(str(text)):
+            if IDEAS.search(unit):
                 in_ideas = True
             for name, pat in REMEDIES.items():
-                if not pat.search(line):
+                if not pat.search(unit):
                     continue
                 if in_ideas:
-                    ideas.setdefault(name, []).append(line[:200])
-                elif FAILED.search(line) and not (name == "lower_lr" and "back to" in line.lower()):
-                    failed.setdefault(name, []).append(line[:200])
+                    ideas.setdefault(name, []).append(unit[:300])
+                elif FAILED.search(unit) and not (name == "lower_lr" and "back to" in unit.lower()):
+                    failed.setdefault(name, []).append(unit[:300])
+            if not unit.startswith("|"):
+                in_ideas = in_ideas and bool(IDEAS.search(unit))
     return failed, ideas
+
+
+def _units(text: str) -> list[str]:
+    """Table rows one by one; other prose as paragraphs (a remedy and its outcome often span lines)."""
+    out: list[str] = []
+    para: list[str] = []
+    in_code = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if line.startswith("|") or not line:
+            if para:
+                out.append(" ".join(para))
+                para = []
+            if line:
+                out.append(line)
+            continue
+        para.append(line)
+    if para:
+        out.append(" ".join(para))
+    return out
 
 
 @dataclass(frozen=True)

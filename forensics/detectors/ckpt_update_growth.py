@@ -1,0 +1,239 @@
+"""CK02 checkpoint.update_growth: update scale and norm growth read from consecutive checkpoints.
+
+Four rules, each at most one finding (cause ``update_scale_growth``), all from the ``tensors`` and
+``updates`` tables (DESIGN.md section 2) so they work when nothing of the kind was logged:
+
+1. *Update ratio per step* ``ratio / (step_to - step_from)`` of a layer (``updates`` rows
+   ``<prefix>.*`` and ``*``) reaches ``min_ratio_growth`` (2x) its value over the first pair of
+   checkpoints after the lr peak, while the lr has not risen (Marin #1368: 2x update-norm spikes
+   precede loss spikes; smdebug ``WeightUpdateRatio``) -> ``lr_too_high``.
+2. *Q/K vs V*: the geometric mean of the Q and K projection norm growth since the first checkpoint
+   reaches ``qk_min_growth`` (2x) and ``qk_vs_v`` (1.5x) the V projection's growth in the same layer:
+   attention logits scale with ``|q||k|`` while V stays flat (Dehghani et al. 2023, ViT-22B;
+   Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities")
+   -> ``attention_logit_growth``. Fused QKV matrices are not split (their rows are not separable
+   from per-tensor statistics).
+3. *Output layer* (``lm_head``/``output``/``embed_out``/``head`` weight) norm growth of
+   ``out_min_growth`` (2x) and ``out_vs_rest`` (1.5x) the median growth of the other matrices, still
+   growing at the last checkpoint (Wortsman et al. 2023, output-logit divergence; PaLM z-loss)
+   -> ``output_logit_divergence``.
+4. *Adam epsilon*: in a tensor of at least ``min_eps_numel`` coordinates, more than ``eps_share``
+   (50%) of the coordinates with ``v > 0`` have ``sqrt(v_hat) <= 10 eps`` (eps from the optimizer's
+   param_groups): the update there is set by eps, not by the gradient (Wortsman et al. 2023 section
+   3.4; Molybog et al. 2023, "A theory on Adam instability in large-scale ML") -> ``adam_epsilon``.
+   Latent risk, not a fault by itself: confidence 0.4 unless the logged loss went non-finite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from forensics.detectors.base import Detector, fmt
+from forensics.detectors.ckpt_nonfinite import checkpoint_segment
+from forensics.model import Finding, RunData
+
+_QKV = {"q_proj": "q", "q": "q", "query": "q", "wq": "q", "to_q": "q", "q_lin": "q",
+        "k_proj": "k", "k": "k", "key": "k", "wk": "k", "to_k": "k", "k_lin": "k",
+        "v_proj": "v", "v": "v", "value": "v", "wv": "v", "to_v": "v", "v_lin": "v"}
+_OUTPUT = {"lm_head", "output", "embed_out", "head", "output_layer"}
+
+
+def _norms(run: RunData) -> dict[str, list[tuple[int, float]]]:
+    """Parameter name -> [(step, l2)] over checkpoints, finite positive norms only, step order."""
+    t = run.tensors.filter((pl.col("role") == "param") & pl.col("step").is_not_null() & pl.col("l2").is_finite()
+                           & (pl.col("l2") > 0) & (pl.col("n_nan") + pl.col("n_inf") == 0))
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, step, l2 in t.select("tensor", "step", "l2").sort("step").iter_rows():
+        out.setdefault(name, []).append((int(step), float(l2)))
+    return out
+
+
+def _growth(series: list[tuple[int, float]], steps: list[int]) -> np.ndarray:
+    d = dict(series)
+    base = d[steps[0]]
+    return np.array([d[s] / base for s in steps])
+
+
+def _sustained(g: np.ndarray, steps: list[int], floor: float) -> np.ndarray:
+    """Per checkpoint: does the norm keep growing (not the decelerating rise of early training)?
+
+    True where the growth per step over the interval ending at that checkpoint is at least ``floor``
+    times the fastest earlier interval's.
+    """
+    ok = np.zeros(g.shape[0], dtype=bool)
+    rate = np.diff(g) / np.maximum(np.diff(np.asarray(steps, dtype=float)), 1.0)
+    for i in range(2, g.shape[0]):
+        ok[i] = rate[i - 1] > 0 and rate[i - 1] >= floor * float(np.max(rate[: i - 1]))
+    return ok
+
+
+@dataclass(frozen=True)
+class CheckpointUpdateGrowth(Detector):
+    """Update-ratio, Q/K, output-layer and Adam-epsilon evidence from checkpoints."""
+
+    code = "CK02"
+    name = "checkpoint.update_growth"
+    min_ratio_growth: float = 2.0
+    qk_min_growth: float = 2.0
+    qk_vs_v: float = 1.5
+    out_min_growth: float = 2.0
+    out_vs_rest: float = 1.5
+    sustained_floor: float = 0.75
+    eps_share: float = 0.5
+    min_eps_numel: int = 1024
+
+    def missing(self, run: RunData) -> str | None:
+        """Skip reason when no checkpoint tensors were read."""
+        return None if run.tensors.height else "needs checkpoint tensors (no readable checkpoint in the run folder)"
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """Up to four findings, one per rule of the module docstring."""
+        out = []
+        norms = _norms(run)
+        for rule in (self._ratio, self._qk, self._output):
+            f = rule(run, norms)
+            if f is not None:
+                out.append(f)
+        f = self._adam_eps(run)
+        if f is not None:
+            out.append(f)
+        return out
+
+    def _ratio(self, run: RunData, _norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
+        u = run.updates
+        if u.height == 0:
+            return None
+        u = u.filter(pl.col("tensor").str.ends_with("*") & pl.col("ratio").is_finite() & (pl.col("step_to") >
+                     pl.col("step_from"))).with_columns((pl.col("ratio") / (pl.col("step_to") - pl.col("step_from")))
+                                                        .alias("rps")).sort("step_from")
+        lr = run.series("lr")
+        peak_step = None
+        if lr is not None and len(lr) and np.isfinite(lr.values).any():
+            peak_step = int(lr.steps[int(np.nanargmax(np.where(np.isfinite(lr.values), lr.values, -np.inf)))])
+
+        def lr_at(step: int) -> float | None:
+            if lr is None or not len(lr):
+                return None
+            i = max(0, min(int(np.searchsorted(lr.steps, step, side="right")) - 1, len(lr) - 1))
+            return float(lr.values[i])
+
+        hits = []
+        for layer, g in u.group_by("tensor"):
+            rows = g.sort("step_from").select("step_from", "step_to", "rps").rows()
+            after = [r for r in rows if peak_step is None or r[0] >= peak_step] or rows
+            base = after[0]
+            for r in after[1:]:
+                lb, lr_now = lr_at(base[1]), lr_at(r[1])
+                if base[2] > 0 and r[2] >= self.min_ratio_growth * base[2] and (
+                        lb is None or lr_now is None or lr_now <= 1.1 * lb):
+                    hits.append({"layer": str(layer[0]), "step_from": int(r[0]), "step_to": int(r[1]),
+                                 "ratio_per_step": r[2], "baseline_ratio_per_step": base[2],
+                                 "baseline_pair": [int(base[0]), int(base[1])], "growth": r[2] / base[2]})
+                    break
+        if not hits:
+            return None
+        hits.sort(key=lambda h: (h["step_from"], -h["growth"]))
+        h = hits[0]
+        strong = len(hits) >= 2 or any(x["layer"] == "*" for x in hits)
+        return self.finding(
+            cause="update_scale_growth", mechanism="lr_too_high", step=h["step_from"],
+            segment=checkpoint_segment(run, h["step_from"]), confidence=0.55 if strong else 0.45, severity="medium",
+            message=f"update ratio per step of {h['layer']} between checkpoints {h['step_from']} and {h['step_to']} is "
+            f"{fmt(h['growth'])}x its value over checkpoints {h['baseline_pair'][0]}-{h['baseline_pair'][1]} "
+            f"({len(hits)} layer(s) grow >= {self.min_ratio_growth:g}x) with no lr increase.",
+            evidence={"layers": hits[:12], "n_layers": len(hits), "lr_peak_step": peak_step},
+        )
+
+    def _qk(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
+        groups: dict[str, dict[str, str]] = {}
+        for name in norms:
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in _QKV:
+                groups.setdefault(".".join(parts[:-2]), {})[_QKV[parts[-2]]] = name
+        hits = []
+        for prefix, g in sorted(groups.items()):
+            if set(g) != {"q", "k", "v"}:
+                continue
+            steps = sorted(set.intersection(*(set(dict(norms[g[x]])) for x in "qkv")))
+            if len(steps) < 2:
+                continue
+            gq, gk, gv = (_growth(norms[g[x]], steps) for x in "qkv")
+            qk = np.sqrt(gq * gk)
+            ok = np.flatnonzero((qk >= self.qk_min_growth) & (qk >= self.qk_vs_v * gv)
+                                & _sustained(qk, steps, self.sustained_floor))
+            if ok.size:
+                i = int(ok[0])
+                hits.append({"layer": prefix, "step": steps[i], "since_step": steps[0], "qk_growth": float(qk[i]),
+                             "v_growth": float(gv[i]), "qk_growth_last": float(qk[-1]), "v_growth_last": float(gv[-1])})
+        if not hits:
+            return None
+        hits.sort(key=lambda h: (h["step"], -h["qk_growth"]))
+        h = hits[0]
+        return self.finding(
+            cause="update_scale_growth", mechanism="attention_logit_growth", step=h["step"],
+            segment=checkpoint_segment(run, h["step"]), confidence=0.6, severity="high",
+            message=f"Q/K projection norms of {h['layer']} grew {fmt(h['qk_growth'])}x since checkpoint "
+            f"{h['since_step']} while V grew {fmt(h['v_growth'])}x (checkpoint {h['step']}; {len(hits)} layer(s)): "
+            "attention logits scale with |q||k|.",
+            evidence={"layers": hits[:12], "n_layers": len(hits)},
+        )
+
+    def _output(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
+        heads = [n for n in norms if n.split(".")[-1] == "weight" and len(n.split(".")) >= 2
+                 and n.split(".")[-2] in _OUTPUT and not any(p.isdigit() for p in n.split("."))]
+        if not heads:
+            return None
+        shapes = dict(run.tensors.filter(pl.col("role") == "param").select("tensor", "shape").unique("tensor").rows())
+        rest = [n for n in norms if n not in heads and len(shapes.get(n) or []) == 2]
+        head = heads[0]
+        steps = [s for s, _ in norms[head]]
+        if len(steps) < 2 or not rest:
+            return None
+        g = _growth(norms[head], steps)
+        med = []
+        for s in steps:
+            vals = [dict(norms[n]).get(s, math.nan) / norms[n][0][1] for n in rest if norms[n][0][0] == steps[0]]
+            med.append(float(np.nanmedian(vals)) if vals and np.isfinite(vals).any() else math.nan)
+        medv = np.array(med)
+        ok = np.flatnonzero((g >= self.out_min_growth) & (g >= self.out_vs_rest * medv)
+                            & _sustained(g, steps, self.sustained_floor))
+        if not ok.size:
+            return None
+        i = int(ok[0])
+        return self.finding(
+            cause="update_scale_growth", mechanism="output_logit_divergence", step=steps[i],
+            segment=checkpoint_segment(run, steps[i]), confidence=0.55, severity="medium",
+            message=f"output layer {head} norm grew {fmt(float(g[i]))}x since checkpoint {steps[0]} (median of the "
+            f"other matrices {fmt(float(medv[i]))}x) without slowing down ({fmt(float(g[-1]))}x at checkpoint "
+            f"{steps[-1]}).",
+            evidence={"tensor": head, "step": steps[i], "since_step": steps[0], "growth": float(g[i]),
+                      "median_other_growth": float(medv[i]), "growth_last": float(g[-1]),
+                      "norms": [[s, v] for s, v in norms[head]]},
+        )
+
+    def _adam_eps(self, run: RunData) -> Finding | None:
+        hits: list[dict[str, Any]] = []
+        for c in run.meta.get("checkpoints") or []:
+            for e in c.get("adam_eps") or []:
+                if e.get("share", 0) > self.eps_share and e.get("numel", 0) >= self.min_eps_numel and c.get("step") \
+                        is not None:
+                    hits.append({"step": int(c["step"]), "checkpoint": c.get("path"), **e})
+        if not hits:
+            return None
+        hits.sort(key=lambda h: (h["step"], -h["share"]))
+        h = hits[0]
+        loss = run.series("loss")
+        failed = loss is not None and bool((~np.isfinite(loss.values)).any())
+        return self.finding(
+            cause="update_scale_growth", mechanism="adam_epsilon", step=h["step"],
+            segment=checkpoint_segment(run, h["step"]), confidence=0.6 if failed else 0.4, severity="low",
+            message=f"{fmt(100 * h['share'])}% of the coordinates of {h['tensor']} have sqrt(v) <= 10 eps "
+            f"({fmt(h['eps_threshold'])}) at checkpoint {h['step']}: Adam's update there is set by eps, not by the "
+            f"gradient ({len(hits)} tensor-checkpoint(s) above {self.eps_share:.0%}).",
+            evidence={"tensors": hits[:12], "n": len(hits)},
+        )
