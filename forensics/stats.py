@@ -9,7 +9,6 @@ computed on a log scale for positive, multiplicative series (loss, grad norm, up
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 MAD_TO_SIGMA = 1.4826
 """Consistency constant: sigma = 1.4826 * MAD for normally distributed data."""
@@ -36,6 +35,10 @@ def trailing_robust_z(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Robust z of each point against the ``window`` points before it (the point itself excluded).
 
+    Rolling medians come from polars (``rolling_median``, O(n log w), streaming-friendly); the
+    spread is the trailing rolling median of |x - trailing median|, the usual rolling-MAD
+    approximation (exact MAD needs the window's own median for every member).
+
     Args:
         x: float64 array, shape (n,); NaN entries are ignored in the window and get z = NaN.
         window: trailing window length in points (OLMo-core default 128).
@@ -46,28 +49,52 @@ def trailing_robust_z(
     Returns:
         ``(z, median, sigma)``, each shape (n,). ``sigma`` is 1.4826 * MAD, floored.
     """
+    import polars as pl
+
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[0]
-    z = np.full(n, np.nan)
-    med = np.full(n, np.nan)
-    sig = np.full(n, np.nan)
+    nan = np.full(n, np.nan)
     if n < 2:
-        return z, med, sig
+        return nan.copy(), nan.copy(), nan.copy()
     w = max(2, min(window, n - 1))
-    padded = np.concatenate([np.full(w, np.nan), x])
-    # windows[i] = x[i-w : i] (strictly before point i)
-    windows = sliding_window_view(padded, w)[:n]
-    counts = np.sum(np.isfinite(windows), axis=1)
-    ok = counts >= min(min_points, max(2, n // 4))
+    need = min(min_points, max(2, n // 4))
+    if n * w <= EXACT_LIMIT:
+        return _trailing_robust_z_exact(x, w, need, rel_floor, abs_floor)
+    ser = pl.Series("x", x).fill_nan(None)
+    med = ser.rolling_median(window_size=w, min_samples=need).shift(1)
+    dev = (ser - med).abs()
+    mad = dev.rolling_median(window_size=w, min_samples=need).shift(1)
+    m = med.fill_null(float("nan")).to_numpy().astype(np.float64)
+    d = mad.fill_null(float("nan")).to_numpy().astype(np.float64)
+    sig = np.maximum(MAD_TO_SIGMA * d, np.maximum(rel_floor * np.abs(m), abs_floor))
+    sig[~np.isfinite(m)] = np.nan
+    with np.errstate(all="ignore"):
+        z = (x - m) / sig
+    z[~np.isfinite(m)] = np.nan
+    return z, m, sig
+
+
+EXACT_LIMIT = 4_000_000
+"""Up to this many window elements (n * w) the exact sliding MAD is used; beyond, rolling polars."""
+
+
+def _trailing_robust_z_exact(
+    x: np.ndarray, w: int, need: int, rel_floor: float, abs_floor: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact trailing median and MAD with ``sliding_window_view`` (memory n * w floats)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    n = x.shape[0]
+    z, med, sig = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    windows = sliding_window_view(np.concatenate([np.full(w, np.nan), x]), w)[:n]
+    ok = np.sum(np.isfinite(windows), axis=1) >= need
     if not np.any(ok):
         return z, med, sig
     with np.errstate(all="ignore"):
         m = np.nanmedian(windows[ok], axis=1)
         mad = np.nanmedian(np.abs(windows[ok] - m[:, None]), axis=1)
-    s = np.maximum(MAD_TO_SIGMA * mad, np.maximum(rel_floor * np.abs(m), abs_floor))
-    med[ok] = m
-    sig[ok] = s
-    with np.errstate(all="ignore"):
+        s = np.maximum(MAD_TO_SIGMA * mad, np.maximum(rel_floor * np.abs(m), abs_floor))
+        med[ok], sig[ok] = m, s
         z[ok] = (x[ok] - m) / s
     return z, med, sig
 

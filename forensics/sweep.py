@@ -186,15 +186,22 @@ def size_trends(groups: list[dict[str, Any]], target_d_model: int | None) -> lis
 
 
 def find_runs(root: Path) -> tuple[list[tuple[str, RunData]], list[dict[str, str]]]:
-    """Load every sub-folder of ``root`` that holds training logs (sorted by name); the others are skipped."""
+    """Load every run folder under ``root``, named by its path relative to ``root``; unreadable ones are skipped.
+
+    Run folders are found with the audit's rules (:func:`forensics.audit_runs.find_runs`: a folder that
+    holds logs is a run; a folder of runs is a container), so ``ROOT/sweep_a/run_1`` works as well as
+    ``ROOT/run_1``.
+    """
     from forensics.api import load
+    from forensics.audit_runs import find_runs as audit_find_runs
 
     runs, skipped = [], []
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for sub in map(Path, audit_find_runs(root)):
+        name = sub.relative_to(root).as_posix() if sub != root else sub.name
         try:
-            runs.append((sub.name, load(sub)))
+            runs.append((name, load(sub)))
         except InputError as exc:
-            skipped.append({"what": sub.name, "reason": exc.message})
+            skipped.append({"what": name, "reason": exc.message})
     return runs, skipped
 
 

@@ -24,6 +24,7 @@ from forensics.detectors.lr_schedule import LRScheduleReset
 from forensics.detectors.nonfinite import NonFinite
 from forensics.detectors.notes import NotesAttempts
 from forensics.detectors.output_logits import OutputLogitDivergence
+from forensics.detectors.precursor import PrecursorDrift
 from forensics.detectors.update_ratio import UpdateScaleGrowth
 
 DETECTORS: tuple[Detector, ...] = (
@@ -38,6 +39,7 @@ DETECTORS: tuple[Detector, ...] = (
     BadBatch(),
     OrderingShift(),
     UpdateScaleGrowth(),
+    PrecursorDrift(),
     AttentionLogitGrowth(),
     OutputLogitDivergence(),
     HardwareSignature(),

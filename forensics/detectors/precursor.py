@@ -1,0 +1,139 @@
+"""PR01 precursor.drift: a slow rise of grad norm, update ratio or parameter norm before a failure.
+
+Rule: when the run fails (a loss or grad norm that turns non-finite for good, or a loss
+departure that never recovers), the last ``lookback`` logged points before the failure are
+searched for a sustained rise above the trend of their own first half (Theil-Sen baseline,
+5 robust sigmas and ``min_rise`` (10%), held for 90% of the remaining points). Trailing-window
+z-scores miss such ramps because the ramp inflates its own window's spread. Update norms lead
+grad norms and grad norms lead the loss (DESIGN.md section 4; BLOOM tr11 chronicles; Takase et
+al. 2023, "Spike No More": spikes follow sudden grad-norm growth), so a precursor ramp puts the
+onset at its start and argues against a bad batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.detectors.signals import departures, sustained_rise
+from forensics.model import Finding, RunData
+
+_PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
+
+
+def failure_step(run: RunData) -> int | None:
+    """First step of a persistent failure: non-finite loss/grad norm for good, or an unrecovered loss departure."""
+    best: int | None = None
+    for m in ("loss", "grad_norm"):
+        s = run.series(m)
+        if s is None or len(s) == 0:
+            continue
+        bad = ~np.isfinite(s.values)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            tail = s.values[i:]
+            if np.mean(~np.isfinite(tail)) >= 0.5 or i >= len(s) - 3:
+                st = int(s.steps[i])
+                best = st if best is None else min(best, st)
+    for d in departures(run, "loss"):
+        if d.recovered_step is None:
+            best = d.step if best is None else min(best, d.step)
+            break
+    return best
+
+
+def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | None:
+    """Where the ramp starts: the knee t of a broken-stick fit y = a + b*s + c*max(0, s - t) on log values.
+
+    Threshold detection fires only once the ramp clears the noise; the least-squares knee over
+    candidates up to the detection step locates its start (a standard segmented regression), then
+    the onset is the first point from the knee on after which every point up to the detection sits
+    more than one robust sigma above the pre-knee trend (so a noisy knee never claims too early).
+
+    Args:
+        steps: int array (n,), increasing.
+        values: positive float array (n,).
+        detected: step at which the rise was detected; candidates are the steps before it.
+
+    Returns:
+        The knee step, or None when the fit is not possible.
+    """
+    ok = np.isfinite(values) & (values > 0)
+    x, y = np.asarray(steps, float)[ok], np.log(np.asarray(values, float)[ok])
+    cands = np.flatnonzero(x <= detected)
+    if x.size < 10 or cands.size < 3:
+        return None
+    cands = cands[: max(0, cands.size - 1)]
+    if cands.size > 400:
+        cands = cands[np.linspace(0, cands.size - 1, 400).astype(int)]
+    best_t, best_sse = None, np.inf
+    base = np.column_stack([np.ones_like(x), x - x[0]])
+    for i in cands:
+        a = np.column_stack([base, np.maximum(0.0, x - x[i])])
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        if coef[2] <= 0:
+            continue
+        sse = float(np.sum((y - a @ coef) ** 2))
+        if sse < best_sse:
+            best_t, best_sse = int(x[i]), sse
+    if best_t is None:
+        return None
+    # from the knee on, the first point after which every point up to the detection is above the noise
+    from scipy.stats import theilslopes
+
+    half = max(5, int(np.searchsorted(x, best_t)))
+    fit = theilslopes(y[:half], x[:half])
+    resid = y - (fit.intercept + fit.slope * x)
+    sigma = 1.4826 * float(np.median(np.abs(resid[:half] - np.median(resid[:half]))))
+    k0, k1 = int(np.searchsorted(x, best_t)), int(np.searchsorted(x, detected, side="right"))
+    above = resid > sigma
+    for k in range(k0, k1):
+        if above[k:k1].all():
+            return int(x[k])
+    return best_t
+
+
+@dataclass(frozen=True)
+class PrecursorDrift(Detector):
+    """Sustained growth of an optimiser signal in the steps before a failure."""
+
+    code = "PR01"
+    name = "precursor.drift"
+    requires = _PRECURSORS
+    lookback: int = 2000
+    min_rise: float = 0.10
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding: the earliest precursor ramp before the failure."""
+        fail = failure_step(run)
+        if fail is None:
+            return []
+        best = None
+        for m in _PRECURSORS:
+            s = run.series(m)
+            if s is None:
+                continue
+            sel = np.flatnonzero(s.steps < fail)[-self.lookback:]
+            if sel.size < 24:
+                continue
+            d = sustained_rise(s.steps[sel], s.values[sel], log=True, baseline_frac=0.5, k_sigma=5.0,
+                               min_rel=self.min_rise, min_run=5, hold_frac=0.9)
+            if d is None or d.slope_after <= 0:
+                continue
+            knee = hinge_onset(s.steps[sel], s.values[sel], d.onset_step)
+            onset = knee if knee is not None else d.onset_step
+            if best is None or onset < best[0]:
+                best = (onset, m, d, s)
+        if best is None:
+            return []
+        step, m, d, s = best
+        return [self.finding(
+            cause="update_scale_growth", mechanism="lr_too_high", step=step, segment=segment_at(s, step),
+            confidence=0.6, severity="high",
+            message=f"{m} ramps up from step {step} (trend {fmt(d.baseline)}, x{d.growth:.3g} by the failure at "
+            f"step {fail}): the failure has a precursor.",
+            evidence={"metric": m, "onset_step": step, "failure_step": fail, "trend_at_onset": d.baseline,
+                      "growth": d.growth, "log_slope_per_step": d.slope_after},
+        )]
