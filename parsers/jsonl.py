@@ -90,6 +90,24 @@ def _as_step(v: Any) -> int | None:
     return None
 
 
+_NUM_TEXT = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.inf, "+inf": math.inf,
+             "-inf": -math.inf, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+
+def _number_text(v: str) -> float | None:
+    """A float from a numeric string ("4.3", "1e-5", "NaN", "-Infinity"), else None."""
+    t = v.strip()
+    if not t or len(t) > 40:
+        return None
+    low = t.lower()
+    if low in _NUM_TEXT:
+        return _NUM_TEXT[low]
+    try:
+        return float(t.replace("_", "x"))  # "1_000" is not a logged number
+    except ValueError:
+        return None
+
+
 def _float(v: int | float) -> float:
     try:
         return float(v)
@@ -120,6 +138,7 @@ class _Reader:
         self.col_val, self.col_wall = array("d"), array("d")  # NaN wall time = none logged
         self.nulls: list[int] = []  # row indices whose value is JSON null
         self.records = 0
+        self.non_numeric: dict[str, int] = {}  # key -> values that were text but not a number
         self.step_key: str | None = None
         self.seg_starts = [0]  # row index at which each local segment starts
         self.seg_max: int | None = None  # highest step in the current segment
@@ -164,6 +183,12 @@ class _Reader:
                 continue
             if isinstance(v, bool):
                 v = float(v)
+            elif isinstance(v, str) and key not in NAME_KEYS:
+                num = _number_text(v)
+                if num is None:
+                    self.non_numeric[key] = self.non_numeric.get(key, 0) + 1
+                    continue
+                v = num  # numbers logged as text ("4.3", "NaN"), e.g. metaseq/fairseq json logs
             elif v is not None and not isinstance(v, (int, float)):
                 continue
             rows.append((self.tag_id(f"{key}/{suffix}" if suffix else key), None if v is None else _float(v)))
@@ -248,6 +273,12 @@ def read(path: Path, root: Path) -> ParseResult:
         keys = ", ".join(STEP_KEYS)
         skipped.append(Skip(rel, f"{rd.no_step} record(s) without a step key ({keys}) ignored"))
     meta["step_key"] = rd.step_key
+    # text in a key that is numeric elsewhere is a lost value; text-only keys are labels (run names...)
+    lost = {k: n for k, n in rd.non_numeric.items() if k in rd.tag_index}
+    if lost:
+        meta["non_numeric_values"] = dict(lost)
+        worst = ", ".join(f"{k} ({n})" for k, n in sorted(lost.items(), key=lambda kv: -kv[1])[:5])
+        skipped.append(Skip(rel, f"text values that are not numbers were not read as metrics: {worst}"))
     if rd.n_bad > len(rd.bad):
         rd.bad.append(Skip(rel, f"{rd.n_bad - len(rd.bad)} more bad line(s) not listed"))
     return ParseResult(format=FORMAT, path=rel, metrics=table, meta=meta,
