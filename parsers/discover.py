@@ -357,5 +357,21 @@ def load_run(run_dir: str | Path) -> RunData:
         meta["parsers_unavailable"] = unavailable
     mt = pa.concat_tables(metrics) if metrics else METRICS_SCHEMA.empty_table()
     et = pa.concat_tables(events) if events else EVENTS_SCHEMA.empty_table()
+    tensors, updates = _read_checkpoints(root, run, meta, skipped)
     return RunData(run=str(run_dir), metrics=pl.from_arrow(mt), events=pl.from_arrow(et), meta=meta,
-                   sources=sources, skipped=skipped)
+                   sources=sources, skipped=skipped, tensors=tensors, updates=updates)
+
+
+def _read_checkpoints(root: Path, run: str, meta: dict[str, Any], skipped: list[Skip]) -> tuple[Any, Any]:
+    """The ``tensors``/``updates`` tables of the run's checkpoints (empty, after a walk of names, when none)."""
+    from forensics.checkpoints import read_checkpoints
+
+    try:
+        tensors, updates, ck_meta, ck_skipped = read_checkpoints(root, run)
+    except Exception as exc:  # noqa: BLE001 - a checkpoint reader bug never stops the log analysis
+        skipped.append(Skip("checkpoints", _one_line(f"checkpoint reader failed: {type(exc).__name__}: {exc}")))
+        return pl.DataFrame(), pl.DataFrame()
+    skipped.extend(ck_skipped)
+    if ck_meta:
+        meta["checkpoints"] = ck_meta
+    return tensors, updates

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 @pytest.fixture
 def cases_dir() -> Path:
     """The acceptance cases folder (``../shared/cases``); skips the test when it is absent."""
-    d = Path(__file__).resolve().parents[2] / "shared" / "cases"
+    d = Path(os.environ.get("FORENSICS_CASES") or Path(__file__).resolve().parents[2] / "shared" / "cases")
     if not d.is_dir():
         pytest.skip(f"acceptance cases not found at {d}")
     return d

@@ -1,0 +1,160 @@
+"""Reports of ``forensics compare``: JSON (the DESIGN.md section 7 contract), Markdown and HTML.
+
+The HTML report is one self-contained file rendered from ``reports/templates/compare.html.j2``
+(autoescape, StrictUndefined): the differences, the ranked explanations, the trial, and one inline SVG
+chart per aligned signal with the proxy and the target overlaid and the departure marked.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from markupsafe import Markup
+
+import forensics
+from reports._common import compact, environment, fmt_conf, md_cell, plain
+
+if TYPE_CHECKING:
+    from forensics.model import RunData
+    from reports.charts import Chart
+
+FORMATS = ("html", "json", "markdown")
+_PROXY, _TARGET, _DEPART = "#1f5fa8", "#c62828", "#b54708"
+
+
+def render_json(result: dict[str, Any]) -> str:
+    """The compare result as strict JSON (non-finite floats as ``"NaN"``/``"Infinity"`` strings)."""
+    return json.dumps(plain(result), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """A ticket-ready Markdown summary: departure, differences, explanations, trial."""
+    dep = result.get("departure")
+    lines = [f"# compare: `{result['proxy']}` (proxy) vs `{result['target']}` (target)", ""]
+    lines.append(f"**Departure:** {dep['signal']} at step {dep['step']}" if dep else
+                 "**Departure:** none (the target stays inside the proxy's band on every aligned signal)")
+    per = result.get("departures") or {}
+    if per:
+        lines.append("Per signal: " + ", ".join(f"{k} {'step ' + str(v['step']) if v else '-'}"
+                                                 for k, v in per.items()) + f" (aligned by {result.get('alignment')}).")
+    lines += ["", "## Differences", ""]
+    if result["differences"]:
+        lines += ["| setting | proxy | target | matters | why |", "|---|---|---|---|---|"]
+        for d in result["differences"]:
+            lines.append(f"| {md_cell(d['setting'])} | {md_cell(compact(d['proxy']))} | "
+                         f"{md_cell(compact(d['target']))} | {'yes' if d['matters'] else 'no'} | {md_cell(d['why'])} |")
+    else:
+        lines.append("No configuration difference found in the settings both runs record.")
+    lines += ["", "## Explanations (ranked)", ""]
+    for i, e in enumerate(result["explanations"][:6], 1):
+        lines.append(f"{i}. **{e['setting'] or '(no recorded setting)'}** - {e['mechanism']}, "
+                     f"confidence {fmt_conf(e['confidence'])}")
+        lines += [f"   - for: {md_cell(x)}" for x in e["for"][:4]]
+        lines += [f"   - against: {md_cell(x)}" for x in e["against"][:3]]
+    if not result["explanations"]:
+        lines.append("None: no difference that matters and no finding in the target.")
+    t = result.get("trial")
+    lines += ["", "## Trial", ""]
+    if t:
+        lines += [f"**{t['name']}** ({t['steps']} steps): {t['change']}.", f"Control: {t['control']}."]
+        lines += [f"- success: {c}" for c in t["success_criteria"]]
+    else:
+        lines.append("No trial: no explanation names a setting to restore.")
+    ta = result.get("target_analysis")
+    if ta:
+        lines += ["", f"Target's own analysis: {ta['summary']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _load(path: str) -> RunData | None:
+    from forensics.api import load
+    from forensics.errors import ForensicsError
+
+    try:
+        return load(path)
+    except ForensicsError:
+        return None
+
+
+def overlay_charts(result: dict[str, Any], proxy: RunData, target: RunData) -> list[Chart]:
+    """One chart per aligned signal: proxy and target over the step, the departures marked.
+
+    Args:
+        result: :func:`forensics.compare.compare`'s output.
+        proxy: The proxy run.
+        target: The target run.
+
+    Returns:
+        Charts in the order of ``result["departures"]`` (signals logged by both runs).
+    """
+    import numpy as np
+
+    from reports import charts as ch
+
+    dep = result.get("departure")
+    out = []
+    for i, (signal, own) in enumerate((result.get("departures") or {}).items()):
+        ps, ts = proxy.series(signal), target.series(signal)
+        if ps is None or ts is None:
+            continue
+        with ch._style():  # noqa: SLF001 - the package's own chart style
+            fig = ch._figure(9.5, 2.4)  # noqa: SLF001
+            ax = fig.add_subplot()
+            for s, color, label in ((ps, _PROXY, "proxy"), (ts, _TARGET, "target")):
+                idx = ch.minmax_indices(s.values)
+                ys = np.where(np.isfinite(s.values[idx]), s.values[idx], np.nan)
+                ax.plot(s.steps[idx], ys, lw=0.9, color=color, label=label, zorder=3)
+            both = np.concatenate([ps.values, ts.values])
+            if signal != "log_z" and ch._use_log(both):  # noqa: SLF001
+                ax.set_yscale("log")
+            trans = ax.get_xaxis_transform()
+            if own:
+                ax.axvline(own["step"], color=_DEPART, lw=1.0, ls=(0, (4, 3)), zorder=4)
+                ax.text(own["step"], 1.0, f" {signal} departs {own['step']}", transform=trans, fontsize=8,
+                        color=_DEPART, va="bottom")
+            if dep and (not own or dep["step"] != own["step"]):
+                ax.axvline(dep["step"], color="#667085", lw=0.9, ls=(0, (1, 2)), zorder=2)
+                ax.text(dep["step"], 1.0, f" departure {dep['step']} ({dep['signal']})", transform=trans,
+                        fontsize=7, color="#667085", va="bottom")
+            ax.legend(loc="best", fontsize=7, frameon=False)
+            ax.set_ylabel(signal, fontsize=8)
+            ax.set_xlabel("step", fontsize=8)
+            svg = ch.to_svg(fig, f"cmp{i}", f"{signal}: proxy vs target")
+        caption = (f"{signal} of the target leaves the proxy's band at step {own['step']} (threshold "
+                   f"{own['threshold']:.3g} {'nats' if signal == 'log_z' else 'in log ratio'})" if own else
+                   f"{signal}: the target stays inside the proxy's band")
+        out.append(ch.Chart(f"overlay-{signal}", f"{signal}: proxy vs target", caption, svg))
+    return out
+
+
+def render_html(result: dict[str, Any], proxy: RunData | None = None, target: RunData | None = None,
+                *, generated_at: datetime | None = None) -> str:
+    """The self-contained HTML report (charts need the runs: loaded from the result's paths when not given)."""
+    proxy = proxy if proxy is not None else _load(result["proxy"])
+    target = target if target is not None else _load(result["target"])
+    charts = []
+    if proxy is not None and target is not None:
+        charts = [{"id": c.id, "title": c.title, "caption": c.caption, "svg": Markup(c.svg)}
+                  for c in overlay_charts(result, proxy, target)]
+    view = {
+        "r": plain(result), "charts": charts, "version": forensics.__version__,
+        "generated_at": (generated_at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+    return environment(True).get_template("compare.html.j2").render(**view)
+
+
+def render(result: dict[str, Any], fmt: str) -> str:
+    """Render a compare result as ``html``, ``json`` or ``markdown``.
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    if fmt == "json":
+        return render_json(result)
+    if fmt == "markdown":
+        return render_markdown(result)
+    if fmt == "html":
+        return render_html(result)
+    raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
