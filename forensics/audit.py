@@ -46,7 +46,6 @@ COLUMNS: dict[str, str] = {
 MIN_COHORT = 3
 """Fewest runs with a value in a cohort before a robust z is given (else ``None``)."""
 _EXT = {"html": "html", "json": "json", "markdown": "md", "text": "txt"}
-_MAX_TASKS_PER_CHILD = 50  # a worker process is replaced after this many runs: memory stays bounded
 
 
 @dataclass
@@ -186,8 +185,8 @@ def _execute(tasks: list[RunTask], jobs: int, scheduler: str | None):  # noqa: A
     pending = list(tasks)
     for attempt in range(2):  # a pool that breaks (a worker killed, e.g. out of memory) is rebuilt once
         broken: list[RunTask] = []
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=ctx,
-                                    max_tasks_per_child=_MAX_TASKS_PER_CHILD) as pool:
+        # one run at a time per worker bounds its memory; no max_tasks_per_child: it can hang on Python 3.11
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=ctx) as pool:
             futs = {pool.submit(work, t): t for t in pending}
             for fut in cf.as_completed(futs):
                 t = futs[fut]

@@ -87,12 +87,23 @@ def test_find_runs_layouts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("folder", [SAMPLES, CASES], ids=["sample_logs", "cases"])
 def test_find_runs_one_per_sample_and_case(folder: Path) -> None:
-    """``sample_logs`` gives one run per sample folder and ``cases`` one per case."""
+    """One run per case and per sample run; a folder of several runs (an lr sweep) gives each of its runs."""
     if not folder.is_dir():
         pytest.skip(f"{folder} not found")
-    expected = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith((".", "__"))
-                      and any(f.is_file() for f in d.rglob("*")))
-    assert [Path(p).name for p in find_runs(folder)] == expected
+    runs = [Path(p) for p in find_runs(folder)]
+    tops = [d for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith((".", "__"))
+            and any(f.is_file() for f in d.rglob("*"))]
+    for top in tops:
+        inside = [r for r in runs if r == top or top in r.parents]
+        if (top / "expected.json").is_file():  # a case or a finished sample run: exactly one row
+            assert inside == [top], (top, inside)
+        else:
+            assert inside and all(top in r.parents for r in inside), (top, inside)
+    assert len(runs) == sum(1 for r in runs for t in tops if r == t or t in r.parents)
+    sweep = folder / "sweep"
+    if sweep.is_dir():
+        members = sorted(d for d in sweep.iterdir() if d.is_dir() and any(d.glob("*.jsonl")))
+        assert [r for r in runs if sweep in r.parents] == members
 
 
 def test_jobs_1_and_2_give_the_same_rows(root: Path, local_audit, tmp_path: Path) -> None:  # noqa: ANN001
