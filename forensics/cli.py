@@ -111,6 +111,10 @@ def ingest(run_dir: Path, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     run.metrics.write_parquet(output / "metrics.parquet")
     run.events.write_parquet(output / "events.parquet")
+    if run.tensors.height:
+        run.tensors.write_parquet(output / "tensors.parquet")
+    if run.updates.height:
+        run.updates.write_parquet(output / "updates.parquet")
     meta = {
         "run": str(run.run), "meta": run.meta,
         "sources": [s.__dict__ for s in run.sources], "skipped": [s.__dict__ for s in run.skipped],

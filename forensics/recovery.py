@@ -136,7 +136,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     rollback = 1 if epochs else ROLLBACK_MIN
     target = onset - rollback
     first_logged = int(run.metrics.get_column("step").min()) if run.metrics.height else 0  # type: ignore[arg-type]
-    at_resume = cause in ("lr_schedule_reset", "state_not_restored")
+    at_resume = cause in ("lr_schedule_reset", "state_not_restored") or (
+        mechanism == "nonfinite_state" and verified is not None)  # finiteness verified: no margin needed
     hw = cause == "hardware_or_distributed"
     short_margin = False
     if at_resume or hw:
@@ -156,6 +157,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         if short_margin:
             why = (f"the only checkpoint before the onset {onset} ({onset - step} {unit}s before it, less than "
                    f"the {rollback}-{unit} margin PaLM used: keep the trial's first steps under watch)")
+        elif mechanism == "nonfinite_state":
+            why = f"newest checkpoint before the onset {onset} whose tensors are all finite"
         elif at_resume:
             why = f"the checkpoint the faulty resume loaded ({unit} {step}); its weights are fine, the resume was not"
         elif hw:
@@ -212,6 +215,18 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             trials.append(Trial("original horizon", "keep the original total steps / decay horizon of the first "
                                 "launch (max_steps, num_train_epochs, lr-decay-iters)", length, {"keep_horizon": True}))
         do_not.append("do not lower the peak lr: the schedule, not its level, changed")
+    elif cause == "overflow" and mechanism == "nonfinite_state":
+        restore.append("resume from the newest checkpoint whose weights AND optimizer moments are all finite "
+                       "(verified tensor by tensor)")
+        restore.append("if only the moments went bad: keep the weights, rebuild the Adam moments with lr=0 for "
+                       "5/(1-beta2) steps, then resume the schedule")
+        trials.append(Trial("finite checkpoint", "resume unchanged from the verified finite checkpoint and watch the "
+                            "optimizer state (non-finite checks on exp_avg/exp_avg_sq every save)", length, {}))
+        trials.append(Trial("rebuilt moments", "load the weights, reset exp_avg/exp_avg_sq, run lr=0 for 5/(1-beta2) "
+                            "steps, then resume", length, {"reset_optimizer_moments": True}))
+        if fp16:
+            trials.append(Trial("bf16", "train in bf16 instead of fp16", length, {"precision": "bf16"}))
+        do_not.append("never resume from a checkpoint with non-finite weights or optimizer moments")
     elif cause == "overflow":
         module = ev.get("module") if "/" in str(ev.get("metric", "")) else "attention scores (q.k) and softmax"
         trials.append(Trial("bf16", "train in bf16 instead of fp16 (same range as fp32, no loss scaler needed)",

@@ -364,7 +364,7 @@ def load_run(run_dir: str | Path) -> RunData:
 
 def _read_checkpoints(root: Path, run: str, meta: dict[str, Any], skipped: list[Skip]) -> tuple[Any, Any]:
     """The ``tensors``/``updates`` tables of the run's checkpoints (empty, after a walk of names, when none)."""
-    from forensics.checkpoints import read_checkpoints
+    from parsers.checkpoints import read_checkpoints
 
     try:
         tensors, updates, ck_meta, ck_skipped = read_checkpoints(root, run)

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from forensics.checkpoints import read_checkpoints
+from parsers.checkpoints import read_checkpoints
 from forensics.model import RunData
 from parsers import safetensors_ckpt as sc
 from parsers import torch_ckpt as tc
