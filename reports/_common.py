@@ -161,3 +161,14 @@ def environment(autoescape: bool) -> jinja2.Environment:
         key_evidence=key_evidence, pretty_json=pretty_json, onset_label=onset_label,
     )
     return env
+
+
+def dispatch(result: dict[str, Any], fmt: str, renderers: Mapping[str, Any]) -> str:
+    """Render ``result`` with ``renderers[fmt]`` (a callable taking the result).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    if fmt not in renderers:
+        raise ValueError(f"unknown format {fmt!r} (one of {', '.join(renderers)})")
+    return str(renderers[fmt](result))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from markupsafe import Markup
 
 import forensics
-from reports._common import compact, environment, fmt_conf, md_cell, plain
+from reports._common import compact, dispatch, environment, fmt_conf, md_cell, plain
 
 if TYPE_CHECKING:
     from forensics.model import RunData
@@ -151,10 +151,4 @@ def render(result: dict[str, Any], fmt: str) -> str:
     Raises:
         ValueError: an unknown format.
     """
-    if fmt == "json":
-        return render_json(result)
-    if fmt == "markdown":
-        return render_markdown(result)
-    if fmt == "html":
-        return render_html(result)
-    raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown})

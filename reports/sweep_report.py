@@ -16,7 +16,7 @@ from typing import Any
 from markupsafe import Markup
 
 import forensics
-from reports._common import environment, fmt_num, md_cell, plain
+from reports._common import dispatch, environment, fmt_num, md_cell, plain
 
 FORMATS = ("html", "json", "markdown")
 _COLORS = ("#1f5fa8", "#c62828", "#2e7d32", "#8e44ad", "#b9770e", "#00838f", "#ad1457", "#5d4037")
@@ -141,10 +141,4 @@ def render(result: dict[str, Any], fmt: str) -> str:
     Raises:
         ValueError: an unknown format.
     """
-    if fmt == "json":
-        return render_json(result)
-    if fmt == "markdown":
-        return render_markdown(result)
-    if fmt == "html":
-        return render_html(result)
-    raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown})
