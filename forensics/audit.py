@@ -13,7 +13,8 @@ With a baseline (a previous ``summary.json``) each finding is ``new``, ``known``
 its fingerprint ``cause/mechanism/@onset-bucket``. Runs of one configuration (a cohort) are
 compared: onset step and spike count (``SP01`` findings) as a robust z (median/MAD) in the cohort.
 
-Run discovery (:func:`forensics.audit_runs.find_runs`) is documented there.
+Run discovery (:func:`forensics.audit_runs.find_runs`) is documented there; the analysis of one run
+is :func:`forensics.audit_worker.work`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forensics.audit_runs import RunTask, error_row, find_runs, list_runs, work
+from forensics.audit_runs import RunTask, find_runs, list_runs
+from forensics.audit_worker import error_row, work
 from forensics.errors import InputError
 
 __all__ = ["COLUMNS", "AuditResult", "audit", "find_runs", "load_baseline"]
@@ -210,7 +212,7 @@ def _execute_dask(tasks: list[RunTask], scheduler: str):  # noqa: ANN202 - gener
     except ImportError as exc:
         raise InputError(None, "--scheduler needs Dask: pip install 'train-forensics[distributed]'") from exc
     try:
-        client = Client(scheduler, timeout="20s")
+        client = Client(scheduler, timeout="10s")
     except (OSError, TimeoutError) as exc:
         raise InputError(scheduler, f"cannot reach the Dask scheduler: {exc}") from exc
     with client:
@@ -226,7 +228,7 @@ def _execute_dask(tasks: list[RunTask], scheduler: str):  # noqa: ANN202 - gener
 
 
 def _failed(task: RunTask, message: str) -> dict[str, Any]:
-    return {"row": error_row(task, message), "reports": {}}
+    return {"row": error_row(task, message), "reports": {}, "cacheable": False}
 
 
 # --------------------------------------------------------------------------- cache and reports
@@ -262,6 +264,9 @@ def _store(out: Path, task: RunTask, res: Mapping[str, Any]) -> dict[str, Any]:
             (folder / f"report.{_EXT[fmt]}").write_text(text, encoding="utf-8")
             written.append(fmt)
     row["report"] = _link(task.name, written)
+    if not res.get("cacheable"):  # a lost worker or a failed download: try again next time
+        _cache_path(out, task).unlink(missing_ok=True)
+        return row
     entry = {"key": task.key, "formats": written, "row": row}
     tmp = _cache_path(out, task).with_suffix(".tmp")
     tmp.write_text(json.dumps(entry, allow_nan=False), encoding="utf-8")

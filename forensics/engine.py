@@ -30,7 +30,7 @@ MIN_CAUSE_CONF = 0.5
 PATH_WINDOW = 128
 """Departures this many steps before a cause's first finding still count as its onset."""
 
-_PRECURSORS = ("GN01", "SP01", "DV01", "NF01")
+_PRECURSORS = ("GN01", "SP01", "DV01", "NF01", "ST01")
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,14 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
 
     nf = [f for f in by_code.get("NF01", []) if not f.evidence.get("recovered")]
     dv = by_code.get("DV01", [])
+    stall = by_code.get("ST01", [])
     spikes = by_code.get("SP01", [])
     unrecovered = [f for f in spikes if f.evidence.get("recovered_step") is None]
     failure_step = None
     marks = [f.step for f in nf + dv + unrecovered if f.step is not None]
     if marks:
         failure_step = min(marks)
-    failed = bool(nf or dv or unrecovered)
+    failed = bool(nf or dv or unrecovered or stall)
 
     cause_f = [f for f in findings if f.cause and f.cause != "unknown"]
     families: dict[str, list[Finding]] = {}

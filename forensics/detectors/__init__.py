@@ -25,6 +25,7 @@ from forensics.detectors.nonfinite import NonFinite
 from forensics.detectors.notes import NotesAttempts
 from forensics.detectors.output_logits import OutputLogitDivergence
 from forensics.detectors.precursor import PrecursorDrift
+from forensics.detectors.stall import NoProgress
 from forensics.detectors.update_ratio import UpdateScaleGrowth
 
 DETECTORS: tuple[Detector, ...] = (
@@ -33,6 +34,7 @@ DETECTORS: tuple[Detector, ...] = (
     LossSpike(),
     GradNormDeparture(),
     LossDivergence(),
+    NoProgress(),
     LossScaleCollapse(),
     ActivationOverflow(),
     LRScheduleReset(),

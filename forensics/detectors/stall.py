@@ -1,0 +1,60 @@
+"""ST01 loss.no_progress: a run trained from the start whose loss never goes down.
+
+Rule (detectors.md D14; smdebug ``LossNotDecreasing``): the log starts near step 0 (first
+logged step <= ``max_first_step``), has at least ``min_points`` loss points, and the median of
+its last 10% of losses is not below ``min_drop`` (2%) under the median of its first 5%. A run
+from scratch always lowers its loss within a few hundred steps; one that does not is stuck
+(lr of zero, frozen parameters, an optimizer that never steps, or a collapse to the uniform
+prediction at a far too high lr). Late excerpts of long runs (first step beyond
+``max_first_step``) are not judged: their loss is meant to be nearly flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forensics.detectors.base import Detector, fmt
+from forensics.model import Finding, RunData
+
+
+@dataclass(frozen=True)
+class NoProgress(Detector):
+    """A from-scratch run whose loss never decreases."""
+
+    code = "ST01"
+    name = "loss.no_progress"
+    requires = ("loss",)
+    max_first_step: int = 100
+    min_points: int = 50
+    min_drop: float = 0.02
+
+    def detect(self, run: RunData) -> list[Finding]:
+        """At most one finding, with the lr evidence that separates the likely reasons."""
+        s = run.series("loss")
+        if s is None or len(s) < self.min_points or int(s.steps[0]) > self.max_first_step:
+            return []
+        v = s.values[np.isfinite(s.values)]
+        if v.size < self.min_points:
+            return []
+        head = float(np.median(v[: max(3, v.size // 20)]))
+        tail = float(np.median(v[-max(3, v.size // 10):]))
+        if tail < head * (1 - self.min_drop):
+            return []
+        ev: dict[str, object] = {"loss_first": head, "loss_last": tail, "points": int(v.size)}
+        lr = run.series("lr")
+        hint = ""
+        if lr is not None and len(lr):
+            lv = lr.values[np.isfinite(lr.values)]
+            if lv.size:
+                ev["lr_max"] = float(lv.max())
+                if float(lv.max()) == 0.0:
+                    hint = "; the lr is zero throughout"
+        return [self.finding(
+            cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=0.7,
+            severity="high",
+            message=f"the loss does not go down: {fmt(head)} at the start, {fmt(tail)} at the end of "
+            f"{v.size} points{hint}.",
+            evidence=ev,
+        )]
