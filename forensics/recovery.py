@@ -20,6 +20,9 @@ from forensics.model import RecoveryPlan, RunData, Trial
 
 _CKPT_PATH = re.compile(r"\S*(?:checkpoint|ckpt|global_step)\S*\d\S*", re.I)
 
+CLIP_BITES = 5.0
+"""Above this pre-onset median grad norm, clipping at 1.0 would rescale every step: not proposed."""
+
 ROLLBACK_MIN = 100
 """Steps before the onset the resume point must be at least (PaLM section 5.1)."""
 
@@ -187,10 +190,10 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     warm = int(stats.get("warmup_steps", 0) or 0)
     rewarm = max(50, min(warm, 2000)) if warm else 100
     gmed = stats.get("grad_norm_median")
-    clip: float | None = 1.0 if gmed is None or gmed < 1.0 else None
+    clip: float | None = 1.0 if gmed is None or gmed < CLIP_BITES else None
     clip_text = ("global-norm clipping 1.0" if clip else
                  f"the run's current clipping (pre-onset grad norms, median {_g(gmed or 0)}, are far above 1.0: "
-                 "clipping at 1.0 would clip every step)")
+                 "a threshold of 1.0 would rescale every step)")
     crit = _criteria(stats, length, unit=unit, hardware=cause == "hardware_or_distributed")
     from forensics.detectors.activation_overflow import is_fp16
     from forensics.detectors.notes import read_notes
@@ -346,6 +349,12 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     if "skip_data" in failed_remedies and cause != "data_batch":
         do_not.append("do not skip data again: the notes record data skips that did not help ("
                       + _clip_words(failed_remedies["skip_data"][0], 120) + ")")
+    if resume.get("checkpoint") is None and resume.get("step") == 0:
+        # a restart from scratch: nothing to restore, keep everything else identical across arms
+        restore = [r for r in restore if "checkpoint" not in r and "resum" not in r]
+        restore.append("start every arm from the same initialisation and data order (same seed) so they compare")
+        trials = [Trial(t.name, t.change.replace(" and resume", " and rerun from the start"), t.steps, t.settings)
+                  for t in trials]
     trials = [_with_launch_args(t, str(run.meta.get("framework") or ""), resume) for t in
               {t.name: t for t in trials}.values()]
     return RecoveryPlan(resume_from=resume, restore=tuple(restore), trials=tuple(trials[:4]),
