@@ -1,26 +1,33 @@
 """The engine: runs the detectors, picks the onset and the cause, asks for a recovery plan.
 
-Detectors report; the engine decides (STYLE.md item 5). Decision rules, in order:
+Detectors report; the engine decides (STYLE.md item 5). The rules, each one function:
 
-1. *Cause findings* (a cause family with confidence >= ``min_cause_conf``) are grouped per
-   family; a family's score is the noisy-OR of its findings' confidences, lowered by evidence
-   against it (a precursor before a "bad batch", an explicit override for an lr change).
-2. Lead-lag decides between families whose findings coexist: the family whose earliest
-   finding comes first explains the later ones, except that fp16 evidence (loss-scale
-   collapse, skipped steps) makes it ``overflow`` when update growth is all there is
-   before it (tiny-runs.md: the fp16 evidence is what distinguishes it).
-3. The onset is the earliest step over ALL the findings on the causal path of the chosen
-   cause: its own findings and the departures (grad norm, loss, divergence) that start at or
-   after the cause's first finding minus a window (DESIGN.md section 4).
-4. Verdict: ``anomaly`` when a cause is chosen or the run failed (NaN, divergence, unrecovered
-   spike: cause ``unknown`` when nothing explains it); ``transient`` when every departure
-   recovered by itself and nothing else fired; ``healthy`` otherwise.
+1. ``_family_hypotheses``: cause findings are grouped per family; a family's score is the
+   noisy-OR of its findings' confidences, lowered by evidence against it (a precursor before a
+   "bad batch", a spike that recovered by itself).
+2. ``_apply_notes``: remedies the run folder's notes say already failed halve the cause they address.
+3. ``_slow_divergence``: a loss that turns and keeps rising with no other explanation is update
+   growth (detectors.md D13).
+4. ``_choose``: lead-lag between strong families (the earliest explains the later ones), with
+   the symptom/cause corrections of DESIGN.md section 4: fp16 evidence makes growth an
+   ``overflow``; a loss-scale collapse that follows a grad-norm departure is update growth; a
+   deliberate lr change is no fault; growth after an lr reset is its consequence; "lr too high"
+   is dropped when the notes say lower lrs failed.
+5. ``_onset``: the earliest step over all findings on the causal path of the chosen cause (its
+   own findings, growth before an overflow, a grad-norm departure just before).
+
+Verdict: ``anomaly`` when a cause is chosen or the run failed (NaN for good, divergence,
+unrecovered spike, no progress: cause ``unknown`` when nothing explains it); ``transient`` when
+every departure recovered by itself; ``healthy`` otherwise. :func:`decide` also analyses the
+attempts a restart rolled back.
 """
 
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+
+import numpy as np
 
 from forensics.detectors import DETECTORS, Detector
 from forensics.model import Finding, Hypothesis, RunData, Skip
@@ -123,44 +130,56 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
                     (note, *best.findings), tuple(dict.fromkeys(best.skipped + full.skipped)), best.failure_step)
 
 
-def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
-    """Run the detectors on the effective timeline of ``run`` and decide verdict, cause, onset."""
-    findings, skipped = run_detectors(run, detectors)
-    findings.sort(key=lambda f: (f.step if f.step is not None else 1 << 62, f.code))
-    by_code: dict[str, list[Finding]] = {}
-    for f in findings:
-        by_code.setdefault(f.code, []).append(f)
+@dataclass
+class _Evidence:
+    """The findings of one timeline, indexed the way the rules need them."""
 
-    nf = [f for f in by_code.get("NF01", []) if not f.evidence.get("recovered")]
-    dv = by_code.get("DV01", [])
-    stall = by_code.get("ST01", [])
-    spikes = by_code.get("SP01", [])
-    unrecovered = [f for f in spikes if f.evidence.get("recovered_step") is None]
-    failure_step = None
-    marks = [f.step for f in nf + dv + unrecovered if f.step is not None]
-    if marks:
-        failure_step = min(marks)
-    failed = bool(nf or dv or unrecovered or stall)
+    run: RunData
+    findings: list[Finding]
+    by_code: dict[str, list[Finding]]
+    families: dict[str, list[Finding]]
+    failed: bool
+    failure_step: int | None
 
-    cause_f = [f for f in findings if f.cause and f.cause != "unknown"]
-    families: dict[str, list[Finding]] = {}
-    for f in cause_f:
-        families.setdefault(f.cause, []).append(f)  # type: ignore[arg-type]
+    @classmethod
+    def build(cls, run: RunData, findings: list[Finding]) -> _Evidence:
+        findings.sort(key=lambda f: (f.step if f.step is not None else 1 << 62, f.code))
+        by_code: dict[str, list[Finding]] = {}
+        for f in findings:
+            by_code.setdefault(f.code, []).append(f)
+        nf = [f for f in by_code.get("NF01", []) if not f.evidence.get("recovered")]
+        unrecovered = [f for f in by_code.get("SP01", []) if f.evidence.get("recovered_step") is None]
+        marks = [f.step for f in nf + by_code.get("DV01", []) + unrecovered if f.step is not None]
+        families: dict[str, list[Finding]] = {}
+        for f in findings:
+            if f.cause and f.cause != "unknown":
+                families.setdefault(f.cause, []).append(f)
+        failed = bool(nf or by_code.get("DV01") or unrecovered or by_code.get("ST01"))
+        return cls(run, findings, by_code, families, failed, min(marks) if marks else None)
 
+    def get(self, code: str) -> list[Finding]:
+        return self.by_code.get(code, [])
+
+    def first_step(self, family: str) -> int:
+        """Earliest step of a family's strong findings (a large number when it has none)."""
+        return min((f.step for f in self.families.get(family, [])
+                    if f.step is not None and f.confidence >= MIN_CAUSE_CONF), default=1 << 62)
+
+
+def _family_hypotheses(ev: _Evidence) -> list[Hypothesis]:
+    """Rule 1: one hypothesis per cause family, noisy-OR of its findings, minus evidence against it."""
     hyps: list[Hypothesis] = []
-    for fam, fs in families.items():
-        strong = [f for f in fs if f.confidence >= MIN_CAUSE_CONF]
+    cause_f = [f for fs in ev.families.values() for f in fs]
+    for fam, fs in ev.families.items():
         score = _noisy_or([f.confidence for f in fs])
         against = [a for f in fs for a in f.against]
-        support = [f"{f.code} step {f.step}: {f.message}" for f in fs]
-        mech = max(fs, key=lambda f: f.confidence).mechanism
         first = min((f.step for f in fs if f.step is not None), default=None)
-        # a bad batch with data that kept training fine is transient, not a fault
-        if fam == "data_batch" and all(f.evidence.get("recovered_step") is not None for f in fs) and not failed:
-            score *= 0.6
-            against.append("every spike recovered by itself")
         if fam == "data_batch":
-            earlier = [f for f in cause_f + dv if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")
+            if all(f.evidence.get("recovered_step") is not None for f in fs) and not ev.failed:
+                score *= 0.6  # a spike that recovered by itself is transient, not a fault
+                against.append("every spike recovered by itself")
+            earlier = [f for f in cause_f + ev.get("DV01")
+                       if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")
                        and f.confidence >= MIN_CAUSE_CONF and f.step is not None and first is not None
                        and f.step < first]
             if earlier:
@@ -168,92 +187,95 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
                 what = earlier[0].cause or earlier[0].name
                 against.append(f"{earlier[0].code} ({what}) departs earlier, at step {earlier[0].step}: "
                                "the spike has a precursor")
-        if not strong:
+        if not any(f.confidence >= MIN_CAUSE_CONF for f in fs):
             score = min(score, MIN_CAUSE_CONF - 0.01)
-        hyps.append(Hypothesis(fam, mech, score, tuple(support[:6]), tuple(dict.fromkeys(against))))
-        del first
+        mech = max(fs, key=lambda f: f.confidence).mechanism
+        support = tuple(f"{f.code} step {f.step}: {f.message}" for f in fs)[:6]
+        hyps.append(Hypothesis(fam, mech, score, support, tuple(dict.fromkeys(against))))
+    return hyps
 
-    # remedies the notes say were tried and failed argue against the cause they address
-    for nf_ in by_code.get("NT01", []):
-        bad = set(nf_.evidence.get("argues_against", []))
+
+def _apply_notes(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """Rule 2: remedies the run's notes say were tried and failed argue against the cause they address."""
+    for note in ev.get("NT01"):
+        bad = set(note.evidence.get("argues_against", []))
         hyps = [Hypothesis(h.cause, h.mechanism, h.confidence * 0.5, h.support,
-                           h.against + tuple(a for a in nf_.against if _addresses(a, h.cause)))
+                           h.against + tuple(a for a in note.against if _addresses(a, h.cause)))
                 if h.cause in bad else h for h in hyps]
+    return hyps
 
-    # a slow divergence that no other family explains: updates too large for the model (D13)
-    if dv and not any(h.confidence >= MIN_CAUSE_CONF for h in hyps):
-        cfg = repr(run.meta.get("config_files", {})).lower()
-        adapter = "adapter_config" in cfg or "lora" in cfg
-        hyps = [h for h in hyps if h.cause != "update_scale_growth"]
-        hyps.append(Hypothesis(
-            "update_scale_growth", "adapter_scale" if adapter else "lr_too_high", 0.55,
-            (f"{dv[0].code} step {dv[0].step}: {dv[0].message}",
-             "the loss turns and keeps rising without a spike: the slow-divergence signature of updates too "
-             "large for the model (detectors.md D13; BigScience 104B 'non-spike diverging')")
-            + (("a LoRA adapter is trained: its effective step scales with alpha/rank",) if adapter else ()),
-            ("no grad-norm, update-ratio or attention-logit series confirms the growth",),
-        ))
-        families.setdefault("update_scale_growth", []).append(
-            Finding(dv[0].code, dv[0].name, "update_scale_growth", None, dv[0].step, dv[0].segment, 0.55,
-                    dv[0].severity, dv[0].message, dv[0].evidence))
 
-    # lead-lag: earliest strong family explains later ones; fp16 evidence makes growth an overflow
-    def first_step(fam: str) -> int:
-        return min((f.step for f in families.get(fam, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF),
-                   default=1 << 62)
+def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """Rule 3: a divergence no family explains is updates too large for the model (detectors.md D13)."""
+    dv = ev.get("DV01")
+    if not dv or any(h.confidence >= MIN_CAUSE_CONF for h in hyps):
+        return hyps
+    cfg = repr(ev.run.meta.get("config_files", {})).lower()
+    adapter = "adapter_config" in cfg or "lora" in cfg
+    d = dv[0]
+    ev.families.setdefault("update_scale_growth", []).append(
+        Finding(d.code, d.name, "update_scale_growth", None, d.step, d.segment, 0.55, d.severity, d.message,
+                d.evidence))
+    return [h for h in hyps if h.cause != "update_scale_growth"] + [Hypothesis(
+        "update_scale_growth", "adapter_scale" if adapter else "lr_too_high", 0.55,
+        (f"{d.code} step {d.step}: {d.message}",
+         "the loss turns and keeps rising without a spike: the slow-divergence signature of updates too "
+         "large for the model (detectors.md D13; BigScience 104B 'non-spike diverging')")
+        + (("a LoRA adapter is trained: its effective step scales with alpha/rank",) if adapter else ()),
+        ("no grad-norm, update-ratio or attention-logit series confirms the growth",),
+    )]
 
-    strong_fams = [h for h in hyps if h.confidence >= MIN_CAUSE_CONF]
-    chosen: Hypothesis | None = None
-    if strong_fams:
-        ordered = sorted(strong_fams, key=lambda h: (first_step(h.cause), -h.confidence))
-        chosen = ordered[0]
-        fams = {h.cause for h in strong_fams}
-        if "overflow" in fams and chosen.cause == "update_scale_growth":
-            chosen = next(h for h in strong_fams if h.cause == "overflow")
-        # a loss-scale collapse after a grad-norm departure is a symptom of growing updates
-        if chosen.cause == "overflow" and chosen.mechanism == "loss_scale_collapse":
-            ov_step = first_step("overflow")
-            pre = [f for f in findings if f.code in ("GN01", "UP01", "AT01") and f.step is not None
-                   and f.step < ov_step and f.confidence >= MIN_CAUSE_CONF]
-            if pre:
-                g = pre[0]
-                growth = Hypothesis(
-                    "update_scale_growth", "lr_too_high", 0.7,
-                    (f"{g.code} step {g.step}: {g.message}",
-                     f"the loss scale collapses only later, from step {ov_step}"),
-                    (),
-                )
-                demoted = Hypothesis(chosen.cause, chosen.mechanism, min(chosen.confidence, 0.45), chosen.support,
-                                     chosen.against + (f"the collapse follows a {g.name} departure at step {g.step}: "
-                                                       "overflow is the symptom, growing updates the cause",))
-                hyps = [demoted if h is chosen else h for h in hyps if h.cause != "update_scale_growth"] + [growth]
-                families.setdefault("update_scale_growth", []).append(g)
-                chosen = growth
-                strong_fams = [h for h in hyps if h.confidence >= MIN_CAUSE_CONF]
-                ordered = [growth]
-        # lr changes that were deliberate are never the chosen fault
-        if chosen.cause == "lr_schedule_reset" and chosen.mechanism == "intentional_change":
-            rest = [h for h in ordered if h is not chosen]
-            chosen = rest[0] if rest else None
-        if chosen is not None and chosen.cause == "data_batch" and len(ordered) > 1:
-            growth = [h for h in ordered if h.cause in ("update_scale_growth", "overflow")
-                      and first_step(h.cause) < first_step("data_batch")]
-            if growth:
-                chosen = growth[0]
 
+def _choose(ev: _Evidence, hyps: list[Hypothesis]) -> tuple[Hypothesis | None, list[Hypothesis]]:
+    """Rule 4: lead-lag between strong families, with the symptom/cause corrections of DESIGN.md section 4."""
+    strong = sorted((h for h in hyps if h.confidence >= MIN_CAUSE_CONF),
+                    key=lambda h: (ev.first_step(h.cause), -h.confidence))
+    if not strong:
+        return None, hyps
+    chosen: Hypothesis | None = strong[0]
+    fams = {h.cause for h in strong}
+    # fp16 evidence distinguishes an overflow from plain update growth (tiny-runs.md)
+    if "overflow" in fams and chosen.cause == "update_scale_growth":
+        chosen = next(h for h in strong if h.cause == "overflow")
+    # a loss-scale collapse after a grad-norm departure is a symptom of growing updates
+    if chosen.cause == "overflow" and chosen.mechanism == "loss_scale_collapse":
+        ov_step = ev.first_step("overflow")
+        pre = [f for f in ev.findings if f.code in ("GN01", "UP01", "AT01") and f.step is not None
+               and f.step < ov_step and f.confidence >= MIN_CAUSE_CONF]
+        if pre:
+            g = pre[0]
+            growth = Hypothesis("update_scale_growth", "lr_too_high", 0.7,
+                                (f"{g.code} step {g.step}: {g.message}",
+                                 f"the loss scale collapses only later, from step {ov_step}"), ())
+            demoted = Hypothesis(chosen.cause, chosen.mechanism, min(chosen.confidence, 0.45), chosen.support,
+                                 chosen.against + (f"the collapse follows a {g.name} departure at step {g.step}: "
+                                                   "overflow is the symptom, growing updates the cause",))
+            hyps = [demoted if h is chosen else h for h in hyps if h.cause != "update_scale_growth"] + [growth]
+            ev.families.setdefault("update_scale_growth", []).append(g)
+            chosen, strong = growth, [growth]
+    # a deliberate lr change is never the chosen fault
+    if chosen.cause == "lr_schedule_reset" and chosen.mechanism == "intentional_change":
+        rest = [h for h in strong if h is not chosen]
+        chosen = rest[0] if rest else None
+    # a "bad batch" that growth precedes is the growth's spike
+    if chosen is not None and chosen.cause == "data_batch" and len(strong) > 1:
+        growth_h = [h for h in strong if h.cause in ("update_scale_growth", "overflow")
+                    and ev.first_step(h.cause) < ev.first_step("data_batch")]
+        if growth_h:
+            chosen = growth_h[0]
     # growth that starts after an lr reset is its consequence, not a second cause
     if chosen is not None and chosen.cause == "lr_schedule_reset":
-        lr_step = first_step("lr_schedule_reset")
+        lr_step = ev.first_step("lr_schedule_reset")
         hyps = [Hypothesis(h.cause, h.mechanism, min(h.confidence, 0.4), h.support,
                            h.against + (f"starts after the lr discontinuity at step {lr_step}: a consequence of "
                                         "the larger lr",))
-                if h.cause == "update_scale_growth" and first_step(h.cause) > lr_step else h for h in hyps]
+                if h.cause == "update_scale_growth" and ev.first_step(h.cause) > lr_step else h for h in hyps]
         chosen = next(h for h in hyps if h.cause == "lr_schedule_reset")
-
     # lower learning rates already tried and failed (notes): "lr too high" is not an explanation
-    failed_lr = any("lower_lr" in f.evidence.get("failed_remedies", {}) for f in by_code.get("NT01", []))
-    if chosen is not None and chosen.cause == "update_scale_growth" and chosen.mechanism == "lr_too_high" and failed_lr:
-        ideas = {k for f in by_code.get("NT01", []) for k in f.evidence.get("ideas", {})}
+    failed_lr = any("lower_lr" in f.evidence.get("failed_remedies", {}) for f in ev.get("NT01"))
+    if chosen is not None and chosen.cause == "update_scale_growth" and chosen.mechanism == "lr_too_high" \
+            and failed_lr:
+        ideas = {k for f in ev.get("NT01") for k in f.evidence.get("ideas", {})}
         demoted = Hypothesis(chosen.cause, chosen.mechanism, min(chosen.confidence, 0.45), chosen.support,
                              chosen.against + ("the notes record lower learning rates that failed the same way",))
         unknown = Hypothesis("unknown", "init_scale" if "init_std" in ideas else None, 0.5,
@@ -261,61 +283,67 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
                              + (("the notes point to the initialisation scale as the open lead",)
                                 if "init_std" in ideas else ()), ())
         hyps = [demoted if h is chosen else h for h in hyps] + [unknown]
-        families.setdefault("unknown", list(families.get("update_scale_growth", [])))
+        ev.families.setdefault("unknown", list(ev.families.get("update_scale_growth", [])))
         chosen = unknown
+    return chosen, hyps
 
-    # rank hypotheses: chosen first, then by score
+
+def _onset(ev: _Evidence, cause: str, fallback: int | None) -> int | None:
+    """Rule 5: the earliest step on the causal path of the chosen cause."""
+    own = [f.step for f in ev.families.get(cause, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
+    onset = min(own) if own else fallback
+    if onset is None:
+        return None
+    if cause == "overflow":  # overflow caused by growing updates: the growth's onset counts
+        growth = [f.step for f in ev.families.get("update_scale_growth", [])
+                  if f.step is not None and f.confidence >= MIN_CAUSE_CONF and f.step < onset]
+        if growth:
+            onset = min(growth)
+    for f in ev.get("GN01"):  # a grad-norm departure just before leads the cause's first finding
+        if f.step is not None and onset - PATH_WINDOW <= f.step < onset and (
+                ev.failure_step is None or f.step <= ev.failure_step):
+            onset = f.step
+    return onset
+
+
+def _segment_of(ev: _Evidence, step: int) -> int:
+    seg = next((f.segment for f in ev.findings if f.step == step and f.segment is not None), None)
+    if seg is not None:
+        return int(seg)
+    s = ev.run.series("loss") or ev.run.series("lr")
+    if s is None or not len(s):
+        return 0
+    k = min(int(np.searchsorted(s.steps, step)), len(s) - 1)
+    return int(s.segments[k])
+
+
+def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
+    """Run the detectors on the effective timeline of ``run`` and decide verdict, cause, onset."""
+    findings, skipped = run_detectors(run, detectors)
+    ev = _Evidence.build(run, findings)
+    hyps = _slow_divergence(ev, _apply_notes(ev, _family_hypotheses(ev)))
+    chosen, hyps = _choose(ev, hyps)
     hyps.sort(key=lambda h: (h is not chosen, -h.confidence))
 
-    verdict = "healthy"
-    cause = mechanism = None
-    confidence = 1.0
-    onset_step: int | None = None
+    verdict, cause, mechanism, confidence, onset_step = "healthy", None, None, 1.0, None
+    spikes = ev.get("SP01")
     if chosen is not None:
         verdict, cause, mechanism, confidence = "anomaly", chosen.cause, chosen.mechanism, chosen.confidence
-        own = [f.step for f in families.get(chosen.cause, []) if f.step is not None and f.confidence >= MIN_CAUSE_CONF]
-        onset_step = min(own) if own else failure_step
-        # overflow caused by growing updates: the growth is on the causal path, its onset counts
-        if cause == "overflow":
-            growth = [f.step for f in families.get("update_scale_growth", [])
-                      if f.step is not None and f.confidence >= MIN_CAUSE_CONF and onset_step is not None
-                      and f.step < onset_step]
-            if growth:
-                onset_step = min(growth)
-        # departures on the causal path just before the cause's first finding
-        for f in findings:
-            if f.code in _PRECURSORS[:1] and f.step is not None and onset_step is not None:
-                if onset_step - PATH_WINDOW <= f.step < onset_step and (failure_step is None or f.step <= failure_step):
-                    onset_step = f.step
-        if cause == "data_batch" and not failed and all(
-            f.evidence.get("recovered_step") is not None for f in families["data_batch"]
-        ):
+        onset_step = _onset(ev, chosen.cause, ev.failure_step)
+        if cause == "data_batch" and not ev.failed and all(
+                f.evidence.get("recovered_step") is not None for f in ev.families["data_batch"]):
             verdict = "transient"
-    elif failed:
-        verdict, cause, mechanism = "anomaly", "unknown", None
-        onset_step = min(f.step for f in findings if f.code in _PRECURSORS and f.step is not None)
-        confidence = 0.3
+    elif ev.failed:
+        verdict, cause, confidence = "anomaly", "unknown", 0.3
+        onset_step = min(f.step for f in ev.findings if f.code in _PRECURSORS and f.step is not None)
         hyps.insert(0, Hypothesis("unknown", None, 0.3,
                                   ("the run failed (non-finite or diverging loss) but no detector names a cause",),
                                   ()))
     elif spikes:
-        verdict, cause = "transient", "unknown"
+        verdict, cause, confidence = "transient", "unknown", 0.4
         onset_step = min(f.step for f in spikes if f.step is not None)
-        confidence = 0.4
     if verdict == "healthy":
         confidence = 1.0 - max((h.confidence for h in hyps), default=0.0)
-        cause = mechanism = None
-    onset = None
-    if onset_step is not None:
-        seg = next((f.segment for f in findings if f.step == onset_step and f.segment is not None), None)
-        if seg is None:
-            s = run.series("loss") or run.series("lr")
-            seg = 0
-            if s is not None and len(s):
-                import numpy as np
-
-                k = min(int(np.searchsorted(s.steps, onset_step)), len(s) - 1)
-                seg = int(s.segments[k])
-        onset = {"step": int(onset_step), "segment": int(seg)}
-    return Decision(verdict, cause, mechanism, float(confidence), onset, tuple(hyps), tuple(findings),
-                    tuple(skipped), failure_step)
+    onset = {"step": int(onset_step), "segment": _segment_of(ev, onset_step)} if onset_step is not None else None
+    return Decision(verdict, cause, mechanism, float(confidence), onset, tuple(hyps), tuple(ev.findings),
+                    tuple(skipped), ev.failure_step)
