@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -25,6 +27,25 @@ _FORMATS = ("html", "json", "markdown", "text")
 def _fail(message: str) -> None:
     click.echo(f"forensics: error: {message}", err=True)
     sys.exit(EXIT_ERROR)
+
+
+@contextmanager
+def _errors(path: object) -> Iterator[None]:
+    """The one place errors become a one-line message and exit 2 (STYLE.md item 7).
+
+    Project errors carry their path; OS errors get the file they name (or ``path``); anything
+    else is an internal error, still one line (``FORENSICS_DEBUG=1`` re-raises it).
+    """
+    try:
+        yield
+    except ForensicsError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{getattr(exc, 'filename', None) or path}: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - never a traceback on the terminal
+        if os.environ.get("FORENSICS_DEBUG"):
+            raise
+        _fail(f"{path}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,7 +65,7 @@ def main() -> None:
 @click.option("--strict", is_flag=True, help="Exit 2 when any input was skipped or damaged.")
 def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
-    try:
+    with _errors(run_dir):
         from forensics.api import analyze_run, load
         from reports import ReportFormat, render
 
@@ -68,17 +89,6 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
         if output is not None:
             click.echo(f"report written to {output}", err=True)
-    except ForensicsError as exc:
-        _fail(str(exc))
-        return
-    except OSError as exc:
-        _fail(f"{getattr(exc, 'filename', None) or run_dir}: {exc.strerror or exc}")
-        return
-    except Exception as exc:  # noqa: BLE001 - never a traceback on the terminal (FORENSICS_DEBUG=1 shows it)
-        if os.environ.get("FORENSICS_DEBUG"):
-            raise
-        _fail(f"{run_dir}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)")
-        return
     if strict and run.skipped:
         click.echo(f"forensics: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
                    f"{run.skipped[0].what}: {run.skipped[0].reason}", err=True)
@@ -101,13 +111,10 @@ def ingest(run_dir: Path, output: Path) -> None:
     """Write the run's Arrow tables as Parquet (metrics, events) plus run.json."""
     import json
 
-    try:
+    with _errors(run_dir):
         from forensics.api import load
 
         run = load(run_dir)
-    except ForensicsError as exc:
-        _fail(str(exc))
-        return
     output.mkdir(parents=True, exist_ok=True)
     run.metrics.write_parquet(output / "metrics.parquet")
     run.events.write_parquet(output / "events.parquet")
@@ -150,15 +157,9 @@ def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: P
     """Audit every run folder under ROOT (a folder or an fsspec URL): reports, index, summary."""
     from forensics.audit import audit as run_audit
 
-    try:
+    with _errors(root):
         res = run_audit(root, output, jobs=jobs, scheduler=scheduler, baseline=baseline,
                         use_cache=not no_cache, progress=True)
-    except ForensicsError as exc:
-        _fail(str(exc))
-        return
-    except OSError as exc:
-        _fail(f"{getattr(exc, 'filename', None) or root}: {exc.strerror or exc}")
-        return
     bad = sum(r["verdict"] == "anomaly" for r in res.rows)
     new = sum(r["verdict"] == "anomaly" and r["status"] == "new" for r in res.rows)
     click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "
@@ -185,7 +186,7 @@ def _emit(payload: str, output: Path | None) -> None:
               help="Where to write the report (default: stdout; for html ./forensics-compare.html).")
 def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
     """What changed between a PROXY run and its TARGET, where they parted, and the trial to test it."""
-    try:
+    with _errors(proxy):
         from forensics.compare import compare as run_compare
         from reports.compare_report import render as render_compare
 
@@ -197,14 +198,6 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
         where = f"{dep['signal']} at step {dep['step']}" if dep else "none"
         what = (top["setting"] or top["mechanism"]) if top else "none"
         click.echo(f"departure: {where}; top explanation: {what}", err=True)
-    except ForensicsError as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"{getattr(exc, 'filename', None) or proxy}: {exc.strerror or exc}")
-    except Exception as exc:  # noqa: BLE001 - one line, no traceback (FORENSICS_DEBUG=1 shows it)
-        if os.environ.get("FORENSICS_DEBUG"):
-            raise
-        _fail(f"{proxy} vs {target}: internal error {type(exc).__name__}: {exc}")
 
 
 @main.command()
@@ -217,7 +210,7 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
               help="Width to extrapolate the attention-logit and grad-norm trends to.")
 def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None) -> None:
     """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
-    try:
+    with _errors(root):
         from forensics.sweep import sweep as run_sweep
         from reports.sweep_report import render as render_sweep
 
@@ -229,11 +222,3 @@ def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None)
             key = ", ".join(f"{k}={v}" for k, v in g["key"].items()) or "all runs"
             click.echo(f"{key}: LR sensitivity {g['lr_sensitivity']:.3f}, largest stable lr "
                        f"{g['largest_stable_lr']}, best lr {g['best_lr']}", err=True)
-    except ForensicsError as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"{getattr(exc, 'filename', None) or root}: {exc.strerror or exc}")
-    except Exception as exc:  # noqa: BLE001 - one line, no traceback (FORENSICS_DEBUG=1 shows it)
-        if os.environ.get("FORENSICS_DEBUG"):
-            raise
-        _fail(f"{root}: internal error {type(exc).__name__}: {exc}")
