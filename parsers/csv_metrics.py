@@ -50,7 +50,7 @@ def sniff(path: Path) -> bool:
     try:
         suffix = path.suffix.lower()
         if suffix == ".csv" and path.is_file():
-            with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
                 header = next(csv.reader(io.StringIO(fh.readline())), [])
             return _step_column([h.strip() for h in header]) is not None
         if suffix == ".parquet" and path.is_file():
@@ -126,7 +126,7 @@ def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], ste
 
 
 def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    text = path.read_bytes().decode("utf-8-sig", errors="replace")
     lines = text.splitlines(keepends=True)
     if not lines:
         raise ParseError(rel, "empty CSV file")

@@ -47,10 +47,46 @@ def sniff(path: Path) -> bool:
 
 def _load(path: Path) -> dict[str, Any] | None:
     try:
-        d = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        d = json.loads(path.read_text(encoding="utf-8-sig", errors="replace"))
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
+
+
+def _salvage(path: Path) -> tuple[dict[str, Any], int, str] | None:
+    """A damaged file's usable part: ``(state, byte offset of the damage, what it is)``, or ``None``.
+
+    A complete document followed by other bytes is kept whole; a cut or corrupt one keeps the complete
+    ``log_history`` entries before the damage (the keys after ``log_history`` are lost).
+    """
+    try:
+        text = path.read_text(encoding="utf-8-sig", errors="replace")
+    except OSError:
+        return None
+    dec = json.JSONDecoder()
+    try:
+        d, i = dec.raw_decode(text, len(text) - len(text.lstrip()))
+        if isinstance(d, dict):
+            return d, len(text[:i].encode()), "bytes after the JSON document ignored"
+    except ValueError:
+        pass
+    m = re.search(r'"log_history"\s*:\s*\[', text)
+    if m is None:
+        return None
+    entries, i = [], m.end()
+    while True:
+        i += len(text[i:]) - len(text[i:].lstrip())
+        try:
+            entry, i = dec.raw_decode(text, i)
+        except ValueError:
+            break
+        entries.append(entry)
+        i += len(text[i:]) - len(text[i:].lstrip())
+        if text[i:i + 1] != ",":
+            break
+        i += 1
+    why = f"cut or corrupt JSON: the {len(entries)} complete log_history entries before this point kept"
+    return {"log_history": entries}, len(text[:i].encode()), why
 
 
 def _order(path: Path, state: dict[str, Any] | None) -> tuple[float, int]:
@@ -124,12 +160,15 @@ def read(path: Path, root: Path) -> ParseResult:
     """
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     state = _load(path)
+    skipped: list[Skip] = []
+    if state is None and (found := _salvage(path)) is not None:
+        state, at, why = found
+        skipped.append(Skip(f"{rel}:{at}", why))
     if state is None or not isinstance(state.get("log_history"), list):
         raise ParseError(rel, "not a trainer_state.json: invalid JSON or no log_history list")
     meta: dict[str, Any] = {k: state[k] for k in _META_KEYS if k in state}
     meta["framework"] = "hf_trainer"
     rows = Rows(rel)
-    skipped: list[Skip] = []
     newest = _newest(path, state)
     beyond = -math.inf
     if newest is not None:
@@ -143,7 +182,7 @@ def read(path: Path, root: Path) -> ParseResult:
             skipped.append(Skip(f"{rel}:log_history[{i}]", "entry is not an object"))
             continue
         step = entry.get("step")
-        if isinstance(step, bool) or not isinstance(step, (int, float)):
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not -(1 << 63) <= step < 1 << 63:
             skipped.append(Skip(f"{rel}:log_history[{i}]", "entry without a numeric step"))
             continue
         step = int(step)

@@ -205,7 +205,7 @@ class _State:
                 self.meta["session_starts"] = self.meta.get("session_starts", 0) + 1
                 if self.new_segment():
                     self.events.append((len(self.seg_starts) - 1, step, "SessionLog START (resumed)"))
-        for kind in ["graph"] * len(m.get(4, ()) + m.get(9, ())) + ["run_metadata"] * len(m.get(8, ())):
+        for kind in ["graph"] * (len(m.get(4, ())) + len(m.get(9, ()))) + ["run_metadata"] * len(m.get(8, ())):
             self.non_scalar[kind] = self.non_scalar.get(kind, 0) + 1
 
     def summary(self, p: bytes, s: int, end: int, step: int, wall: float) -> None:
@@ -381,14 +381,18 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
         ParseError: The file is not empty but holds no TFRecord frame at all.
     """
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
-    st, skipped, frames, size = _State(rel), [], 0, path.stat().st_size
-    if size == 0:
-        skipped.append(Skip(rel, "empty event file (nothing was flushed)"))
-    else:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            frames = _scan(mm, size, st, CHECK_CRC if check_crc is None else check_crc, skipped)
-        if frames == 0 and not st.meta.get("truncated") and not st.meta.get("bad_payload_crc"):
-            raise ParseError(rel, f"not a TensorBoard event file: no valid record in {size} bytes")
+    st, skipped, frames = _State(rel), [], 0
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            skipped.append(Skip(rel, "empty event file (nothing was flushed)"))
+        else:
+            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                frames = _scan(mm, size, st, CHECK_CRC if check_crc is None else check_crc, skipped)
+    except OSError as exc:
+        raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
+    if size and frames == 0 and not st.meta.get("truncated") and not st.meta.get("bad_payload_crc"):
+        raise ParseError(rel, f"not a TensorBoard event file: no valid record in {size} bytes")
     meta = {**st.meta, "records": frames, "scalar_rows": len(st.col_step), "encodings": dict(st.encoding),
             "plugins": dict(st.plugin), "non_scalar": dict(st.non_scalar)}
     f32 = {"simple_value", "DT_FLOAT", "DT_HALF", "DT_BFLOAT16"} & set(st.encoding.values())

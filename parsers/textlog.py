@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import canonical_metric
 from parsers.lines import (
@@ -347,12 +348,18 @@ def read(path: Path, root: Path) -> ParseResult:
     asm = _Assembler(rel)
     lineno = 1
     pending: str | None = None
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:  # splits on \n, \r\n and \r
-        for piece in fh:
-            if pending is not None:
-                asm.line(common.clean(pending), lineno)
-                lineno += pending.endswith("\n")
-            pending = piece
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:  # splits on \n, \r\n, \r
+            for piece in fh:
+                if pending is not None:
+                    asm.line(common.clean(pending), lineno)
+                    lineno += pending.endswith("\n")
+                pending = piece
+    except OSError as exc:
+        if lineno == 1 and pending is None:
+            raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
+        why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
+        skipped.append(Skip(f"{rel}:{lineno}", why))
     if pending is not None:
         if pending.endswith(("\n", "\r")):
             asm.line(common.clean(pending), lineno)

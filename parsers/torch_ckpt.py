@@ -177,6 +177,8 @@ def load(path: str | Path) -> Any:
                               "mid-save?)") from None
     except OSError as exc:
         raise CheckpointError(f"unreadable: {exc.strerror or exc}") from None
+    except (ValueError, EOFError) as exc:  # e.g. a member name that is not UTF-8 although flagged so
+        raise CheckpointError(f"corrupt zip directory: {type(exc).__name__}: {exc}") from None
     with zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkl = next((n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"), None)
@@ -184,7 +186,11 @@ def load(path: str | Path) -> Any:
             raise CheckpointError("zip archive without data.pkl (not a torch checkpoint)")
         prefix = pkl[: -len("data.pkl")]
         order = infos.get(prefix + "byteorder")
-        if order is not None and zf.read(order).strip() not in (b"", b"little"):
+        try:
+            little = order is None or zf.read(order).strip() in (b"", b"little")
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise CheckpointError(f"corrupt zip member {order.filename}: {exc}") from None
+        if not little:
             raise CheckpointError("big-endian torch archive: not supported")
         if infos[pkl].file_size > MAX_PICKLE_BYTES:
             raise CheckpointError(f"data.pkl is {infos[pkl].file_size} bytes (limit {MAX_PICKLE_BYTES}): refused")
