@@ -1,15 +1,16 @@
-"""The audit's run side: finding run folders (local or fsspec URL) and analysing one run in a worker.
+"""The audit's run discovery: the run folders under a local folder or an fsspec URL, as tasks.
 
 Run discovery (:func:`find_runs`). A *log file* is a file that one of the parsers of
 :data:`parsers.PARSER_MODULES` claims (their ``sniff``). Folders are walked from ROOT down (hidden
-entries, ``__pycache__`` and symlinked folders left out) and each folder F is decided as follows:
+entries but ``.hydra``, ``__pycache__`` and symlinked folders left out); each folder F is decided so:
 
 1. F is named ``wandb`` and holds two or more ``run-*`` / ``offline-run-*`` folders: each is one run
    (W&B's layout); its other sub-folders are decided by these rules. A ``wandb`` folder with a
    single run is an ordinary part of the folder above it.
 2. F holds a log file itself: F is one run (with everything below it).
 3. Nothing below F holds a log file: no run.
-4. A ``wandb`` sub-folder of several runs is decided by rule 1; F's other sub-folders that hold logs are its *parts*.
+4. A ``wandb`` sub-folder of several runs is decided by rule 1; F's other sub-folders that hold logs
+   are its *parts*.
 5. F is a *container* and its parts are decided one by one when F is ROOT, or when F holds no file
    of its own (README/LICENSE and hidden files do not count) and no part has a name that belongs
    inside a run (``version_N``, ``checkpoint-N``, ``lightning_logs``, ``logs``, ``runs``, ``output``,
@@ -44,7 +45,7 @@ CACHE_VERSION = 1
 PART_NAME = re.compile(
     r"^(?:(?:version|checkpoint|ckpt|global_step|step|epoch|iter|attempt|restart|resume|segment|part)[-_]?\d+"
     r"|lightning_logs|logs?|runs|tb|tb_logs|tensorboard|events|metrics|checkpoints|ckpts?|output|outputs"
-    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb|wandb_export|history)$", re.I)
+    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb|wandb_export|files|history)$", re.I)
 """Sub-folder names that belong inside one run (rule 5 of the module docstring)."""
 _WANDB_RUN = re.compile(r"^(?:offline-)?run-[^/]+$")
 _NOT_OWN = re.compile(r"^(?:readme|license|licence|changelog|contributing)(?:\.[a-z]+)?$", re.I)
@@ -121,7 +122,7 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
         tree, base = _remote_tree(str(root), so)
     else:
         tree, base = _local_tree(str(root).removeprefix("file://"), exclude)
-    picked = _classify(tree, "", True)
+    picked = _classify(tree, "", True, PurePosixPath(base).name)
     names: dict[str, str] = {}
     tasks = []
     for rel in sorted(set(picked)):
@@ -139,11 +140,11 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
     return tasks
 
 
-def _classify(tree: dict[str, _Dir], rel: str, is_root: bool) -> list[str]:
+def _classify(tree: dict[str, _Dir], rel: str, is_root: bool, root_name: str = "") -> list[str]:
     node = tree[rel]
     kids = [k for k in node.dirs if _has_logs(tree, k)]
     wb_runs = [k for k in kids if _WANDB_RUN.match(_name(k))]
-    if _name(rel) == "wandb" and len(wb_runs) >= 2:
+    if (_name(rel) or root_name) == "wandb" and len(wb_runs) >= 2:
         return wb_runs + [r for k in kids if k not in wb_runs for r in _classify(tree, k, False)]
     if node.direct:
         return [rel]
@@ -224,7 +225,7 @@ def _local_tree(root: str, exclude: str | Path | None) -> tuple[dict[str, _Dir],
         except OSError:
             continue
         for e in entries:
-            if e.name.startswith(".") or e.name == "__pycache__":
+            if e.name.startswith(".") and e.name != ".hydra" or e.name == "__pycache__":
                 continue
             sub = f"{rel}/{e.name}" if rel else e.name
             try:
@@ -275,7 +276,8 @@ def _remote_tree(url: str, so: Mapping[str, Any]) -> tuple[dict[str, _Dir], str]
     for full, info in sorted(infos.items()):
         rel = full[len(top):].lstrip("/")
         parts = rel.split("/")
-        if not rel or info.get("type") == "directory" or any(p.startswith(".") or p == "__pycache__" for p in parts):
+        hidden = any(p.startswith(".") and p != ".hydra" or p == "__pycache__" for p in parts)
+        if not rel or info.get("type") == "directory" or hidden:
             continue
         for i in range(len(parts) - 1):
             d, parent = "/".join(parts[:i + 1]), "/".join(parts[:i])

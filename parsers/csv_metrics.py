@@ -141,8 +141,14 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
             lineno = reader.line_num
             if not cells or all(not c.strip() for c in cells):
                 continue
+            torn = lineno == len(lines) and not lines[-1].endswith(("\n", "\r"))
+            if torn and len(cells) == len(header):
+                # csv writers end every row with a newline: a last row without one may be cut inside its
+                # last number ("0.1" -> "0."), so it is not trusted
+                skipped.append(Skip(f"{rel}:{lineno}", "last line has no newline (the writer was killed "
+                                    "mid-row?); dropped because its last cell may be cut short"))
+                continue
             if len(cells) != len(header):
-                torn = lineno == len(lines) and not lines[-1].endswith(("\n", "\r"))
                 why = "torn last line (the writer was killed mid-row)" if torn else \
                     f"{len(cells)} cells for {len(header)} columns"
                 skipped.append(Skip(f"{rel}:{lineno}", why))

@@ -82,6 +82,8 @@ def test_find_runs_layouts(tmp_path: Path) -> None:
     assert got == ["case", "exp", "hf", "projA/run1", "projA/run2", "single",
                    "wb/wandb/run-20240101_000000-aaa", "wb/wandb/run-20240102_000000-bbb"]
     assert find_runs(tmp_path / "exp") == [str(tmp_path / "exp")]  # ROOT that is itself one run
+    assert [Path(p).name for p in find_runs(tmp_path / "wb/wandb")] == ["run-20240101_000000-aaa",
+                                                                        "run-20240102_000000-bbb"]
     assert find_runs(tmp_path / "projA/run1") == [str(tmp_path / "projA/run1")]
 
 
@@ -132,6 +134,8 @@ def test_broken_runs_become_error_rows(tmp_path: Path) -> None:
         assert by[bad]["error"] and by[bad]["verdict"] is None and by[bad]["report"] is None
     assert "empty event file" in by["empty_events"]["error"]
     assert "index.html" in os.listdir(tmp_path / "out")
+    again = audit(root, tmp_path / "out", formats=("json",), progress=False)  # read errors are cached too
+    assert again.analysed == 0 and _stable(again.rows) == _stable(res.rows)
 
 
 def test_second_audit_is_served_from_the_cache(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,19 +225,22 @@ def test_cohort_robust_z(tmp_path: Path) -> None:
 
 
 def test_cli_exit_codes(root: Path, local_audit, tmp_path: Path) -> None:  # noqa: ANN001
-    """0/1 by anomaly (or new anomaly), 2 with one line for a missing ROOT."""
+    """0/1 by anomaly (or new anomaly), 2 with one line for a missing ROOT or baseline."""
     res = CliRunner().invoke(main, ["audit", str(tmp_path / "missing"), "-o", str(tmp_path / "o")])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output
-    res = CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "o")])
-    anomaly = any(r["verdict"] == "anomaly" for r in local_audit.rows)
+    runs = sorted(root.iterdir())[:2]
+    small = _copy(runs, tmp_path / "root")
+    res = CliRunner().invoke(main, ["audit", str(small), "-o", str(tmp_path / "o"), "--jobs", "2"])
+    anomaly = any(r["verdict"] == "anomaly" for r in local_audit.rows if r["run"] in {d.name for d in runs})
     assert res.exit_code == (1 if anomaly else 0), res.output
+    assert "2 runs (2 analysed, 0 cached)" in res.stderr
     summary = tmp_path / "o" / "summary.json"
-    res = CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "o"), "--baseline", str(summary),
+    res = CliRunner().invoke(main, ["audit", str(small), "-o", str(tmp_path / "o"), "--baseline", str(summary),
                                     "--fail-on-new"])
-    assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "o"), "--baseline",
+    assert res.exit_code == 0 and "2 runs (0 analysed, 2 cached)" in res.stderr, res.output
+    res = CliRunner().invoke(main, ["audit", str(small), "-o", str(tmp_path / "o"), "--baseline",
                                     str(tmp_path / "nope.json")])
-    assert res.exit_code == 2
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
 
 
 def _free_port() -> int:
@@ -266,6 +273,7 @@ def s3(monkeypatch: pytest.MonkeyPatch, root: Path):  # noqa: ANN201
     server.stop()
 
 
+@pytest.mark.slow
 def test_s3_root_gives_the_local_rows(s3: list[Path], local_audit, tmp_path: Path) -> None:  # noqa: ANN001
     """``s3://bucket/runs`` (moto on loopback) gives the rows of the local audit; the second audit is cached."""
     res = audit("s3://forensics-test/runs", tmp_path / "out", jobs=2, formats=("json",), progress=False)
@@ -278,6 +286,7 @@ def test_s3_root_gives_the_local_rows(s3: list[Path], local_audit, tmp_path: Pat
     assert again.analysed == 0 and _stable(again.rows) == _stable(local)
 
 
+@pytest.mark.slow
 def test_dask_cluster_over_s3_gives_the_local_rows(s3: list[Path], local_audit, root: Path,  # noqa: ANN001
                                                     tmp_path: Path) -> None:
     """A local Dask cluster (2 worker processes, loopback) gives the local rows, from a folder and from S3."""
