@@ -70,6 +70,9 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         from reports import ReportFormat, render
 
         run = load(run_dir)
+        if strict and run.skipped:
+            _fail(f"{run_dir}: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
+                  f"{run.skipped[0].what}: {run.skipped[0].reason}")
         analysis = analyze_run(run)
         html_path = None
         if fmt == "html" and output is None:
@@ -89,10 +92,6 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
         if output is not None:
             click.echo(f"report written to {output}", err=True)
-    if strict and run.skipped:
-        click.echo(f"forensics: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
-                   f"{run.skipped[0].what}: {run.skipped[0].reason}", err=True)
-        sys.exit(EXIT_ERROR)
     levels = {"healthy": 0, "transient": 1, "anomaly": 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
