@@ -241,7 +241,8 @@ def _choose(ev: _Evidence, hyps: list[Hypothesis]) -> tuple[Hypothesis | None, l
     if chosen.cause == "overflow" and chosen.mechanism == "loss_scale_collapse":
         ov_step = ev.first_step("overflow")
         pre = [f for f in ev.findings if f.code in ("GN01", "UP01", "AT01") and f.step is not None
-               and f.step < ov_step and f.confidence >= MIN_CAUSE_CONF]
+               and f.step < ov_step and f.confidence >= MIN_CAUSE_CONF
+               and not f.evidence.get("nonfinite")]  # an inf grad norm on a skipped step is the overflow
         if pre:
             g = pre[0]
             growth = Hypothesis("update_scale_growth", "lr_too_high", 0.7,

@@ -44,6 +44,23 @@ class ActivationOverflow(Detector):
     name = "overflow.activation_range"
     near_fraction: float = 0.9
 
+    def _fp16_nonfinite_loss(self, run: RunData) -> list[Finding]:
+        """An fp16 run whose loss turns non-finite with no activation series: an overflow, moderately sure."""
+        loss = run.series("loss")
+        if loss is None:
+            return []
+        bad = np.flatnonzero(~np.isfinite(loss.values))
+        if not bad.size:
+            return []
+        step = int(loss.steps[bad[0]])
+        return [self.finding(
+            cause="overflow", mechanism="activation_overflow", step=step, segment=int(loss.segments[bad[0]]),
+            confidence=0.55, severity="high",
+            message=f"the loss of this fp16 run turns non-finite at step {step}; with no activation or loss-scale "
+            "series logged, an fp16 overflow is the most likely reading (log absmax/loss scale to confirm).",
+            evidence={"first_nonfinite_step": step, "fp16_known": True, "activation_series": False},
+        )]
+
     def _metrics(self, run: RunData) -> list[str]:
         out = [m for m in run.metric_names if any(w in m.lower() for w in _ACT_WORDS)]
         if is_fp16(run):  # logit maxima are forward values too; in fp16 they overflow at 65504
@@ -52,6 +69,8 @@ class ActivationOverflow(Detector):
 
     def missing(self, run: RunData) -> str | None:
         """Needs a logged activation-magnitude series (absmax/amax per module)."""
+        if is_fp16(run) and run.has("loss"):
+            return None
         return None if self._metrics(run) else (
             "needs an activation magnitude series (absmax, amax, act_max; logit maxima in fp16 runs)")
 
@@ -75,7 +94,7 @@ class ActivationOverflow(Detector):
             if best is None or cand[0] < best[0]:
                 best = cand
         if best is None:
-            return []
+            return self._fp16_nonfinite_loss(run) if fp16 else []
         step, m, s, i, near_step = best
         over_step = step if (not np.isfinite(s.values[i]) or s.values[i] > FP16_MAX) else None
         module = m.split("/", 1)[1] if "/" in m else m

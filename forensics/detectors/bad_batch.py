@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.detectors.signals import SPIKE_Z, departures, zscores
 from forensics.model import Finding, RunData
@@ -36,6 +37,7 @@ class BadBatch(Detector):
         s = run.series("loss")
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
+        fp16 = bool(is_fp16(run))
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
@@ -53,6 +55,9 @@ class BadBatch(Detector):
                 gv = gs.values[m]
                 if gv.size and not np.all(np.isfinite(gv)):
                     against.append("non-finite grad norms before the spike")
+            if d.nonfinite and fp16:
+                if run.has("loss_scale") or g is None:
+                    continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
             if against:
                 continue
             ev: dict[str, object] = {"spike_step": d.step, "onset_step": d.onset_step, "loss": d.value,
@@ -66,7 +71,7 @@ class BadBatch(Detector):
                 if k.size and np.isfinite(bi.values[k[0]]):
                     ev["batch_index"] = int(bi.values[k[0]])
                     named = f"; batch index {int(bi.values[k[0]])}"
-            conf = 0.75 if g is not None else 0.45
+            conf = 0.75 if g is not None else 0.55
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
             out.append(self.finding(
                 cause="data_batch", mechanism="bad_batch", step=d.onset_step, segment=segment_at(s, d.onset_step),

@@ -2,10 +2,12 @@
 
 Rule (detectors.md D2, after the DeepSpeed/Megatron/torch GradScaler scaler code): ignore the
 calibration burst in the first ``calibration_steps`` steps; flag when the scale reaches the
-floor (``min_scale``, 1.0 by default as in Megatron; fairseq prints small scales as 0), or
-backs off ``min_halvings`` (8, i.e. /256) times without growing in between, or the skipped
-fraction exceeds 5% of a window. The onset is the first back-off of the collapse sequence.
-A constant ``loss scale: 1.0`` in a bf16 run is not evidence of anything.
+floor (``min_scale``, 1.0 by default as in Megatron; fairseq prints small scales as 0), or backs
+off ``min_halvings`` (8, i.e. /256) times without growing in between, or the skipped fraction
+exceeds 5% of a window, or the log ends with ``min_tail_skips`` (4) skipped steps in a row (the
+job died while the scaler was still backing off: torch GradScaler has no floor). The onset is
+the first back-off of the collapse sequence. A constant ``loss scale: 1.0`` in a bf16 run is not
+evidence of anything.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class LossScaleCollapse(Detector):
     min_scale: float = 1.0
     min_halvings: int = 8
     skip_fraction: float = 0.05
+    min_tail_skips: int = 4
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the final burst of back-offs (or sustained skipping) with its onset."""
@@ -67,7 +70,16 @@ class LossScaleCollapse(Detector):
                 first = int(sk.steps[np.flatnonzero(vals > 0)[0]])
                 frac = n_skip / max(1, len(sk))
                 ev.update({"skipped_steps": n_skip, "first_skipped_step": first, "skipped_fraction": round(frac, 4)})
-                if onset is None and frac >= self.skip_fraction:
+                tail = 0
+                for x in vals[::-1]:
+                    if x <= 0:
+                        break
+                    tail += 1
+                if onset is None and tail >= self.min_tail_skips:
+                    i0 = len(vals) - tail
+                    onset, seg, conf = int(sk.steps[i0]), int(sk.segments[i0]), 0.8
+                    ev["skipped_in_a_row_at_end"] = tail
+                elif onset is None and frac >= self.skip_fraction:
                     onset, seg, conf = first, segment_at(sk, first), 0.6
         if onset is None:
             return []

@@ -33,7 +33,10 @@ def _lr_rows(run: RunData) -> pl.DataFrame:
     s = run.series("lr")
     if s is None:
         return pl.DataFrame()
-    return run.raw("lr").filter((pl.col("source") == s.source) & pl.col("value").is_not_null())
+    groups = run.meta.get("source_groups", {})
+    group = groups.get(s.source)
+    members = [p for p, g in groups.items() if g == group] if group else [s.source]
+    return run.raw("lr").filter(pl.col("source").is_in(members) & pl.col("value").is_not_null())
 
 
 def _intentional(run: RunData) -> str | None:

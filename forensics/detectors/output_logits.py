@@ -47,8 +47,8 @@ class OutputLogitDivergence(Detector):
                                min_run=5)
             if d is None or d.slope_after <= 0:
                 continue
-            if m != "log_z" and "head" not in m.lower() and d.growth < 1.5:
-                continue
+            if "head" not in m.lower() and d.growth < 1.5:
+                continue  # logit statistics (incl. |log Z|) must really grow, not just leave an early trend
             if best is None or d.onset_step < best[0]:
                 best = (d.onset_step, m, d, s)
         if best is None:

@@ -104,6 +104,7 @@ class PrecursorDrift(Detector):
     requires = _PRECURSORS
     lookback: int = 2000
     min_rise: float = 0.10
+    min_growth: float = 1.2
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the earliest precursor ramp before the failure."""
@@ -120,7 +121,7 @@ class PrecursorDrift(Detector):
                 continue
             d = sustained_rise(s.steps[sel], s.values[sel], log=True, baseline_frac=0.5, k_sigma=5.0,
                                min_rel=self.min_rise, min_run=5, hold_frac=0.9)
-            if d is None or d.slope_after <= 0:
+            if d is None or d.slope_after <= 0 or d.growth < self.min_growth:
                 continue
             knee = hinge_onset(s.steps[sel], s.values[sel], d.onset_step)
             onset = knee if knee is not None else d.onset_step
