@@ -24,6 +24,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
+from parsers._io import logical_suffix, open_binary, open_text
 from parsers.lines import Rows, metric
 
 FORMAT = "csv"
@@ -48,16 +49,16 @@ def _step_column(header: list[str]) -> str | None:
 def sniff(path: Path) -> bool:
     """True for a ``.csv`` whose header has a step-like column, or such a ``.parquet`` (never raises)."""
     try:
-        suffix = path.suffix.lower()
+        suffix = logical_suffix(path)
         if suffix == ".csv" and path.is_file():
-            with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+            with open_text(path) as fh:
                 header = next(csv.reader(io.StringIO(fh.readline())), [])
             return _step_column([h.strip() for h in header]) is not None
         if suffix == ".parquet" and path.is_file():
             import pyarrow.parquet as pq
 
             return _step_column(pq.read_schema(path).names) is not None
-    except (OSError, ValueError, StopIteration, ImportError, RuntimeError):
+    except (OSError, ValueError, StopIteration, ImportError, RuntimeError, EOFError):
         return False
     return False
 
@@ -126,7 +127,8 @@ def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], ste
 
 
 def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
-    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    with open_binary(path) as fh:
+        text = fh.read().decode("utf-8-sig", errors="replace")
     lines = text.splitlines(keepends=True)
     if not lines:
         raise ParseError(rel, "empty CSV file")

@@ -34,7 +34,8 @@ from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
 from parsers import PARSER_MODULES
 
-LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz")
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
+                ".txt.gz", ".out.gz", ".csv.gz")
 """Unclaimed files with these endings (or ``tfevents`` in the name) are reported as skipped."""
 NO_LOGS = ("no training logs found (looked for TensorBoard event files, JSONL, trainer_state.json, "
            "CSV exports, trainer stdout)")

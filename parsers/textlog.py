@@ -28,6 +28,7 @@ from typing import Any
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import canonical_metric
+from parsers._io import logical_name, logical_suffix, open_binary, open_text
 from parsers.lines import (
     LineRecord,
     Rows,
@@ -71,18 +72,18 @@ def sniff(path: Path) -> bool:
     try:
         if not path.is_file():
             return False
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:
             head = fh.read(HEAD_BYTES)
         if b"\0" in head:
             return False
-        name, suffix = path.name.lower(), path.suffix.lower()
+        name, suffix = logical_name(path), logical_suffix(path)
         if suffix in (".log", ".out", ".err") or name.startswith(("stdout", "stderr")):
             return True
         text = head.decode("utf-8", errors="replace")
         if suffix == ".txt":
             return any(k in name for k in _LOG_NAMES) or _recognised(text)
         return suffix == "" and _recognised(text)
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
         return False
 
 
@@ -349,13 +350,13 @@ def read(path: Path, root: Path) -> ParseResult:
     lineno = 1
     pending: str | None = None
     try:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:  # splits on \n, \r\n, \r
+        with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
             for piece in fh:
                 if pending is not None:
                     asm.line(common.clean(pending), lineno)
                     lineno += pending.endswith("\n")
                 pending = piece
-    except OSError as exc:
+    except (OSError, EOFError) as exc:
         if lineno == 1 and pending is None:
             raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
         why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"

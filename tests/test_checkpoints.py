@@ -19,10 +19,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from parsers.checkpoints import read_checkpoints
 from forensics.model import RunData
 from parsers import safetensors_ckpt as sc
 from parsers import torch_ckpt as tc
+from parsers.checkpoints import read_checkpoints
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_logs"
 

@@ -874,3 +874,29 @@ def test_figures() -> None:
               f"complete rows lost {FIGURES[(m, 'lost')]}", file=sys.stderr)
     if GZIP_READ:
         print(f"gzip copies recognised: {GZIP_READ}", file=sys.stderr)
+
+
+def test_gzip_compressed_logs_read_transparently(tmp_path: Path) -> None:
+    """A gzip-compressed text log and CSV give the same rows as the plain files."""
+    import gzip
+    import shutil
+
+    from parsers import csv_metrics, textlog
+
+    src = Path(__file__).resolve().parents[1] / "sample_logs" / "lr_schedule_reset" / "train.log"
+    if not src.is_file():
+        pytest.skip("sample run missing")
+    plain = tmp_path / "train.log"
+    shutil.copy(src, plain)
+    packed = tmp_path / "train.log.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert textlog.sniff(packed)
+    a, b = textlog.read(plain, tmp_path), textlog.read(packed, tmp_path)
+    assert a.metrics.num_rows == b.metrics.num_rows > 0
+    assert a.metrics.column("value").to_pylist() == b.metrics.column("value").to_pylist()
+    csv_plain = tmp_path / "history.csv"
+    csv_plain.write_text("_step,loss\n1,2.5\n2,2.4\n")
+    csv_packed = tmp_path / "history.csv.gz"
+    csv_packed.write_bytes(gzip.compress(csv_plain.read_bytes()))
+    assert csv_metrics.sniff(csv_packed)
+    assert csv_metrics.read(csv_packed, tmp_path).metrics.column("value").to_pylist() == [2.5, 2.4]
