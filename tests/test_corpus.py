@@ -34,8 +34,6 @@ KNOWN_MISSES: dict[str, str] = {
     "usg_s18_d48": _NO_GROWTH_SIGNAL,
     "lrreset_s33_d32": "the crash lands exactly on the checkpoint, so nothing is re-logged and TensorBoard-only logs "
     "show no step rewind: LR01 sees the warm-up restart one step late (offset, onset +1)",
-    "databatch_s53_d64": "PR01 reads a late-training grad-norm rise before the NaN batch as a precursor ramp, so the "
-    "engine prefers update growth over the bad batch",
 }
 """Run name -> what the analyzer got wrong (observed with ``forensics analyze RUN -f json``)."""
 

@@ -3,7 +3,9 @@
 Rule: when the run fails (a loss or grad norm that turns non-finite for good, or a loss
 departure that never recovers), the last ``lookback`` logged points before the failure are
 searched for a sustained rise above the trend of their own first half (Theil-Sen baseline,
-5 robust sigmas and ``min_rise`` (10%), held for 90% of the remaining points). Trailing-window
+5 robust sigmas and ``min_rise`` (10%), held for 90% of the remaining points), that grows at least
+``min_growth`` (1.5x) from its start to the failure (the slow grad-norm drift of late training
+under a decaying lr stays below that: measured on the labelled corpus). Trailing-window
 z-scores miss such ramps because the ramp inflates its own window's spread. Update norms lead
 grad norms and grad norms lead the loss (DESIGN.md section 4; BLOOM tr11 chronicles; Takase et
 al. 2023, "Spike No More": spikes follow sudden grad-norm growth), so a precursor ramp puts the
@@ -104,7 +106,7 @@ class PrecursorDrift(Detector):
     requires = _PRECURSORS
     lookback: int = 2000
     min_rise: float = 0.10
-    min_growth: float = 1.2
+    min_growth: float = 1.5
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the earliest precursor ramp before the failure."""

@@ -179,7 +179,7 @@ def sustained_rise(
 ) -> Drift | None:
     """Find where a series leaves the robust linear trend of its early part for good.
 
-    The baseline trend is a Theil-Sen fit (``scipy.stats.theilslopes``) over the first
+    The baseline trend is a Huber robust linear fit (:func:`robust_trend`) over the first
     ``baseline_frac`` of the points (at least ``min_baseline``); the noise is 1.4826 * MAD of its
     residuals. The onset is the first point from which the residual exceeds
     max(k_sigma * sigma, log(1 + min_rel)) for ``min_run`` consecutive points and for at least
@@ -213,8 +213,7 @@ def sustained_rise(
     nb = max(min_baseline, int(n * baseline_frac))
     if n - nb < min_run:
         return None
-    fit = theilslopes(y[:nb], st[:nb])
-    trend = fit.intercept + fit.slope * st
+    trend = robust_trend(st[:nb], y[:nb], st)
     resid = y - trend
     sigma = 1.4826 * float(np.median(np.abs(resid[:nb] - np.median(resid[:nb]))))
     thr = max(k_sigma * sigma, np.log1p(min_rel) if log else min_rel * max(abs(float(np.median(y[:nb]))), 1e-12))
@@ -228,3 +227,31 @@ def sustained_rise(
                 growth=float(v[-1] / v[i]) if v[i] != 0 else float("inf"), sigma=sigma, slope_after=float(after),
             )
     return None
+
+
+def robust_trend(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A robust straight-line trend of ``y`` on ``x``, evaluated at ``at``.
+
+    scikit-learn's ``HuberRegressor`` (Huber loss, epsilon 1.35: the usual 95%-efficiency
+    choice under Gaussian noise) so that a few spikes in the baseline do not tilt it; x is
+    standardised for the solver. Falls back to a Theil-Sen fit if the solver fails.
+
+    Args:
+        x: baseline steps, shape (m,).
+        y: baseline values, shape (m,) (finite).
+        at: steps to evaluate the trend at, shape (k,).
+
+    Returns:
+        The trend values, shape (k,).
+    """
+    from sklearn.linear_model import HuberRegressor
+
+    mu, sd = float(np.mean(x)), float(np.std(x)) or 1.0
+    try:
+        model = HuberRegressor(epsilon=1.35, alpha=0.0, max_iter=200).fit(((x - mu) / sd)[:, None], y)
+        return model.predict(((np.asarray(at, float) - mu) / sd)[:, None])
+    except (ValueError, ArithmeticError):
+        from scipy.stats import theilslopes
+
+        fit = theilslopes(y, x)
+        return fit.intercept + fit.slope * np.asarray(at, float)
