@@ -32,8 +32,6 @@ KNOWN_MISSES: dict[str, str] = {
     "usg_s15_d48": _NO_GROWTH_SIGNAL,
     "usg_s17_d32": _NO_GROWTH_SIGNAL,
     "usg_s18_d48": _NO_GROWTH_SIGNAL,
-    "lrreset_s33_d32": "the crash lands exactly on the checkpoint, so nothing is re-logged and TensorBoard-only logs "
-    "show no step rewind: LR01 sees the warm-up restart one step late (offset, onset +1)",
 }
 """Run name -> what the analyzer got wrong (observed with ``forensics analyze RUN -f json``)."""
 

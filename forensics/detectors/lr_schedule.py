@@ -123,7 +123,10 @@ class LRScheduleReset(Detector):
                     for f in out if f.step is not None
                 )
                 jump = v[i] > v[i - 1] * (1 + self.rel_tol)
-                if jump and decayed and int(st[i]) not in checked_steps and not in_rewarm:
+                # a warm-up that starts again: a sharp drop followed by a rise (a step decay stays flat)
+                rewarm_start = (i + 2 < len(v) and v[i] < 0.5 * v[i - 1] and v[i + 1] > v[i] * (1 + self.rel_tol)
+                                and v[i + 2] > v[i + 1])
+                if (jump or rewarm_start) and decayed and int(st[i]) not in checked_steps and not in_rewarm:
                     prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
                     cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
                     f = self._judge(
