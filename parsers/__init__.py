@@ -20,5 +20,6 @@ PARSER_MODULES: tuple[str, ...] = (
     "parsers.wandb_run",     # W&B run-*.wandb transaction logs (+ their side files)
     "parsers.jsonl",         # *.jsonl metric logs
     "parsers.csv_metrics",   # W&B history exports, Lightning metrics.csv
+    "parsers.mlflow_store",  # MLflow file store metrics/<key> files, mlflow.db SQLite store
     "parsers.textlog",       # Megatron-LM / DeepSpeed / HF stdout / fairseq / metaseq / generic stdout
 )

@@ -231,6 +231,9 @@ def _groups(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
         if pr.format == "wandb" and pr.meta.get("run_id"):
             out[rel] = f"wandb:{pr.meta['run_id']}"  # one W&B run: its offline-run-* folders, one per resume
             continue
+        if pr.format == "mlflow" and pr.meta.get("store") == "file":
+            out[rel] = f"mlflow:{rel}"  # one file per metric key of a run: a sibling file is no resume
+            continue
         if pr.format != "tensorboard":
             out[rel] = f"{pr.format}:{parent or '.'}"
             continue

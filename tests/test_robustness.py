@@ -101,6 +101,9 @@ def _bases(cases: Path | None) -> list[tuple[str, str, bytes]]:
         ("parsers.textlog", "train.log", _prefix(tl, _line_ends(tl), 700)),
         ("parsers.tensorboard", "events.out.tfevents.1795976115.vm.1093.0", _prefix(tb, _tb_ends(tb), 1200)),
         ("parsers.wandb_run", "run-healthy0.wandb", _prefix(wb, _wandb_ends(wb), 6000)),
+        ("parsers.mlflow_store", "loss", b"".join(  # an MLflow file-store metric file (formats.md 5.2)
+            f"{1700000000000 + 1500 * s} {2.5 - s / 64:.17g} {10 * s}\n".encode() for s in range(12))
+         + b"1700000020000 nan 120\n1700000021000 inf 130\n1700000022000 1.25\n"),
     ]
     if cases is not None:
         csv = (cases / "br16_shuffle_phase_shift" / "wandb_export" / "history.csv").read_bytes()
@@ -208,7 +211,8 @@ def test_every_parser_has_a_base_file(request: pytest.FixtureRequest) -> None:
     assert set(PARSER_MODULES) <= mods
 
 
-@pytest.fixture(params=range(7), ids=["jsonl", "textlog", "tensorboard", "wandb", "csv", "hf_trainer", "textlog2"])
+@pytest.fixture(params=range(8), ids=["jsonl", "textlog", "tensorboard", "wandb", "mlflow", "csv", "hf_trainer",
+                                      "textlog2"])
 def base(request: pytest.FixtureRequest) -> tuple[str, str, bytes]:
     """One small real file per parser: (module, file name, bytes)."""
     bases = _bases(_cases(request))
@@ -246,7 +250,8 @@ def test_truncation_at_every_offset(base, tmp_path: Path) -> None:  # noqa: ANN0
         if mod_name in ("parsers.tensorboard", "parsers.wandb_run") and partial.strip(b"\x00"):
             pos = _where(got.skipped, name)
             assert any(clean - 7 <= p <= cut for p in pos), f"{mod_name} cut at {cut}: damage not listed"
-        elif mod_name in ("parsers.jsonl", "parsers.textlog", "parsers.csv_metrics") and partial.strip():
+        elif mod_name in ("parsers.jsonl", "parsers.textlog", "parsers.csv_metrics",
+                          "parsers.mlflow_store") and partial.strip():
             line = data[:cut].count(b"\n") + 1
             if mod_name == "parsers.csv_metrics" and line == 1:
                 continue  # a cut header: no row to lose
@@ -533,7 +538,7 @@ def test_twenty_thousand_files(tmp_path: Path) -> None:
 
 NAMES = {"parsers.tensorboard": "events.out.tfevents.1.host", "parsers.hf_trainer": "trainer_state.json",
          "parsers.wandb_run": "run-fuzz.wandb", "parsers.jsonl": "metrics.jsonl", "parsers.csv_metrics": "metrics.csv",
-         "parsers.textlog": "train.log"}
+         "parsers.textlog": "train.log", "parsers.mlflow_store": "loss"}
 _json_scalars = hs.one_of(hs.none(), hs.booleans(), hs.integers(-(1 << 70), 1 << 70), hs.floats(allow_nan=True),
                           hs.text(max_size=8), hs.sampled_from(["NaN", "Infinity", "-inf", "1e400", "step"]))
 _json = hs.recursive(_json_scalars, lambda c: hs.lists(c, max_size=4) | hs.dictionaries(
@@ -571,7 +576,7 @@ def _fuzz_read(mod_name: str, data: bytes, folder: Path) -> None:
 def test_fuzz_random_bytes(mod_name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Random bytes: only ParseError escapes a parser."""
     folder = tmp_path_factory.mktemp("fuzz")
-    prefix = {"parsers.wandb_run": MAGIC}.get(mod_name, b"")
+    prefix = {"parsers.wandb_run": MAGIC, "parsers.mlflow_store": b"SQLite format 3\x00"}.get(mod_name, b"")
 
     @_fuzz
     @given(hs.binary(max_size=600), hs.booleans())

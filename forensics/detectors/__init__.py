@@ -27,6 +27,7 @@ from forensics.detectors.output_logits import OutputLogitDivergence
 from forensics.detectors.precursor import PrecursorDrift
 from forensics.detectors.stall import NoProgress
 from forensics.detectors.update_ratio import UpdateScaleGrowth
+from forensics.detectors.warmup import WarmupInstability
 
 DETECTORS: tuple[Detector, ...] = (
     Integrity(),
@@ -38,6 +39,7 @@ DETECTORS: tuple[Detector, ...] = (
     LossScaleCollapse(),
     ActivationOverflow(),
     LRScheduleReset(),
+    WarmupInstability(),
     BadBatch(),
     OrderingShift(),
     UpdateScaleGrowth(),

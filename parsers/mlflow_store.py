@@ -1,0 +1,350 @@
+"""MLflow tracking stores: the file store (``mlruns/``) and the SQLite store (``mlflow.db``).
+
+- File store: ``mlruns/<experiment_id>/<run_id>/{meta.yaml, metrics/, params/, tags/}``. One file per
+  metric key under ``metrics/`` (a key with ``/`` is a sub-folder); each line is
+  ``"<timestamp_ms> <value> <step>"`` (old files: ``"<timestamp_ms> <value>"``, step 0). Each metric
+  file is a source of its own; its metric name is its path relative to ``metrics/``. The run's
+  ``meta.yaml``, ``params/`` and ``tags/`` go to ``meta``. A last line without a newline may be cut
+  inside its value and is dropped (a ``Skip`` naming ``path:line``); ``nan``/``inf`` are kept.
+  The step going back starts a new local segment. A metric file outside a run folder (copied out
+  of ``mlruns/``) is still read by ``read`` with its file name as key, but ``sniff`` does not claim it.
+- SQLite store: table ``metrics(key, value, timestamp, step, is_nan, run_uuid)`` read with the stdlib
+  ``sqlite3`` (read-only). ``is_nan=1`` is NaN (stored as value 0) and ``+-1.7976931348623157e308``
+  is ``+-inf``. Several runs in one database are not segments of one run: every row stays in
+  segment 0, ``meta["runs"]`` lists the run ids, and with more than one run the ``tag`` is
+  ``"<key>@<run_uuid[:8]>"`` (one run: the plain key).
+
+See ``/work/shared/reference/formats.md`` section 5.2.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from forensics.errors import ParseError
+from forensics.model import ParseResult, Skip
+from parsers.lines import Rows, metric
+
+FORMAT = "mlflow"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_DBL_MAX = 1.7976931348623157e308
+_MAX_DEPTH = 12  # how many folders above a metric file to look for ``metrics/``
+_MAX_SIDE_FILES = 500
+_MAX_SIDE_BYTES = 64 * 1024
+_INT64 = 1 << 63
+_METRIC_COLS = {"key", "value", "timestamp", "step", "run_uuid"}
+
+
+# ----------------------------------------------------------------------------------------- file store
+
+def _metrics_dir(path: Path) -> Path | None:
+    """The ``metrics/`` folder above ``path`` whose parent (the run folder) holds ``meta.yaml``."""
+    for i, folder in enumerate(path.parents):
+        if i >= _MAX_DEPTH:
+            break
+        if folder.name == "metrics" and (folder.parent / "meta.yaml").is_file():
+            return folder
+    return None
+
+
+def _parse_line(line: str) -> tuple[float, float, int] | None:
+    """``(timestamp_ms, value, step)`` of one metric line, or ``None`` when it is not one."""
+    parts = line.split()
+    if len(parts) not in (2, 3):
+        return None
+    try:
+        ts, value = float(parts[0]), float(parts[1])
+        step = 0
+        if len(parts) == 3:
+            try:
+                step = int(parts[2])
+            except ValueError:
+                step = int(float(parts[2]))
+    except (ValueError, OverflowError):
+        return None
+    if not math.isfinite(ts) or not -_INT64 <= step < _INT64:
+        return None
+    return ts, value, step
+
+
+def _sniff_file_store(path: Path) -> bool:
+    if _metrics_dir(path) is None or not path.is_file():
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(256)
+    first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    if not head:
+        return True  # an empty metric file: read() reports it
+    return _parse_line(first) is not None or b"\n" not in head and len(head) < 256
+
+
+def _read_side(folder: Path, skipped: list[Skip], root_rel: str) -> dict[str, str]:
+    """``params/`` or ``tags/``: ``{key: text}`` (keys with ``/`` are sub-folders)."""
+    out: dict[str, str] = {}
+    if not folder.is_dir():
+        return out
+    try:
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+    except OSError:
+        return out
+    for p in files[:_MAX_SIDE_FILES]:
+        key = p.relative_to(folder).as_posix()
+        try:
+            if p.stat().st_size > _MAX_SIDE_BYTES:
+                out[key] = f"<not loaded: {p.stat().st_size} bytes>"
+                continue
+            out[key] = p.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            skipped.append(Skip(f"{root_rel}/{folder.name}/{key}", f"unreadable: {exc.strerror or exc}"))
+    return out
+
+
+def _param(text: Any) -> Any:
+    """An MLflow param (always a string) as a number when it is one."""
+    t = str(text).strip()
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def _run_meta(run_dir: Path, skipped: list[Skip], rel_run: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    try:
+        import yaml
+
+        info = yaml.safe_load((run_dir / "meta.yaml").read_text(encoding="utf-8", errors="replace"))
+    except Exception:  # noqa: BLE001 - meta.yaml is a side file; a broken one costs only the run info
+        info = None
+    if isinstance(info, dict):
+        for k in ("run_id", "run_uuid", "experiment_id", "run_name", "status", "start_time", "end_time",
+                  "lifecycle_stage", "user_id"):
+            if info.get(k) is not None:
+                meta[k] = info[k] if isinstance(info[k], (int, float, bool)) else str(info[k])
+    meta.setdefault("run_id", meta.get("run_uuid") or run_dir.name)
+    meta.setdefault("experiment_id", run_dir.parent.name)
+    params = _read_side(run_dir / "params", skipped, rel_run)
+    if params:
+        meta["params"] = params
+        meta["hparams"] = {k: _param(v) for k, v in params.items()}
+    tags = _read_side(run_dir / "tags", skipped, rel_run)
+    if tags:
+        meta["tags"] = tags
+        if "mlflow.runName" in tags:
+            meta.setdefault("run_name", tags["mlflow.runName"].strip())
+    return meta
+
+
+def _read_metric_file(path: Path, root: Path, rel: str, mdir: Path | None) -> ParseResult:
+    key = path.relative_to(mdir).as_posix() if mdir is not None else path.name
+    name = metric(key, None)[0]
+    rows = Rows(rel)
+    skipped: list[Skip] = []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ParseError(rel, f"unreadable MLflow metric file: {exc.strerror or exc}") from exc
+    text = data.decode("utf-8-sig", errors="replace")
+    lines = text.splitlines(keepends=True)
+    segment, last = 0, None
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if lineno == len(lines) and not raw.endswith(("\n", "\r")):
+            # MLflow writes each line with its newline: one without may be cut inside its value
+            skipped.append(Skip(f"{rel}:{lineno}", "torn last line (no newline; the writer was killed "
+                                "mid-line?); dropped because its value or step may be cut short"))
+            continue
+        rec = _parse_line(line)
+        if rec is None:
+            skipped.append(Skip(f"{rel}:{lineno}", "not a '<timestamp_ms> <value> [<step>]' line"))
+            continue
+        ts, value, step = rec
+        if last is not None and step < last:
+            segment += 1
+        last = step
+        rows.add(segment, step, name, value, key, ts / 1000.0)
+    if not len(rows) and not skipped:
+        raise ParseError(rel, "empty MLflow metric file")
+    if not len(rows):
+        raise ParseError(rel, f"no readable line in the MLflow metric file ({skipped[0].reason})")
+    meta: dict[str, Any] = {}
+    if mdir is not None:
+        run_dir = mdir.parent
+        rel_run = run_dir.relative_to(root).as_posix() if run_dir.is_relative_to(root) else run_dir.name
+        meta = _run_meta(run_dir, skipped, rel_run)
+    meta.update({"store": "file", "key": key, "segments": segment + 1, "framework": "mlflow"})
+    return ParseResult(format=FORMAT, path=rel, metrics=rows.metrics_table(), events=rows.events_table(),
+                       meta=meta, skipped=tuple(skipped), precision="float64")
+
+
+# --------------------------------------------------------------------------------------- SQLite store
+
+def _connect(path: Path) -> sqlite3.Connection:
+    uri = path.resolve().as_uri()
+    try:
+        con = sqlite3.connect(f"{uri}?mode=ro", uri=True)
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return con
+    except sqlite3.Error:
+        # a WAL database in a read-only folder cannot be opened with mode=ro alone
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f"PRAGMA table_info('{table}')").fetchall()}
+
+
+def _sniff_sqlite(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as fh:
+        if fh.read(16) != _SQLITE_MAGIC:
+            return False
+    if path.name.lower() == "mlflow.db":
+        return True
+    con = _connect(path)
+    try:
+        return _METRIC_COLS <= _columns(con, "metrics")
+    finally:
+        con.close()
+
+
+def _sql_value(value: Any, is_nan: Any) -> float | None:
+    if is_nan:
+        return math.nan
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    if v >= _DBL_MAX:
+        return math.inf
+    if v <= -_DBL_MAX:
+        return -math.inf
+    return v
+
+
+def _sql_runs(con: sqlite3.Connection, uuids: list[str]) -> dict[str, dict[str, Any]]:
+    info: dict[str, dict[str, Any]] = {u: {} for u in uuids}
+    try:
+        cols = _columns(con, "runs")
+        want = [c for c in ("name", "status", "experiment_id", "start_time", "end_time", "lifecycle_stage")
+                if c in cols]
+        if "run_uuid" in cols and want:
+            for rec in con.execute(f"SELECT run_uuid, {', '.join(want)} FROM runs").fetchall():
+                if rec[0] in info:
+                    info[rec[0]].update({k: v for k, v in zip(want, rec[1:], strict=True) if v is not None})
+        if _columns(con, "params") >= {"key", "value", "run_uuid"}:
+            for k, v, u in con.execute("SELECT key, value, run_uuid FROM params").fetchall():
+                if u in info:
+                    info[u].setdefault("params", {})[str(k)] = v
+    except sqlite3.Error:
+        pass
+    return info
+
+
+def _read_sqlite(path: Path, rel: str) -> ParseResult:
+    rows = Rows(rel)
+    skipped: list[Skip] = []
+    try:
+        con = _connect(path)
+    except sqlite3.Error as exc:
+        raise ParseError(rel, f"cannot open the SQLite database: {exc}") from exc
+    try:
+        cols = _columns(con, "metrics")
+        if not _METRIC_COLS <= cols:
+            raise ParseError(rel, "no MLflow 'metrics(key, value, timestamp, step, run_uuid)' table")
+        nan_col = "is_nan" if "is_nan" in cols else "0"
+        uuids = [r[0] for r in con.execute(
+            "SELECT run_uuid, MIN(timestamp) FROM metrics GROUP BY run_uuid ORDER BY 2, 1").fetchall()]
+        several = len(uuids) > 1
+        cur = con.execute(f"SELECT run_uuid, key, value, timestamp, step, {nan_col} FROM metrics "
+                          "ORDER BY run_uuid, key, timestamp, step")
+        names: dict[str, str] = {}
+        bad = 0
+        for run_uuid, key, value, ts, step, is_nan in cur:
+            v = _sql_value(value, is_nan)
+            try:
+                s = int(step) if step is not None else 0
+                wall = float(ts) / 1000.0 if ts is not None else None
+                if not -_INT64 <= s < _INT64:
+                    v = None
+            except (TypeError, ValueError, OverflowError):
+                v = None
+            if v is None or key is None:
+                bad += 1
+                continue
+            key = str(key)
+            if key not in names:
+                names[key] = metric(key, None)[0]
+            tag = f"{key}@{str(run_uuid)[:8]}" if several else key
+            rows.add(0, s, names[key], v, tag, wall)
+        if bad:
+            skipped.append(Skip(f"{rel}:metrics", f"{bad} row(s) with no numeric value, step or key"))
+        runs = _sql_runs(con, [str(u) for u in uuids])
+    except sqlite3.Error as exc:
+        if not len(rows):
+            raise ParseError(rel, f"unreadable MLflow SQLite store: {exc}") from exc
+        skipped.append(Skip(f"{rel}:metrics", f"SQLite error part way through: {exc}"))
+        runs = {}
+    finally:
+        con.close()
+    if not len(rows):
+        raise ParseError(rel, "the MLflow metrics table holds no readable row")
+    meta: dict[str, Any] = {"store": "sqlite", "framework": "mlflow", "runs": runs, "run_ids": list(runs),
+                            "segments": 1}
+    if len(runs) == 1:
+        (only,) = runs.values()
+        meta["run_id"] = next(iter(runs))
+        if isinstance(only.get("params"), dict):
+            meta["hparams"] = {k: _param(v) for k, v in only["params"].items()}
+    return ParseResult(format=FORMAT, path=rel, metrics=rows.metrics_table(), events=rows.events_table(),
+                       meta=meta, skipped=tuple(skipped), precision="float64")
+
+
+# ------------------------------------------------------------------------------------------ contract
+
+def sniff(path: Path) -> bool:
+    """True for a metric file of an MLflow file store, or an MLflow SQLite store (never raises)."""
+    try:
+        if path.name.lower().endswith((".db", ".sqlite", ".sqlite3")):
+            return _sniff_sqlite(path)
+        return _sniff_file_store(path)
+    except (OSError, ValueError, sqlite3.Error):
+        return False
+
+
+def read(path: Path, root: Path) -> ParseResult:
+    """Read one MLflow metric file (file store) or one ``mlflow.db`` (SQLite store).
+
+    Args:
+        path: ``.../metrics/<key>`` of a file-store run, or the SQLite database.
+        root: The run folder; ``source`` is relative to it.
+
+    Returns:
+        A :class:`ParseResult` (canonical metric names, the key as ``tag``, ``wall_time`` from the
+        millisecond timestamps); damaged lines or rows are listed in ``skipped``.
+
+    Raises:
+        ParseError: The file holds no readable metric record.
+    """
+    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(16)
+    except OSError as exc:
+        raise ParseError(rel, f"unreadable file: {exc.strerror or exc}") from exc
+    if magic == _SQLITE_MAGIC:
+        return _read_sqlite(path, rel)
+    # a metric file outside a run folder (copied out of mlruns/) is read with its file name as key
+    return _read_metric_file(path, root, rel, _metrics_dir(path))
