@@ -294,6 +294,10 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             trials.append(Trial("z-loss", "add z-loss 1e-4 * log^2 Z on the output logits (PaLM; Wortsman et al. "
                                 "2023), or a logit soft-cap", length, {"z_loss": 1e-4}))
         if mechanism != "output_logit_divergence":
+            if "spike_steps" in ev and warm:  # WU01: spikes while the lr ramps up (detectors.md D11)
+                trials.append(Trial("longer warm-up", f"the same peak lr reached over a warm-up twice as long "
+                                    f"({2 * warm} steps instead of {warm}) and {clip_text}", length,
+                                    {"warmup_steps": 2 * warm, "clip_grad_norm": clip}))
             trials.append(Trial("lr x0.5", "peak lr x0.5 with a re-warm-up of "
                                 f"{rewarm} steps and {clip_text}", length,
                                 {"peak_lr_factor": 0.5, "peak_lr": peak and peak * 0.5, "warmup_steps": rewarm,
