@@ -115,39 +115,3 @@ def backtrack_onset(z: np.ndarray, index: int, threshold: float = 3.0) -> int:
     while i - 1 >= 0 and np.isfinite(z[i - 1]) and z[i - 1] >= threshold:
         i -= 1
     return i
-
-
-def first_run(mask: np.ndarray, length: int) -> int | None:
-    """Index of the first point that starts ``length`` consecutive True values, or None."""
-    if length <= 1:
-        idx = np.flatnonzero(mask)
-        return int(idx[0]) if idx.size else None
-    run = 0
-    for i, v in enumerate(mask):
-        run = run + 1 if v else 0
-        if run >= length:
-            return i - length + 1
-    return None
-
-
-def robust_slope(steps: np.ndarray, y: np.ndarray, max_points: int = 400) -> float:
-    """Theil-Sen slope of y against steps (``scipy.stats.theilslopes``), evenly subsampled.
-
-    Args:
-        steps: x values, shape (n,).
-        y: y values, shape (n,); NaNs are dropped.
-        max_points: subsample to at most this many points (Theil-Sen is O(n^2)).
-
-    Returns:
-        Slope in y units per step (NaN when fewer than 3 finite points).
-    """
-    from scipy.stats import theilslopes
-
-    ok = np.isfinite(y)
-    xs, ys = np.asarray(steps, dtype=np.float64)[ok], np.asarray(y, dtype=np.float64)[ok]
-    if xs.shape[0] < 3:
-        return float("nan")
-    if xs.shape[0] > max_points:
-        idx = np.linspace(0, xs.shape[0] - 1, max_points).astype(int)
-        xs, ys = xs[idx], ys[idx]
-    return float(theilslopes(ys, xs).slope)

@@ -809,6 +809,18 @@ def _ckpt_files() -> list[Path]:
     return [d / "model.safetensors", d / "scheduler.pt", d / "optimizer.pt"]
 
 
+def _ckpt_read_counted(mod_name: str, path: Path) -> None:
+    """Read a checkpoint, counting the input and any crash (only CheckpointError may escape)."""
+    FIGURES[(mod_name, "inputs")] += 1
+    try:
+        _ckpt_read(path)
+    except sc.CheckpointError:
+        pass
+    except Exception:
+        FIGURES[(mod_name, "crashes")] += 1
+        raise
+
+
 def _ckpt_read(path: Path) -> list:
     """Everything the checkpoint readers give for one file: tensor statistics, or raise CheckpointError."""
     if path.suffix == ".safetensors":
@@ -835,14 +847,7 @@ def test_damaged_checkpoints(src: Path, tmp_path: Path) -> None:
     damaged += [data + b"\x00" * 100, b"junk" + data, b"", gzip.compress(data)]
     for bad in damaged:
         path.write_bytes(bad)
-        FIGURES[(mod_name, "inputs")] += 1
-        try:
-            _ckpt_read(path)
-        except sc.CheckpointError:
-            pass
-        except Exception:
-            FIGURES[(mod_name, "crashes")] += 1
-            raise
+        _ckpt_read_counted(mod_name, path)
 
 
 @pytest.mark.parametrize("mod_name", ["parsers.safetensors_ckpt", "parsers.torch_ckpt"])
@@ -859,14 +864,7 @@ def test_fuzz_checkpoints(mod_name: str, tmp_path_factory: pytest.TempPathFactor
             data = struct.pack("<Q", len(data)) + data
         path = folder / name
         path.write_bytes((head if hdr else b"") + data)
-        FIGURES[(mod_name, "inputs")] += 1
-        try:
-            _ckpt_read(path)
-        except sc.CheckpointError:
-            pass
-        except Exception:
-            FIGURES[(mod_name, "crashes")] += 1
-            raise
+        _ckpt_read_counted(mod_name, path)
 
     run()
 

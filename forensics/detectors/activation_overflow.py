@@ -24,7 +24,14 @@ _ACT_WORDS = ("absmax", "abs_max", "max_abs", "amax", "act_max", "activation_max
 
 
 def is_fp16(run: RunData) -> bool | None:
-    """True/False when the run's precision is known to be fp16 or not; None when unknown."""
+    """True/False when the run's precision is known to be fp16 or not; None when unknown (cached per run)."""
+    if "__is_fp16__" in run._cache:  # noqa: SLF001 - RunData's cache is ours
+        return run._cache["__is_fp16__"]  # type: ignore[return-value]
+    run._cache["__is_fp16__"] = _is_fp16(run)  # type: ignore[assignment]
+    return run._cache["__is_fp16__"]  # type: ignore[return-value]
+
+
+def _is_fp16(run: RunData) -> bool | None:
     blob = repr(run.meta).lower()
     names = " ".join(run.metric_names).lower()
     if "fp16" in names or "'precision': 'fp16'" in blob or "float16" in blob.replace("bfloat16", ""):

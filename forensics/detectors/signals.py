@@ -128,21 +128,6 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
     return out
 
 
-def first_nonfinite(run: RunData, metrics: tuple[str, ...] = ("loss", "grad_norm")) -> tuple[str, int] | None:
-    """(metric, step) of the earliest NaN/inf value among ``metrics``, or None."""
-    best: tuple[str, int] | None = None
-    for m in metrics:
-        s = run.series(m)
-        if s is None:
-            continue
-        bad = np.flatnonzero(~np.isfinite(s.values))
-        if bad.size:
-            st = int(s.steps[bad[0]])
-            if best is None or st < best[1]:
-                best = (m, st)
-    return best
-
-
 @dataclass(frozen=True)
 class Drift:
     """A sustained rise of a series above the trend of its own early part.
