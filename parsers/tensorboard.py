@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+import sys
 from array import array
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
 FORMAT = "tensorboard"
 CHECK_CRC = True  # module-wide default for the length and payload CRC checks (read(..., check_crc=None))
 MAX_RECORD = 256 << 20  # a record length above this (bytes) is corrupt framing, never allocated
+FAST_MIN_BYTES = 1 << 20  # files this size or larger are walked by the compiled scan (parsers/_tfrecord.py) ...
+FAST_MIN_BYTES_LOADED = 0  # ... or any size once it is loaded (loading numba costs ~1 s, ~16 us/record in Python)
+BATCH = 1 << 18  # frames per compiled-scan call (bounds the batch arrays: ~14 MB)
 
 _S = struct.Struct
 _HEADER, _U32, _U16, _F32, _F64, _F16 = _S("<QI"), _S("<I"), _S("<H"), _S("<f"), _S("<d"), _S("<e")
@@ -107,8 +111,8 @@ def _half(bits: int, dtype: int) -> float:  # bfloat16 (dtype 14) or float16 fro
     return _F32.unpack(_U32.pack(bits << 16))[0] if dtype == 14 else _F16.unpack(_U16.pack(bits))[0]
 
 
-def _tensor_scalar(b: bytes, i: int, end: int) -> tuple[float | None, str, tuple | None]:
-    """One-element numeric TensorProto -> (value or None, dtype name, (offset, width, Struct) or None)."""
+def _tensor_scalar(b: bytes, i: int, end: int) -> tuple[float | None, str]:
+    """One-element numeric TensorProto -> (value or None, dtype name)."""
     m = _msg(b, i, end)
     dtype = _varint_of(m, 1)
     name, fmt = _DTYPES.get(dtype, (f"DT_{dtype}", _U16))
@@ -117,14 +121,11 @@ def _tensor_scalar(b: bytes, i: int, end: int) -> tuple[float | None, str, tuple
         for _, da, de in _msg(b, sa, se).get(2, ()):
             numel *= _varint_of(_msg(b, da, de), 1)
     if numel != 1 or dtype not in _DTYPES:
-        return None, name, None
+        return None, name
     vals: list[float] = []
-    where = None
     for fn, f in ((5, _F32), (6, _F64)):  # float_val, double_val (packed or not)
         for _, a, e in m.get(fn, ()):
-            n = (e - a) // f.size
-            vals.extend(struct.unpack_from(f"<{n}{f.format[-1]}", b, a))
-            where = (a, f.size, f) if n == 1 else None
+            vals.extend(struct.unpack_from(f"<{(e - a) // f.size}{f.format[-1]}", b, a))
     for fn in (7, 10, 11, 13, 16, 17):  # int_val, int64_val, bool_val, half_val, uint32_val, uint64_val
         for wt, a, e in m.get(fn, ()):
             raw = [a] if wt == 0 else []
@@ -136,10 +137,10 @@ def _tensor_scalar(b: bytes, i: int, end: int) -> tuple[float | None, str, tuple
     if content and not vals and fmt.size == content[-1][1] - content[-1][0]:
         a = content[-1][0]
         v = fmt.unpack_from(b, a)[0]
-        return (_half(v, dtype), name, None) if dtype in (14, 19) else (float(v), name, (a, fmt.size, fmt))
+        return (_half(v, dtype) if dtype in (14, 19) else float(v)), name
     if len(vals) != 1:
-        return None, name, None
-    return float(vals[0]), name, where
+        return None, name
+    return float(vals[0]), name
 
 
 def _decode_hparams(b: bytes, i: int, end: int) -> dict[str, Any]:
@@ -156,97 +157,82 @@ def _decode_hparams(b: bytes, i: int, end: int) -> dict[str, Any]:
 
 
 class _State:
-    """Columns being built, per-tag memory (plugin names, fast-path templates), segments, meta."""
+    """Columns being built, per-tag memory (plugin names, encodings), SessionLog STARTs, meta.
+
+    Each row keeps the byte offset of its record so both decoders' rows merge in file order; segments
+    are cut at the end (:func:`_segments`).
+    """
 
     def __init__(self, rel: str) -> None:
-        self.rel, self.tags, self.tag_index, self.events = rel, [], {}, []  # events: (segment, step, message)
+        self.rel, self.tags, self.tag_index = rel, [], {}
         self.plugin, self.encoding, self.non_scalar, self.meta = {}, {}, {}, {}
-        self.templates: dict[bytes, tuple] = {}  # fast path: header + tag bytes -> how to read the value
-        self.col_tag, self.col_step = array("i"), array("q")
+        self.starts: list[tuple[int, int]] = []  # (record offset, step) of each SessionLog START
+        self.rec = 0  # byte offset of the record being decoded by :meth:`generic`
+        self.col_rec, self.col_tag, self.col_step = array("q"), array("i"), array("q")
         self.col_val, self.col_wall = array("d"), array("d")
-        self.last: list[int] = []  # last step per tag id in the current local segment (_LOW: none yet)
-        self.seg_starts = [0]  # row index at which each local segment starts
+        self.fast: list[tuple[np.ndarray, ...]] = []  # compiled-scan batches: rec, tag id, step, value, wall, kind,
+        # has_plugin
+        self.plugin_log: list[tuple[int, str, str]] = []  # (record offset, tag, plugin name) as metadata arrives
 
-    def add(self, tag: str, encoding: str, step: int, value: float, wall: float) -> int:
+    def tag_id(self, tag: str, encoding: str) -> int:
+        """Id of ``tag`` (registered with its first encoding if new)."""
         ti = self.tag_index.get(tag)
         if ti is None:
             ti = self.tag_index[tag] = len(self.tags)
             self.tags.append(tag)
-            self.last.append(_LOW)
             self.encoding[tag] = encoding
-        if step < self.last[ti]:
-            self.new_segment()
-        self.last[ti] = step
-        self.col_tag.append(ti)
+        return ti
+
+    def add(self, tag: str, encoding: str, step: int, value: float, wall: float) -> None:
+        self.col_rec.append(self.rec)
+        self.col_tag.append(self.tag_id(tag, encoding))
         self.col_step.append(step)
         self.col_val.append(value)
         self.col_wall.append(wall)
-        return ti
-
-    def new_segment(self) -> bool:
-        """Start a new local segment if the current one has rows; True when one started."""
-        self.last[:] = [_LOW] * len(self.last)
-        if len(self.col_step) > self.seg_starts[-1]:
-            self.seg_starts.append(len(self.col_step))
-            return True
-        return False
 
     def generic(self, p: bytes) -> None:
-        """Decode one Event payload the general way (and register fast-path templates)."""
+        """Decode one Event payload the general way."""
         m = _msg(p, 0, len(p))
         wall = next((_F64.unpack_from(p, a)[0] for wt, a, _ in m.get(1, ()) if wt == 1), 0.0)
         step = _varint_of(m, 2)
         if 3 in m:
             self.meta["file_version"] = _text(p, m, 3)
         for _, a, e in m.get(5, ()):
-            self.summary(p, a, e, step, wall)
+            for wt, va, ve in _msg(p, a, e).get(1, ()):
+                if wt == 2:
+                    self.value(p, va, ve, step, wall)
         for _, a, e in m.get(7, ()):  # SessionLog { status=1 }: START = the job (re)started here
             if _varint_of(_msg(p, a, e), 1) == _START:
                 self.meta["session_starts"] = self.meta.get("session_starts", 0) + 1
-                if self.new_segment():
-                    self.events.append((len(self.seg_starts) - 1, step, "SessionLog START (resumed)"))
+                self.starts.append((self.rec, step))
         for kind in ["graph"] * (len(m.get(4, ())) + len(m.get(9, ()))) + ["run_metadata"] * len(m.get(8, ())):
             self.non_scalar[kind] = self.non_scalar.get(kind, 0) + 1
 
-    def summary(self, p: bytes, s: int, end: int, step: int, wall: float) -> None:
-        """Decode a Summary; a lone fixed-width scalar registers a template keyed by its header + tag."""
-        values = [self.value(p, a, e, step, wall) for wt, a, e in _msg(p, s, end).get(1, ()) if wt == 2]
-        at = values[-1] if values else None
-        if len(values) == 1 and at is not None and end - s >= 4 and p[s] == 0x0A and p[s + 2] == 0x0A \
-                and p[s + 1] < 0x80 and p[s + 3] < 0x80 and s + 2 + p[s + 1] == end:
-            ti, off, width, fmt = at
-            tag_end = s + 4 + p[s + 3]
-            self.templates[p[s:tag_end]] = (ti, off - s, width, fmt.unpack_from, p[tag_end:off],
-                                            p[off + width:end])
-
-    def value(self, p: bytes, i: int, end: int, step: int, wall: float) -> tuple | None:
-        """Decode one Summary.Value; returns (tag id, offset, width, Struct) for a fixed-width scalar."""
+    def value(self, p: bytes, i: int, end: int, step: int, wall: float) -> None:
+        """Decode one Summary.Value: a scalar becomes a row, anything else is counted by kind."""
         m = _msg(p, i, end)
         tag = _text(p, m, 1) or ""
         for _, a, e in m.get(9, ()):  # SummaryMetadata { plugin_data=1 { plugin_name=1, content=2 } }
             for _, pa_, pe in _msg(p, a, e).get(1, ()):
                 pd = _msg(p, pa_, pe)
-                name = _text(p, pd, 1) or self.plugin.get(tag, "")
-                if tag in self.tag_index and name != self.plugin.get(tag, ""):  # fast paths are stale
-                    self.templates.clear()
-                self.plugin[tag] = name
+                self.plugin[tag] = _text(p, pd, 1) or self.plugin.get(tag, "")
+                self.plugin_log.append((self.rec, tag, self.plugin[tag]))
                 for _, ca, ce in pd.get(2, ()) if tag == "_hparams_/session_start_info" else ():
                     self.meta.setdefault("hparams", {}).update(_decode_hparams(p, ca, ce))
         if 2 in m and m[2][-1][0] == 5:  # simple_value (float32)
-            a = m[2][-1][1]
-            return self.add(tag, "simple_value", step, _F32.unpack_from(p, a)[0], wall), a, 4, _F32
+            self.add(tag, "simple_value", step, _F32.unpack_from(p, m[2][-1][1])[0], wall)
+            return
         kind = next((k for fn, k in _VALUE_KIND if fn in m), None)
         if kind is None and 8 in m and self.plugin.get(tag, "") not in ("", "scalars"):
             kind = _PLUGIN_KIND.get(self.plugin[tag], "tensor")
         if kind is None and 8 in m:
-            val, dtype, where = _tensor_scalar(p, m[8][-1][1], m[8][-1][2])
+            val, dtype = _tensor_scalar(p, m[8][-1][1], m[8][-1][2])
             if val is not None:
-                ti = self.add(tag, dtype, step, val, wall)
-                return None if where is None else (ti, *where)
+                self.add(tag, dtype, step, val, wall)
+                return
             kind = "tensor"
         if kind is not None:
             self.non_scalar[kind] = self.non_scalar.get(kind, 0) + 1
-        return None
 
 
 def _resync(buf, pos: int, size: int) -> int | None:
@@ -281,83 +267,212 @@ def _bad_frame(buf, pos: int, size: int, length: int, len_bad: bool, st: _State,
     return nxt
 
 
-def _scan(buf, size: int, st: _State, check_crc: bool, skipped: list[Skip]) -> int:
-    """Walk the TFRecord frames of ``buf``, decoding each payload into ``st``; returns frames read."""
-    crc, header, u32, f64 = crc32c.crc32c, _HEADER.unpack_from, _U32.unpack_from, _F64.unpack_from
-    templates, last, new_segment, len_crcs = st.templates, st.last, st.new_segment, {}
-    ap_tag, ap_step, ap_val, ap_wall = (st.col_tag.append, st.col_step.append, st.col_val.append,
-                                        st.col_wall.append)
+def _frame(buf, pos: int, size: int, check_crc: bool) -> tuple[int, bool]:
+    """(payload length, length CRC bad) of the frame header at ``pos`` (needs 12 bytes there)."""
+    length, lcrc = _HEADER.unpack_from(buf, pos)
+    return length, check_crc and masked_crc32c(buf[pos:pos + 8]) != lcrc
+
+
+def _scan_python(buf, size: int, st: _State, check_crc: bool, skipped: list[Skip]) -> int:
+    """Walk the frames of ``buf`` decoding every payload in Python; returns frames read."""
     pos, frames = 0, 0
     while pos < size:
         if size - pos < 12:  # a header cut short: truncated tail
             _bad_frame(buf, pos, size, 0, False, st, skipped)
             break
-        length, lcrc = header(buf, pos)
+        length, bad = _frame(buf, pos, size, check_crc)
         end = pos + 12 + length
-        bad = check_crc and len_crcs.get(length) != lcrc and masked_crc32c(buf[pos:pos + 8]) != lcrc
-        if check_crc and not bad:
-            len_crcs[length] = lcrc
         if bad or length > MAX_RECORD or end + 4 > size:
             nxt = _bad_frame(buf, pos, size, length, bad, st, skipped)
             if nxt is None:
                 break
             pos = nxt
             continue
-        p = buf[pos + 12:end]
-        if check_crc:
-            c = crc(p)
-            if ((((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF) != u32(buf, end)[0]:
-                skipped.append(Skip(f"{st.rel}:{pos}", "bad payload CRC; record skipped"))
-                st.meta["bad_payload_crc"] = st.meta.get("bad_payload_crc", 0) + 1
-                pos = end + 4
-                continue
-        pos, frames = end + 4, frames + 1
-        try:  # fast path: wall_time(1) [step(2)] summary(5) that matches a known single-scalar template
-            if length > 14 and p[0] == 0x09:
-                i, step = 9, 0
-                if p[9] == 0x10:
-                    x = p[10]
-                    if x < 0x80:
-                        step, i = x, 11
-                    elif p[11] < 0x80:
-                        step, i = (x & 0x7F) | (p[11] << 7), 12
-                    else:
-                        step, i = _varint(p, 10)
-                        step = _s64(step)
-                if i + 5 < length and p[i] == 0x2A and p[i + 1] < 0x80:
-                    s = i + 2
-                    n1 = p[s + 1]
-                    if n1 + 2 == p[i + 1] and p[s] == 0x0A:
-                        tag_end = s + 4 + p[s + 3]
-                        t = templates.get(p[s:tag_end])
-                        if t is not None:
-                            ti, off, width, unpacker, mid, suf = t
-                            o = s + off
-                            if p[tag_end:o] == mid and p[o + width:s + 2 + n1] == suf:
-                                if step < last[ti]:
-                                    new_segment()
-                                last[ti] = step
-                                ap_tag(ti)
-                                ap_step(step)
-                                ap_val(unpacker(p, o)[0])
-                                ap_wall(f64(p, 1)[0])
-                                continue
-            st.generic(p)
-        except (_Corrupt, IndexError, struct.error, ValueError) as exc:
-            skipped.append(Skip(f"{st.rel}:{end - 12 - length}", f"undecodable event ({exc}); skipped"))
+        if check_crc and masked_crc32c(buf[pos + 12:end]) != _U32.unpack_from(buf, end)[0]:
+            _bad_payload(pos, st, skipped)
+        else:
+            frames += 1
+            _generic(buf, pos, end, st, skipped)
+        pos = end + 4
     return frames
 
 
-def _table(st: _State) -> pa.Table:
-    n, starts = len(st.col_step), st.seg_starts
-    idx, zeros = pa.array(st.col_tag, pa.int32()), pa.array(np.zeros(n, np.int32))
-    seg = pa.array(np.repeat(np.arange(len(starts), dtype=np.int32), np.diff([*starts, n])), pa.int32())
-    return pa.Table.from_arrays(
-        [pc.take(pa.array([""]), zeros), seg, pa.array(st.col_step, pa.int64()),
+def _bad_payload(pos: int, st: _State, skipped: list[Skip]) -> None:
+    skipped.append(Skip(f"{st.rel}:{pos}", "bad payload CRC; record skipped"))
+    st.meta["bad_payload_crc"] = st.meta.get("bad_payload_crc", 0) + 1
+
+
+def _generic(buf, pos: int, end: int, st: _State, skipped: list[Skip]) -> None:
+    """Decode the payload of the frame at ``pos`` (ending at ``end``) with the general decoder."""
+    st.rec = pos
+    rows = len(st.col_step)
+    try:
+        st.generic(bytes(buf[pos + 12:end]))
+    except (_Corrupt, IndexError, struct.error, ValueError) as exc:
+        for col in (st.col_rec, st.col_tag, st.col_step, st.col_val, st.col_wall):  # no half-decoded rows
+            del col[rows:]
+        skipped.append(Skip(f"{st.rel}:{pos}", f"undecodable event ({exc}); skipped"))
+
+
+def _scan_compiled(mm, size: int, st: _State, check_crc: bool, skipped: list[Skip], kernel) -> int:
+    """Walk the frames with the compiled scan (:mod:`parsers._tfrecord`); returns frames read.
+
+    Fast frames come back as column batches and are interned here (tags by hash, verified byte for
+    byte); generic frames go through :meth:`_State.generic`; damage is handled as in the Python walk.
+    """
+    buf = np.frombuffer(mm, np.uint8)
+    f32 = np.ndarray((max(size - 3, 0),), "<f4", buffer=mm, strides=(1,))  # unaligned views: element i at byte i
+    f64 = np.ndarray((max(size - 7, 0),), "<f8", buffer=mm, strides=(1,))
+    cap = max(1, min(BATCH, size // 16 + 1))
+    out = (np.empty(cap, np.int64), np.empty(cap, np.int8), np.empty(cap, np.int64), np.empty(cap, np.int64),
+           np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.uint64),
+           np.empty(cap, np.bool_))
+    pos, frames = 0, 0
+    while True:
+        n, pos, why = kernel.scan(buf, pos, check_crc, MAX_RECORD, kernel.TABLES, *out)
+        frames += n
+        _fast_batch(mm, buf, f32, f64, st, [a[:n] for a in out], kernel, skipped)
+        if why == kernel.FULL:
+            continue
+        if why == kernel.DONE:
+            return frames
+        if why == kernel.BAD_PAYLOAD_CRC:
+            _bad_payload(pos, st, skipped)
+            pos += 16 + _HEADER.unpack_from(mm, pos)[0]
+            continue
+        length, bad = _frame(mm, pos, size, check_crc) if size - pos >= 12 else (0, False)
+        nxt = _bad_frame(mm, pos, size, length, bad, st, skipped)
+        if nxt is None:
+            return frames
+        pos = nxt
+
+
+def _fast_batch(mm, buf: np.ndarray, f32: np.ndarray, f64: np.ndarray, st: _State, cols: list[np.ndarray],
+                kernel, skipped: list[Skip]) -> None:
+    """Intern one batch of the compiled scan: fast rows to ``st.fast``, generic frames decoded in order."""
+    rec, kind, step, wall_at, value_at, tag_at, tag_len, tag_hash, has_plugin = cols
+    fast = kind != kernel.GENERIC
+    for pos in rec[~fast].tolist():
+        _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
+    if not fast.any():
+        return
+    rec, kind, step, tag_at, tag_len = rec[fast], kind[fast], step[fast], tag_at[fast], tag_len[fast]
+    hashes, first, inverse = np.unique(tag_hash[fast], return_index=True, return_inverse=True)
+    ref_at, ref_len = tag_at[first][inverse], tag_len[first][inverse]
+    names = {"SIMPLE_VALUE": "simple_value", "DT_FLOAT": "DT_FLOAT", "DT_DOUBLE": "DT_DOUBLE"}
+    enc = {getattr(kernel, k): v for k, v in names.items()}
+    if np.array_equal(tag_len, ref_len) and kernel.same_bytes(buf, tag_at, ref_at, tag_len):
+        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"), enc[int(k)])
+                        for a, n, k in zip(tag_at[first].tolist(), tag_len[first].tolist(),
+                                           kind[first].tolist(), strict=True)], np.int32)[inverse]
+    else:  # a 64-bit hash collision between two tags: intern row by row
+        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"), enc[int(k)])
+                        for a, n, k in zip(tag_at.tolist(), tag_len.tolist(), kind.tolist(), strict=True)], np.int32)
+    value = np.where(kind == kernel.DT_DOUBLE, f64[np.minimum(value_at[fast], len(f64) - 1)],
+                     f32[value_at[fast]].astype(np.float64))
+    st.fast.append((rec, ids, step, value, f64[wall_at[fast]], kind, has_plugin[fast]))
+
+
+def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[tuple[int, int]],
+              ) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+    """Local segment of every row (rows in file order) and the restart events.
+
+    TensorBoard's purge rule: a row whose step is below the previous step of the same tag in the
+    current segment starts a new segment (the superseded rows stay, as their own segment); a SessionLog
+    START starts one before the next row. Returns (segment per row, int32; [(segment, step, message)]).
+    """
+    n = len(step)
+    order = np.argsort(tag, kind="stable")
+    prev = np.full(n, -1, np.int64)
+    same = tag[order[1:]] == tag[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    cand = np.nonzero((prev >= 0) & (step < step[np.maximum(prev, 0)]))[0]
+    marks = sorted([(int(np.searchsorted(rec, r, "right")), 0, s) for r, s in starts]
+                   + [(int(r), 1, int(prev[r])) for r in cand])
+    bounds, events = [0], []
+    for row, what, x in marks:
+        if what == 0 and row > bounds[-1]:
+            bounds.append(row)
+            events.append((len(bounds) - 1, x, "SessionLog START (resumed)"))
+        elif what == 1 and x >= bounds[-1]:
+            bounds.append(row)
+    return np.repeat(np.arange(len(bounds), dtype=np.int32), np.diff([*bounds, n])), events
+
+
+def _scan(mm, size: int, st: _State, check_crc: bool, skipped: list[Skip]) -> int:
+    """Walk every frame: the compiled scan for files of :data:`FAST_MIN_BYTES` or more, else Python.
+
+    Both walks give the same result (tests/test_parsers_tensorboard.py runs every test with each).
+    """
+    loaded = "parsers._tfrecord" in sys.modules
+    kernel = _kernel() if size >= (FAST_MIN_BYTES_LOADED if loaded else FAST_MIN_BYTES) else None
+    if kernel is None:
+        return _scan_python(mm, size, st, check_crc, skipped)
+    return _scan_compiled(mm, size, st, check_crc, skipped, kernel)
+
+
+def _kernel():  # noqa: ANN202 - the module, imported on first use (numba's import costs ~0.5 s)
+    try:
+        from parsers import _tfrecord
+    except ImportError:  # pragma: no cover - numba is a dependency; the Python walk reads the same
+        return None
+    return _tfrecord
+
+
+def _not_scalars(st: _State, rec: np.ndarray, ids: np.ndarray, kind: np.ndarray, has_plugin: np.ndarray,
+                 ) -> np.ndarray:
+    """Mask of fast tensor rows whose tag belonged to a non-scalar plugin at that point of the file.
+
+    The general decoder counts a rank-0 tensor of, say, a custom plugin as that plugin's data, not a
+    scalar, from the record whose metadata named the plugin on; this replays that rule for the rows of
+    the compiled scan (and counts them in ``non_scalar``).
+    """
+    drop = np.zeros(len(rec), bool)
+    for tag in {t for _, t, name in st.plugin_log if name not in ("", "scalars")}:
+        ti = st.tag_index.get(tag)
+        mine = (ids == ti) & (kind >= 2) if ti is not None else None
+        if mine is None or not mine.any():
+            continue
+        log = sorted([(r, name) for r, t, name in st.plugin_log if t == tag]
+                     + [(int(r), "scalars") for r in rec[(ids == ti) & has_plugin].tolist()])
+        at = np.searchsorted(np.array([r for r, _ in log], np.int64), rec[mine], "right") - 1
+        names = np.array(["", *(name for _, name in log)], object)[at + 1]
+        bad = ~np.isin(names, ["", "scalars"])
+        drop[np.nonzero(mine)[0][bad]] = True
+        for name in names[bad].tolist():
+            k = _PLUGIN_KIND.get(name, "tensor")
+            st.non_scalar[k] = st.non_scalar.get(k, 0) + 1
+    return drop
+
+
+def _table(st: _State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
+    """The metrics table (rows in file order) and the restart events, from both decoders' rows."""
+    cols = [np.frombuffer(c, t) if len(c) else np.empty(0, t) for c, t in
+            ((st.col_rec, np.int64), (st.col_tag, np.int32), (st.col_step, np.int64), (st.col_val, np.float64),
+             (st.col_wall, np.float64))]
+    if st.fast:
+        rec, ids, step, value, wall, kind, has_plugin = (np.concatenate(c) for c in zip(*st.fast, strict=True))
+        drop = _not_scalars(st, rec, ids, kind, has_plugin)
+        last_generic = {t: r for r, t, _ in st.plugin_log}
+        tagged, first = np.unique(ids[has_plugin][::-1], return_index=True)  # each tag's last metadata row
+        for ti, r in zip(tagged.tolist(), rec[has_plugin][::-1][first].tolist(), strict=True):
+            if r > last_generic.get(st.tags[ti], -1):
+                st.plugin[st.tags[ti]] = "scalars"
+        fast = [f[~drop] for f in (rec, ids, step, value, wall)] if drop.any() else [rec, ids, step, value, wall]
+        cols = [np.concatenate([c, f]) for c, f in zip(cols, fast, strict=True)] if len(st.col_rec) else fast
+        if len(st.col_rec):
+            order = np.argsort(cols[0], kind="stable")
+            cols = [c[order] for c in cols]
+    rec, tag, step, value, wall = cols
+    seg, events = _segments(rec, tag, step, st.starts)
+    idx, zeros = pa.array(tag, pa.int32()), pa.array(np.zeros(len(step), np.int32))
+    table = pa.Table.from_arrays(
+        [pc.take(pa.array([""]), zeros), pa.array(seg, pa.int32()), pa.array(step, pa.int64()),
          pc.take(pa.array([canonical_metric(t) for t in st.tags], pa.string()), idx),
-         pa.array(st.col_val, pa.float64()), pa.array(st.col_wall, pa.float64()),
+         pa.array(value, pa.float64()), pa.array(wall, pa.float64()),
          pc.take(pa.array(st.tags, pa.string()), idx), pc.take(pa.array([st.rel]), zeros)],
         schema=METRICS_SCHEMA)
+    return table, events
 
 
 def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
@@ -393,11 +508,12 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
         raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
     if size and frames == 0 and not st.meta.get("truncated") and not st.meta.get("bad_payload_crc"):
         raise ParseError(rel, f"not a TensorBoard event file: no valid record in {size} bytes")
-    meta = {**st.meta, "records": frames, "scalar_rows": len(st.col_step), "encodings": dict(st.encoding),
+    table, restarts = _table(st)
+    meta = {**st.meta, "records": frames, "scalar_rows": table.num_rows, "encodings": dict(st.encoding),
             "plugins": dict(st.plugin), "non_scalar": dict(st.non_scalar)}
     f32 = {"simple_value", "DT_FLOAT", "DT_HALF", "DT_BFLOAT16"} & set(st.encoding.values())
     precision = "float32" if f32 or not st.encoding else "float64"
     events = pa.Table.from_pylist([{"run": "", "segment": g, "step": s, "kind": "restart", "message": m,
-                                    "source": rel} for g, s, m in st.events], schema=EVENTS_SCHEMA)
-    return ParseResult(format=FORMAT, path=rel, metrics=_table(st), events=events, meta=meta,
+                                    "source": rel} for g, s, m in restarts], schema=EVENTS_SCHEMA)
+    return ParseResult(format=FORMAT, path=rel, metrics=table, events=events, meta=meta,
                        skipped=tuple(skipped), precision=precision)
