@@ -82,8 +82,8 @@ def check_lossless(ours: pa.Table, frame) -> str:  # noqa: ANN001 - a pandas Dat
         return f"DIFFERENT: {mine.height} rows vs tbparse {theirs.height}"
     key = ["tag", "step"]
     j = mine.sort(key).with_row_index().join(theirs.sort(key).with_row_index(), on="index", suffix="_t")
-    same = (j["tag"] == j["tag_t"]) & (j["step"] == j["step_t"]) & (
-        j["value"].to_numpy().view(np.int64) == j["value_t"].to_numpy().view(np.int64))
+    same = ((j["tag"] == j["tag_t"]).to_numpy() & (j["step"] == j["step_t"]).to_numpy()
+            & (j["value"].to_numpy().view(np.int64) == j["value_t"].to_numpy().view(np.int64)))
     return "equal (count, tags, steps, value bits)" if bool(same.all()) else f"DIFFERENT: {int((~same).sum())} rows"
 
 
