@@ -11,14 +11,28 @@
 Cells are read as strings and converted to float: a blank cell is no row; ``nan``/``inf`` are kept;
 a cell that is not a number is skipped. A row with the wrong number of cells is skipped and
 reported with its line number (a torn last line of a killed writer). The step going back starts a
-new local segment. Parquet files with such a step column are read with polars.
+new local segment. Parquet files with such a step column are read with polars (pandas' ``to_parquet``
+writes NaN as null: no row, counted in ``meta["null_values"]``; polars keeps NaN). A Parquet file cut
+short has no footer and no row can be located without it: it is claimed and raises ``ParseError``.
+
+JSON history exports, ``.json`` files holding one array of row objects: ``json.dump(list(run.scan_history()),
+f)``, ``run.history().to_json(orient="records")`` (pandas writes NaN as ``null``) and the like, e.g.
+``[{"_step": 0, "_runtime": 1.2, "_timestamp": 1.7e9, "loss": 2.3}, ...]``, with the same columns as
+the CSV export. A value is a number, the ``NaN``/``Infinity``/``-Infinity`` token, or the same as a
+string (``"NaN"``, ``"inf"``; W&B's ``value_json`` spelling); ``null``, an absent key, a string or a
+nested object (media, histograms) is no row (``null`` is counted in ``meta["null_values"]``: pandas'
+NaN and "not logged in this row" cannot be told apart). ``_runtime`` and ``_timestamp`` are wall time,
+never metrics. Elements are decoded one by one: a damaged or cut element is listed with its line
+and the reader resumes at the next element, so every complete row is kept.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +60,38 @@ def _step_column(header: list[str]) -> str | None:
     return None
 
 
+_JSON_HEAD = 1 << 16
+_ELEMENT = re.compile(r"[\[,]\s*(?=\{)")  # where the next element of an array of objects may start
+_JSON_NUM = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.inf, "+inf": math.inf,
+             "-inf": -math.inf, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+
+def _json_array_head(path: Path) -> bool:
+    """True when the file starts with ``[`` and its first element is an object with a step key."""
+    with open_binary(path) as fh:
+        head = fh.read(_JSON_HEAD).decode("utf-8-sig", errors="replace").lstrip()
+    if not head.startswith("["):
+        return False
+    rest = head[1:].lstrip()
+    if not rest.startswith("{"):
+        return False
+    try:
+        first, _ = json.JSONDecoder().raw_decode(rest)
+    except ValueError:  # an element longer than the head: look for a step key in the head
+        return any(f'"{k}"' in rest for k in STEP_COLUMNS)
+    return isinstance(first, dict) and _step_column(list(first)) is not None
+
+
 def sniff(path: Path) -> bool:
-    """True for a ``.csv`` whose header has a step-like column, or such a ``.parquet`` (never raises)."""
+    """True for a ``.csv`` whose header has a step-like column, such a ``.parquet``, or a JSON array export.
+
+    A ``.json`` file is claimed when it is an array whose first element is an object with a step key
+    (``_step``, ``step``, ...). Never raises.
+    """
     try:
         suffix = logical_suffix(path)
+        if suffix == ".json" and path.is_file():
+            return path.name != "trainer_state.json" and _json_array_head(path)
         if suffix == ".csv" and path.is_file():
             with open_text(path) as fh:
                 header = next(csv.reader(io.StringIO(fh.readline())), [])
@@ -57,7 +99,11 @@ def sniff(path: Path) -> bool:
         if suffix == ".parquet" and path.is_file():
             import pyarrow.parquet as pq
 
-            return _step_column(pq.read_schema(path).names) is not None
+            try:
+                return _step_column(pq.read_schema(path).names) is not None
+            except (ValueError, OSError):  # no readable footer: claimed when it starts like Parquet, to list it
+                with open(path, "rb") as fh:
+                    return fh.read(4) == b"PAR1"
     except (OSError, ValueError, StopIteration, ImportError, RuntimeError, EOFError):
         return False
     return False
@@ -80,13 +126,20 @@ def _to_float(cell: str) -> float | None:
         return None
 
 
+def _metric_tag(h: str, step_col: str | None) -> str | None:
+    """The tag of a column that holds a metric; ``None`` for the step, wall-time and W&B-internal columns."""
+    internal = h.startswith("_") and h != "_step"
+    if h == step_col or h in _SKIP_COLS or internal or h.endswith(("__MIN", "__MAX")):
+        return None
+    return h
+
+
 def _columns(header: list[str], step_col: str, meta: dict[str, Any]) -> list[tuple[int, str] | None]:
     """For each column, ``(index, tag)`` when it holds a metric, else ``None``."""
     runs = set()
     out: list[tuple[int, str] | None] = []
     for i, h in enumerate(header):
-        internal = h.startswith("_") and h != "_step"
-        if h == step_col or h in _SKIP_COLS or internal or h.endswith(("__MIN", "__MAX")):
+        if _metric_tag(h, step_col) is None:
             out.append(None)
             continue
         tag = h
@@ -165,10 +218,19 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     _emit(rows, table, header, step_col, meta, skipped, rel)
 
 
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _read_parquet(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
     import polars as pl
 
-    df = pl.read_parquet(path)
+    try:
+        df = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
+        raise ParseError(rel, f"damaged Parquet file, nothing read ({_one_line(str(exc))}); a file cut short "
+                              "has no footer, and without it no row can be located") from None
     step_col = _step_column(df.columns)
     if step_col is None:
         raise ParseError(rel, "no step column in the Parquet schema")
@@ -179,7 +241,138 @@ def _read_parquet(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skippe
     meta["columns"] = header
     meta["step_column"] = step_col
     meta["container"] = "parquet"
+    meta["kind"] = "wandb_export" if step_col == "_step" else "generic"
+    meta["null_values"] = int(sum(df.get_column(c).null_count() for c in header if _metric_tag(c, step_col)))
     _emit(rows, table, header, step_col, meta, skipped, rel)
+
+
+def _json_value(v: Any) -> float | None:
+    """A JSON cell as float: numbers, NaN/Infinity tokens and their string spellings; else ``None``."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        try:
+            return float(v)
+        except OverflowError:
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, str) and len(v) <= 40:
+        t = v.strip().lower()
+        if t in _JSON_NUM:
+            return _JSON_NUM[t]
+        try:
+            return float(t)
+        except ValueError:
+            return None
+    return None
+
+
+def _json_elements(text: str, rel: str, skipped: list[Skip]) -> list[tuple[int, Any]]:
+    """The elements of a JSON array, decoded one by one; damage is listed and skipped.
+
+    Args:
+        text: The whole file, starting (after white space) with ``[``.
+        rel: The file's path for ``Skip.what`` (``"<rel>:<line>"``).
+        skipped: Damage is appended here.
+
+    Returns:
+        ``(line number, element)`` of every element that decodes.
+    """
+    dec = json.JSONDecoder()
+    out: list[tuple[int, Any]] = []
+    n, i = len(text), text.index("[") + 1
+    line, at = 1, 0
+
+    def lineno(j: int) -> int:
+        nonlocal line, at
+        line += text.count("\n", at, j)
+        at = j
+        return line
+
+    while True:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            skipped.append(Skip(f"{rel}:{lineno(n)}", "the array is not closed (file cut short?); the rows "
+                                                      "before are kept"))
+            return out
+        if text[i] == "]":
+            if text[i + 1:].strip():
+                skipped.append(Skip(f"{rel}:{lineno(i)}", "text after the end of the array ignored"))
+            return out
+        start = i
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except (ValueError, RecursionError) as exc:
+            why = f"undecodable element ({getattr(exc, 'msg', exc)})"
+        else:
+            out.append((lineno(start), obj))
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            if i < n and text[i] == ",":
+                i += 1
+                continue
+            if i >= n or text[i] == "]":
+                continue
+            start, why = i, "no ',' between two elements"
+            if text[i] == "{":
+                skipped.append(Skip(f"{rel}:{lineno(i)}", f"{why}; read on"))
+                continue
+        m = _ELEMENT.search(text, start + 1)
+        if m is None:
+            skipped.append(Skip(f"{rel}:{lineno(start)}", f"{why}; the file ends inside it (cut short?): "
+                                                          "dropped"))
+            return out
+        where = lineno(start)
+        skipped.append(Skip(f"{rel}:{where}", f"{why}; skipped to the next element at line {lineno(m.end())}"))
+        i = m.end()
+
+
+def _read_json(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
+    with open_binary(path) as fh:
+        text = fh.read().decode("utf-8-sig", errors="replace")
+    if not text.lstrip().startswith("["):
+        raise ParseError(rel, "not a JSON array of rows")
+    elements = _json_elements(text, rel, skipped)
+    keys: dict[str, None] = {}
+    records = 0
+    nulls = 0
+    segment, last = 0, None
+    for lineno, obj in elements:
+        if not isinstance(obj, dict):
+            skipped.append(Skip(f"{rel}:{lineno}", f"array element is a {type(obj).__name__}, not an object"))
+            continue
+        step_col = _step_column(list(obj))
+        step = _json_value(obj.get(step_col)) if step_col else None
+        if step is None or not math.isfinite(step) or abs(step) >= 2.0 ** 63:
+            skipped.append(Skip(f"{rel}:{lineno}", "row without a numeric step"))
+            continue
+        s = int(step)
+        if last is not None and s < last:
+            segment += 1
+        last = s
+        records += 1
+        wall = next((_json_value(obj[w]) for w in _WALL if w in obj), None)
+        for key, v in obj.items():
+            keys.setdefault(key, None)
+            tag = _metric_tag(key, step_col)
+            if tag is None:
+                continue
+            if v is None:
+                nulls += 1
+                continue
+            x = _json_value(v)
+            if x is not None:
+                rows.add(segment, s, metric(tag, None)[0], x, tag, wall)
+    if not records and not skipped:
+        raise ParseError(rel, "no rows in the JSON array")
+    header = list(keys)
+    meta["columns"] = header
+    meta["step_column"] = _step_column(header)
+    meta["container"] = "json"
+    meta["records"] = records
+    meta["null_values"] = nulls
+    meta["kind"] = "wandb_export" if "_step" in keys else "generic"
+    meta["segments"] = segment + 1
 
 
 def read(path: Path, root: Path) -> ParseResult:
@@ -202,11 +395,14 @@ def read(path: Path, root: Path) -> ParseResult:
     meta: dict[str, Any] = {}
     skipped: list[Skip] = []
     try:
-        if path.suffix.lower() == ".parquet":
+        suffix = logical_suffix(path)
+        if suffix == ".parquet":
             _read_parquet(path, rel, rows, meta, skipped)
+        elif suffix == ".json":
+            _read_json(path, rel, rows, meta, skipped)
         else:
             _read_csv(path, rel, rows, meta, skipped)
-    except (OSError, csv.Error) as exc:
+    except (OSError, csv.Error, EOFError) as exc:
         raise ParseError(rel, f"unreadable table: {exc}") from exc
     meta["framework"] = meta.get("kind", "generic")
     return ParseResult(format=FORMAT, path=rel, metrics=rows.metrics_table(), events=rows.events_table(),

@@ -1,9 +1,9 @@
-r"""Trainer stdout and text logs: Megatron-LM, DeepSpeed, HF Trainer stdout, fairseq, metaseq, custom scripts.
+r"""Trainer stdout and text logs: Megatron-LM, DeepSpeed, HF, fairseq/metaseq, torchtitan, NeMo, nanoGPT, scripts.
 
 Lines are split on ``\n`` and ``\r`` (tqdm), ANSI escapes and ``[rankN]:`` prefixes are removed,
 then each line goes to the framework modules of :mod:`parsers.lines` in turn (Megatron, DeepSpeed,
-fairseq/metaseq, HF stdout, generic), then to the framework-neutral ones (checkpoints, resumes,
-errors). This module assembles what they return: segments, events, configuration dumps and diffs,
+fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT, generic), then to the framework-neutral ones
+(checkpoints, resumes, errors). This module assembles what they return: segments, events, configuration dumps and diffs,
 tracebacks, and the log-format traps of DESIGN.md section 4:
 
 - a Megatron iteration line without ``lm loss`` when other lines have it is a NaN average loss:
@@ -39,17 +39,24 @@ from parsers.lines import (
     generic,
     hf_stdout,
     megatron,
+    nanogpt,
+    nemo,
+    torchtitan,
 )
 from parsers.lines.pyrepr import flatten
 
 FORMAT = "textlog"
 HEAD_BYTES = 64 * 1024
-_MODULES = (megatron, deepspeed, fairseq, hf_stdout, generic)
+_MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic)
 _LOG_NAMES = ("log", "stdout", "stderr", "output")
 _PRECISION = {"megatron": "%.6E", "fairseq": "%.3f", "metaseq": "%.3f", "hf_trainer_stdout": "float64",
-              "imagenet": "%.4f"}
-_QUIET_META = {"step_source", "loss_scale_zero_means_small", "batches_per_epoch", "versions", "step_unit"}
+              "imagenet": "%.4f", "torchtitan": "%.4f", "nemo": "%.4g",
+              "nanogpt": "%.4f"}
+_QUIET_META = {"step_source", "value_format", "loss_scale_zero_means_small", "batches_per_epoch", "versions",
+               "step_unit"}
 _ERROR_KINDS = {"error", "hardware_error", "oom"}
+_MAX_DAMAGED = 20
+_TB = "Traceback (most recent call last)"
 _TQDM = re.compile(r"^[^{|]{0,80}\d+%\|[^|]{0,200}\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
@@ -112,6 +119,7 @@ class _Assembler:
         self.scale: float | None = None
         self.tb: list[str] | None = None
         self.order = list(_MODULES)
+        self.skipped: list[Skip] = []
 
     # -- segments and events -------------------------------------------------------------------
     def brk(self) -> None:
@@ -176,6 +184,13 @@ class _Assembler:
 
     # -- one record ------------------------------------------------------------------------------
     def record(self, r: LineRecord, lineno: int) -> None:
+        if r.damaged is not None:
+            if len(self.skipped) < _MAX_DAMAGED:
+                self.skipped.append(Skip(f"{self.rows.source}:{lineno}", r.damaged))
+            elif len(self.skipped) == _MAX_DAMAGED:
+                self.skipped.append(Skip(f"{self.rows.source}:{lineno}", "more damaged lines from here on, "
+                                                                           "not listed one by one"))
+            return
         if self.dump is not None and r.arg is None and r.dump != "end":
             self.end_dump(lineno)
         if r.dump == "begin":
@@ -253,11 +268,11 @@ class _Assembler:
                 self.event(common.error_kind(line), line.strip()[:500], None)
                 return
             self.event("error", f"line {lineno}: traceback without an exception line", None)
-        if line.startswith("Traceback (most recent call last)"):
+        if line.startswith(_TB) or line.endswith(_TB + ":"):  # after a tqdm bar drawn without a newline too
             self.end_dump(lineno)
             self.tb = []
             return
-        if not line.strip() or _TQDM.match(line):
+        if not line.strip() or (_TQDM.match(line) and "=" not in line):  # NeMo bars carry metrics after '='
             return
         for mod in self.order:
             r = mod.parse_line(line, self.state)
@@ -370,6 +385,7 @@ def read(path: Path, root: Path) -> ParseResult:
                                                    "not parsed"))
     lines = lineno - 1
     keep, meta = asm.finish(lines)
-    precision = _PRECISION.get(meta["framework"], "text")
+    skipped[:0] = asm.skipped
+    precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
     return ParseResult(format=FORMAT, path=rel, metrics=asm.rows.metrics_table(keep),
                        events=asm.rows.events_table(), meta=meta, skipped=tuple(skipped), precision=precision)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -119,3 +120,152 @@ def test_case_br25_wandb_history(cases_dir):
     assert vals(df, "grad_norm", 174000) == [0.21598]
     assert vals(df, "params/norm/lm_head", 182000) == [559.9799]
     assert df.get_column("step").min() == 174000 and df.get_column("step").max() == 182000
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning CSVLogger, real (tests/data/make_lightning_fixture.py, pytorch-lightning 2.6.6)
+# ---------------------------------------------------------------------------------------------
+LIGHTNING = Path(__file__).parent / "data" / "lightning_run"
+
+
+def test_real_lightning_metrics_csv():
+    """110 train rows every 10 steps, 2 validation rows, NaN from step 1059 (the loss turned NaN at 1050)."""
+    r = csv_metrics.read(LIGHTNING / "csv/version_0/metrics.csv", LIGHTNING)
+    df = pl.from_arrow(r.metrics)
+    assert r.meta["kind"] == "lightning" and r.meta["step_column"] == "step" and not r.skipped
+    assert r.path == "csv/version_0/metrics.csv" and r.meta["segments"] == 1
+    loss = df.filter(pl.col("metric") == "loss")
+    assert loss.get_column("step").to_list() == list(range(9, 1100, 10))
+    assert loss.get_column("tag").unique().to_list() == ["reduced_train_loss"]
+    assert vals(df, "loss", 9) == [7.314020156860352] and vals(df, "loss", 1049) == [0.09340929985046387]
+    assert [s for s, v in loss.select("step", "value").rows() if math.isnan(v)] == list(range(1059, 1100, 10))
+    assert df.filter(pl.col("metric") == "eval_loss").select("step", "value").rows() == [
+        (499, 0.47118109464645386), (999, 0.2625895142555237)]
+    assert vals(df, "lr", 9) == [0.009999999776482582] and vals(df, "samples", 1099) == [4400.0]
+    counts = dict(df.group_by("metric").len().rows())
+    assert counts == {"loss": 110, "lr": 110, "samples": 110, "global_step": 110, "epoch": 112, "eval_loss": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B history exports as JSON arrays (scan_history() dumped with json, run.history() via pandas)
+# ---------------------------------------------------------------------------------------------
+def history_rows() -> list[dict]:
+    """Six rows as W&B's public API returns them: sparse eval key, media object, NaN at step 3."""
+    out = []
+    for s in range(6):
+        row = {"_step": s * 10, "_runtime": 1.5 * s, "_timestamp": 1700000000.25 + s, "train/loss": 2.0 - s / 8,
+               "optim/lr": 1e-3, "_wandb": {"runtime": s}}
+        if s == 3:
+            row["train/loss"] = math.nan
+        if s in (2, 5):
+            row["eval/loss"] = 2.5 - s / 10
+        if s == 1:
+            row["samples"] = {"_type": "table-file", "path": "media/table/samples_1.table.json"}
+        out.append(row)
+    return out
+
+
+def test_wandb_json_export_nan_spellings(tmp_path):
+    """NaN token (json.dump), "NaN" string (value_json spelling), null (pandas) and a media object."""
+    rows = history_rows()
+    rows[4]["train/loss"] = "NaN"
+    rows[5]["train/loss"] = None
+    p = tmp_path / "history.json"
+    p.write_text(json.dumps(rows, indent=2))
+    assert "NaN" in p.read_text() and csv_metrics.sniff(p)
+    r = csv_metrics.read(p, tmp_path)
+    df = pl.from_arrow(r.metrics)
+    assert r.format == "csv" and r.meta["container"] == "json" and r.meta["kind"] == "wandb_export"
+    assert r.meta["records"] == 6 and r.meta["null_values"] == 1 and not r.skipped
+    loss = df.filter(pl.col("metric") == "loss").select("step", "value").rows()
+    assert loss[:3] == [(0, 2.0), (10, 1.875), (20, 1.75)] and [s for s, _ in loss] == [0, 10, 20, 30, 40]
+    assert math.isnan(loss[3][1]) and math.isnan(loss[4][1])
+    assert df.filter(pl.col("metric") == "eval_loss").select("step", "value").rows() == [(20, 2.3), (50, 2.0)]
+    assert vals(df, "lr") == [1e-3] * 6 and df.height == 5 + 6 + 2
+    assert set(df.get_column("metric")) == {"loss", "lr", "eval_loss"}  # no _runtime, _timestamp, _wandb, media
+    assert df.filter(pl.col("step") == 30).get_column("wall_time").unique().to_list() == [1700000003.25]
+
+
+def test_wandb_json_export_written_by_pandas(tmp_path):
+    """``run.history()`` (a DataFrame) saved with ``to_json(orient="records")``: NaN and gaps are null."""
+    pd = pytest.importorskip("pandas")
+    rows = [{k: v for k, v in row.items() if k not in ("_wandb", "samples")} for row in history_rows()]
+    p = tmp_path / "history.json"
+    pd.DataFrame(rows).to_json(p, orient="records")
+    assert p.read_text().startswith('[{"_step":0,') and "null" in p.read_text()
+    r = csv_metrics.read(p, tmp_path)
+    df = pl.from_arrow(r.metrics)
+    assert r.meta["null_values"] == 1 + 4  # the NaN loss and the four rows without eval/loss
+    assert df.filter(pl.col("metric") == "loss").get_column("step").to_list() == [0, 10, 20, 40, 50]
+    assert df.filter(pl.col("metric") == "eval_loss").get_column("step").to_list() == [20, 50]
+    assert df.height == 5 + 6 + 2
+
+
+def test_wandb_json_export_cut_at_every_offset_keeps_complete_rows(tmp_path):
+    """A JSON export cut anywhere: every row complete before the cut is read, the cut is listed."""
+    text = json.dumps(history_rows(), indent=1)
+    ends = []  # offset just past each top-level row object
+    dec, i = json.JSONDecoder(), 1
+    while True:
+        while text[i] in " \n,":
+            i += 1
+        if text[i] == "]":
+            break
+        _, i = dec.raw_decode(text, i)
+        ends.append(i)
+    p = tmp_path / "history.json"
+    for cut in range(2, len(text)):
+        p.write_text(text[:cut])
+        r = csv_metrics.read(p, tmp_path)
+        whole = sum(e <= cut for e in ends)
+        steps = sorted(set(pl.from_arrow(r.metrics).get_column("step").to_list()))
+        assert steps == [10 * k for k in range(whole)], cut
+        assert len(r.skipped) == 1 and r.skipped[0].what.startswith("history.json:"), cut
+
+
+def test_wandb_json_export_corrupt_row_is_skipped(tmp_path):
+    """A corrupt row in the middle is listed with its line; the rows after it are read."""
+    text = json.dumps(history_rows(), indent=1)
+    i = text.index('"_step": 20')
+    p = tmp_path / "history.json"
+    p.write_text(text[:i] + "#" + text[i + 1:])
+    r = csv_metrics.read(p, tmp_path)
+    df = pl.from_arrow(r.metrics)
+    assert sorted(set(df.get_column("step").to_list())) == [0, 10, 30, 40, 50]
+    line = text[:i].count("\n") + 1
+    assert [s.what for s in r.skipped] == [f"history.json:{line - 1}"]
+    assert "skipped to the next element" in r.skipped[0].reason
+
+
+def test_json_sniff(tmp_path):
+    """Only arrays of row objects with a step key are claimed."""
+    cases = {"a.json": '[{"_step": 0, "loss": 1}]', "b.json": '{"_step": 0}', "c.json": "[1, 2]",
+             "d.json": '[{"loss": 1}]', "e.json": '  \n[\n {"step": 3, "loss": 1}\n]', "f.json": ""}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    assert [n for n in sorted(cases) if csv_metrics.sniff(tmp_path / n)] == ["a.json", "e.json"]
+    with pytest.raises(ParseError):
+        csv_metrics.read(tmp_path / "b.json", tmp_path)
+
+
+def test_parquet_exports_pandas_and_polars(tmp_path):
+    """The to_parquet of pandas turns NaN into null (no row); polars keeps NaN; a cut file is claimed and refused."""
+    pd = pytest.importorskip("pandas")
+    rows = [{k: v for k, v in row.items() if k not in ("_wandb", "samples")} for row in history_rows()]
+    a = tmp_path / "pandas.parquet"
+    pd.DataFrame(rows).to_parquet(a)
+    b = tmp_path / "polars.parquet"
+    pl.DataFrame(rows).write_parquet(b)
+    ra, rb = csv_metrics.read(a, tmp_path), csv_metrics.read(b, tmp_path)
+    da, db = pl.from_arrow(ra.metrics), pl.from_arrow(rb.metrics)
+    assert ra.meta["kind"] == "wandb_export" and ra.meta["null_values"] == 5 and rb.meta["null_values"] == 4
+    assert da.filter(pl.col("metric") == "loss").get_column("step").to_list() == [0, 10, 20, 40, 50]
+    assert db.filter(pl.col("metric") == "loss").get_column("step").to_list() == [0, 10, 20, 30, 40, 50]
+    assert math.isnan(vals(db, "loss", 30)[0]) and da.height == 13 and db.height == 14
+    assert "_runtime" not in set(da.get_column("metric")) and vals(da, "lr", 50) == [1e-3]
+    assert da.filter(pl.col("step") == 10).get_column("wall_time").unique().to_list() == [1700000001.25]
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(a.read_bytes()[: a.stat().st_size // 2])
+    assert csv_metrics.sniff(cut)
+    with pytest.raises(ParseError, match="damaged Parquet"):
+        csv_metrics.read(cut, tmp_path)

@@ -159,3 +159,98 @@ def test_case_br29(cases_dir):
     df = rows(hf_trainer.read(folder / "output/checkpoint-100/trainer_state.json", folder))
     assert vals(df, "grad_norm", 100) == [1.1975992918014526]
     assert df.get_column("step").max() == 100 and df.height == 400
+
+
+# ---------------------------------------------------------------------------------------------
+# A real Trainer run (tests/data/make_hf_trainer_fixture.py, transformers 5.24.0 on CPU): crashed at
+# step 25, resumed from checkpoint-20, finished at 30; trainer_state.json copies and the stdout.
+# ---------------------------------------------------------------------------------------------
+HF_RUN = Path(__file__).parent / "data" / "hf_trainer_run"
+
+
+def _history(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["log_history"]
+
+
+def test_real_trainer_state_top_level_copy():
+    """The final trainer_state.json: 30 train entries, 3 evaluations, the summary; values exact."""
+    r = hf_trainer.read(HF_RUN / "trainer_state.json", HF_RUN)
+    df = rows(r)
+    assert r.format == "hf_trainer" and not r.skipped and "superseded_by" not in r.meta
+    assert r.meta["global_step"] == 30 and r.meta["logging_steps"] == 1 and r.meta["max_steps"] == 30
+    assert df.height == 30 * 4 + 3 * 4 and set(df.get_column("segment")) == {0}
+    assert df.filter(pl.col("metric") == "loss").get_column("step").to_list() == list(range(1, 31))
+    assert vals(df, "loss", 1) == [3.9135632514953613] and vals(df, "grad_norm", 1) == [1.5371434688568115]
+    assert vals(df, "lr", 1) == [0.0] and vals(df, "lr", 2) == [0.0006000000000000001]
+    assert vals(df, "epoch", 30) == [0.46875]
+    assert df.filter(pl.col("metric") == "eval_loss").select("step", "value").rows() == [
+        (10, 3.9230270385742188), (20, 3.920131206512451), (30, 3.918332099914551)]
+    assert r.meta["train_summary"]["train_loss"] == 3.915132212638855
+    history = _history(HF_RUN / "trainer_state.json")
+    for e in history[:-1]:
+        for key, metric in (("loss", "loss"), ("grad_norm", "grad_norm"), ("eval_loss", "eval_loss")):
+            if key in e:
+                assert vals(df, metric, e["step"]) == [e[key]]
+
+
+def test_real_checkpoint_copies_are_superseded():
+    """checkpoint-10/20/30 hold the history up to their step; the top-level copy supersedes them."""
+    for n, entries in ((10, 11), (20, 22), (30, 33)):
+        path = HF_RUN / f"checkpoint-{n}" / "trainer_state.json"
+        assert len(_history(path)) == entries
+        r = hf_trainer.read(path, HF_RUN)
+        assert r.metrics.num_rows == 0 and r.meta["superseded_by"] == "trainer_state.json"
+
+
+def test_real_state_cut_short_keeps_complete_entries(tmp_path):
+    """A final trainer_state.json cut mid-write: complete entries salvaged, damage listed, newest intact copy wins.
+
+    With checkpoint-30 cut as well, checkpoint-20 (intact, global step 20) holds more than either salvaged copy.
+    """
+    out = tmp_path / "out"
+    for n in (20, 30):
+        src = (HF_RUN / f"checkpoint-{n}/trainer_state.json").read_text()
+        write(out / f"checkpoint-{n}" / "trainer_state.json", src)
+    text = (HF_RUN / "trainer_state.json").read_text()
+    top = write(out / "trainer_state.json", text[:text.index('"step": 19') + 5])
+    r = hf_trainer.read(top, tmp_path)
+    assert r.metrics.num_rows == 0 and r.meta["superseded_by"] == "out/checkpoint-30/trainer_state.json"
+    assert len(r.skipped) == 1 and "19 complete log_history entries" in r.skipped[0].reason
+    assert r.skipped[0].what.startswith("out/trainer_state.json:")
+    ck = out / "checkpoint-30" / "trainer_state.json"
+    ck_text = ck.read_text()
+    ck.write_text(ck_text[:ck_text.index('"step": 19') + 5])
+    r30 = hf_trainer.read(ck, tmp_path)
+    assert r30.meta["superseded_by"] == "out/checkpoint-20/trainer_state.json" and len(r30.skipped) == 1
+    r20 = hf_trainer.read(out / "checkpoint-20" / "trainer_state.json", tmp_path)
+    df = rows(r20)
+    assert not r20.skipped and df.filter(pl.col("metric") == "loss").get_column("step").to_list() == list(range(1, 21))
+    assert df.height == 20 * 4 + 2 * 4
+
+
+def test_real_trainer_stdout():
+    """The stdout of both attempts: f"{v:.4g}" strings, tqdm bars, the crash and the resume (epoch rewind)."""
+    from parsers import textlog
+
+    r = textlog.read(HF_RUN / "train.log", HF_RUN)
+    df, ev = pl.from_arrow(r.metrics), pl.from_arrow(r.events)
+    assert r.meta["framework"] == "hf_trainer_stdout" and r.precision == "%.4g" and r.meta["segments"] == 2
+    assert not r.skipped
+    loss = df.filter(pl.col("metric") == "loss").select("segment", "step").rows()
+    assert loss == [(0, s) for s in range(1, 25)] + [(1, s) for s in range(21, 31)]
+    assert df.filter(pl.col("metric") == "eval_loss").select("segment", "step", "value").rows() == [
+        (0, 10, 3.923), (0, 20, 3.92), (1, 30, 3.918)]
+    assert df.height == 34 * 4 + 3 * 4
+    assert ev.select("segment", "step", "kind").rows() == [(0, 24, "error")]
+    assert "simulated crash at step 25" in ev.get_column("message")[0]
+    assert r.meta["train_summary"]["train_loss"] == 3.915
+    # every value is the trainer_state.json value printed with 4 significant digits
+    exact = {(e["step"], k): e[k] for e in _history(HF_RUN / "trainer_state.json")[:-1]
+             for k in ("loss", "grad_norm", "learning_rate", "eval_loss") if k in e}
+    names = {"loss": "loss", "grad_norm": "grad_norm", "lr": "learning_rate", "eval_loss": "eval_loss"}
+    checked = 0
+    for _, step, metric, value in df.select("segment", "step", "metric", "value").rows():
+        if metric in names:
+            assert value == float(f"{exact[(step, names[metric])]:.4g}"), (step, metric)
+            checked += 1
+    assert checked == 34 * 3 + 3

@@ -336,10 +336,11 @@ def test_deepspeed_steps_and_overflows(tmp_path):
         ("step 3 | lr 1.0 | loss 1.1219", 3, {"lr": 1.0, "loss": 1.1219}),
         ("[step 20000] loss 0.1549 grad_norm 1.441", 20000, {"loss": 0.1549, "grad_norm": 1.441}),
         ("iter 100: loss 2.3456, time 123.45ms, mfu 12.34%", 100,
-         {"loss": 2.3456, "time": 123.45, "mfu": 12.34}),
+         {"loss": 2.3456, "step_time": 0.12345, "mfu": 12.34}),
         ("[titan] 2026-08-21 21:30:21,123 - root - INFO - step:  1  loss: 12.34567  grad_norm:  3.1234  "
          "memory: 12.34GiB(15.56%)  tps: 1,234  mfu: 12.34%", 1,
-         {"loss": 12.34567, "grad_norm": 3.1234, "memory": 12.34, "throughput": 1234.0, "mfu": 12.34}),
+         {"loss": 12.34567, "grad_norm": 3.1234, "memory_reserved_gib": 12.34, "memory_reserved_pct": 15.56,
+          "throughput": 1234.0, "mfu": 12.34}),
         ("Iter 10: Train loss \x1b[92m2.43155818\x1b[0m, Learning Rate 1.000e-04, It/sec 0.297, "
          "Tokens/sec 282.216, Trained Tokens 9494, Peak mem 22.051 GB", 10,
          {"loss": 2.43155818, "lr": 1e-4, "It/sec": 0.297, "throughput": 282.216, "tokens": 9494.0,

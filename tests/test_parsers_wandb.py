@@ -432,3 +432,40 @@ def test_crafted_records_exit_code_values_and_zero_tail(tmp_path):
     ev = dict(zip(res.events.column("kind").to_pylist(), res.events.column("message").to_pylist(), strict=True))
     assert "code -9" in ev["error"] and "preempted" in ev["job_end"] and "forked" in ev["restart"]
     assert len(res.skipped) == 1 and "zero bytes" in res.skipped[0].reason
+
+
+def test_wandb_history_exports_json_csv_parquet_are_discovered(tmp_path):
+    """The three exports of one history (JSON array, CSV, Parquet) are found in a run folder and agree.
+
+    A cut JSON export keeps its complete rows and lists the cut among the run's skipped inputs.
+    """
+    from parsers.discover import load_run
+
+    rows = [{"_step": s, "_runtime": 2.0 * s, "_timestamp": 1.79e9 + s, "train/loss": 3.0 - s / 4,
+             "train/grad_norm": math.nan if s == 3 else 0.5 + s} for s in range(5)]
+    export = tmp_path / "wandb_export"
+    export.mkdir()
+    (export / "history.json").write_text(json.dumps(rows))
+    header = list(rows[0])
+    (export / "history.csv").write_text(",".join(header) + "\n" + "".join(
+        ",".join(repr(r[k]) for k in header) + "\n" for r in rows))
+    import polars as pl
+
+    pl.DataFrame(rows).write_parquet(export / "history.parquet")
+    data = load_run(tmp_path)
+    assert sorted((s.path, s.format) for s in data.sources) == [
+        ("wandb_export/history.csv", "csv"), ("wandb_export/history.json", "csv"),
+        ("wandb_export/history.parquet", "csv")]
+    by_source = {src: sorted(data.metrics.filter(pl.col("source") == src).select("step", "metric", "value")
+                             .rows(), key=repr) for src in data.metrics.get_column("source").unique()}
+    assert len(by_source) == 3 and all(len(v) == 10 for v in by_source.values())
+    first = next(iter(by_source.values()))
+    assert all(repr(v) == repr(first) for v in by_source.values())
+    assert ("loss" in {m for _, m, _ in first}) and ("grad_norm" in {m for _, m, _ in first})
+    text = (export / "history.json").read_text()
+    (export / "history.json").write_text(text[: text.index('{"_step": 4')] + '{"_step": 4, "_run')
+    data = load_run(tmp_path)
+    cut = data.metrics.filter(pl.col("source") == "wandb_export/history.json")
+    assert sorted(set(cut.get_column("step").to_list())) == [0, 1, 2, 3] and cut.height == 8
+    assert [s.what for s in data.skipped if s.what.startswith("wandb_export/history.json")] == [
+        "wandb_export/history.json:1"]

@@ -49,6 +49,8 @@ class LineRecord:
         has_loss: For step lines that normally carry a loss: whether this one did (Megatron NaN trap).
         agg_last: The metrics replace earlier rows with the same (segment, step, metric).
         wall_time: Seconds since epoch parsed from the line's timestamp, if any.
+        damaged: The line starts like one of the framework's metric lines but does not parse (cut by an
+            interleaved write, garbled): why, for a ``Skip`` naming the line; no row is made of it.
     """
 
     framework: str
@@ -68,6 +70,7 @@ class LineRecord:
     has_loss: bool | None = None
     agg_last: bool = False
     wall_time: float | None = None
+    damaged: str | None = None
 
 
 def metric(tag: str, value: float | None, name: str | None = None) -> Metric:

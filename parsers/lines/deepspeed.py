@@ -2,10 +2,15 @@
 
 Shapes: ``[ts] [INFO] [logging.py:128:log_dist] [Rank 0] step=N, skipped=K, lr=[X], mom=[...]``
 (``skipped`` is cumulative; it becomes ``skipped_step``, the count since the previous line), the
-fp16 overflow messages (``Attempted loss scale: X, reducing to Y``, ``Grad overflow on iteration N``,
-``Reducing/Increasing dynamic loss scale from X to Y``), the fatal ``Current loss scale already at
-minimum``, the throughput line ``epoch=E/micro_step=M/global_step=N, RunningAvgSamplesPerSec=...``
-and the ``DeepSpeedEngine configuration:`` dump.
+fp16 overflow messages of ``deepspeed/runtime/fp16/loss_scaler.py`` (``[deepspeed] OVERFLOW! Rank 0 Skipping
+step. Attempted loss scale: X, reducing to Y``; ``... Attempted loss scale: X, but hysteresis is H. Reducing
+hysteresis to H-1``, a skipped step that keeps the scale; the bare ``... Skipping step.`` of bf16/fp32
+engines) and of ``fused_optimizer.py``/``unfused_optimizer.py`` (``Overflow detected. Skipping step.
+Attempted loss scale: X, reducing to Y``, ``Grad overflow on iteration N``, ``Reducing/Increasing dynamic
+loss scale from X to Y``; ``No Grad overflow for N iterations`` and ``Consecutive hysteresis is enabled``
+are claimed without rows), the fatal ``Current loss scale already at minimum``, the throughput line
+``epoch=E/micro_step=M/global_step=N, RunningAvgSamplesPerSec=...`` and the ``DeepSpeedEngine
+configuration:`` dump.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ _PREFIX = re.compile(r"^\[[^\]]*\]\s*\[(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\]\s
                      r"(?:\[Rank \d+\]\s*)?")
 _STEP = re.compile(r"\bstep=(\d+),\s*skipped=(\d+),\s*lr=\[([^\]]*)\]")
 _ATTEMPT = re.compile(rf"Attempted loss scale:\s*({NUM}),\s*reducing to\s*({NUM})")
+_HYSTERESIS = re.compile(rf"Attempted loss scale:\s*({NUM}),\s*but hysteresis is (\d+)\. "
+                         r"Reducing hysteresis to (-?\d+)")
+_BARE_OVERFLOW = re.compile(r"(?:OVERFLOW! Rank \d+ Skipping step|Overflow detected\. Skipping step)\.?\s*$")
+_QUIET = re.compile(r"^(?:Consecutive hysteresis is enabled\. Restoring hysteresis to \d+|"
+                    r"No Grad overflow for \d+ iterations)\s*$")
 _GRAD_OVERFLOW = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _CHANGE = re.compile(rf"(Reducing|Increasing) dynamic loss scale from\s*({NUM})\s*to\s*({NUM})")
 _MINIMUM = re.compile(r"Current loss scale already at minimum")
@@ -27,7 +37,7 @@ _THROUGHPUT = re.compile(r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+),(.*)$"
 _KV = re.compile(r"(?<!\w)(\w{1,63})=([^,]+)")
 _ARG = re.compile(r"^\s*([A-Za-z_]\w*) \.{3,} ?(.*)$")
 _VERSION = re.compile(r"DeepSpeed info: version=([\w.+-]+)")
-_KEYS = re.compile(r"step=|verflow|loss scale|DeepSpeed")
+_KEYS = re.compile(r"step=|verflow|OVERFLOW|loss scale|hysteresis|DeepSpeed")
 _PRECISION_ARGS = {"bfloat16_enabled": "bf16", "fp16_enabled": "fp16"}
 
 
@@ -72,6 +82,15 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
                           events=[("overflow_skip", msg.strip(), None),
                                   ("loss_scale_change", f"loss scale {a.group(1)} -> {a.group(2)}", None)],
                           wall_time=ts)
+    h = _HYSTERESIS.search(msg)
+    if h:  # skipped, but the scale is kept until the hysteresis runs out
+        return LineRecord("deepspeed", metrics=[metric("loss scale (overflow, hysteresis)", float(h.group(1)),
+                                                       "loss_scale")],
+                          events=[("overflow_skip", msg.strip(), None)], wall_time=ts)
+    if _BARE_OVERFLOW.search(msg):  # bf16/fp32 engines print no scale
+        return LineRecord("deepspeed", events=[("overflow_skip", msg.strip(), None)], wall_time=ts)
+    if _QUIET.match(msg.strip()):
+        return LineRecord("deepspeed")
     g = _GRAD_OVERFLOW.search(msg)
     if g:
         return LineRecord("deepspeed", events=[("overflow_skip", msg.strip(), int(g.group(1)))])

@@ -1,7 +1,10 @@
 """Hugging Face Trainer stdout, reference/formats.md section 3.2.
 
 Shapes: the dict lines ``{'loss': 2.3, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.01}``
-(a Python repr: ``nan``/``inf`` tokens) and the older JSON ``{"loss": ..., "step": 250}``; eval
+(a Python repr: ``nan``/``inf`` tokens), the same with every float as a ``f"{v:.4g}"`` string
+(``{'loss': '3.914', 'grad_norm': 'nan', 'learning_rate': '0.0006', 'epoch': '0.01562'}``: ``ProgressCallback``
+and ``PrinterCallback`` of recent versions, measured with transformers 5.24.0; ``meta["value_format"]`` is
+then ``"%.4g"``) and the older JSON ``{"loss": ..., "step": 250}``; eval
 dicts (``eval_*`` keys) and the end-of-training summary (``train_runtime``, ``train_loss``); the
 ``***** Running training *****`` block (``Num Epochs = E``, ``Total optimization steps = N``, ...);
 ``TrainingArguments(...)`` on one line or over many; ``Continuing training from global step N``;
@@ -10,7 +13,9 @@ dicts (``eval_*`` keys) and the end-of-training summary (``train_runtime``, ``tr
 The step is not on the dict lines of recent versions. It is taken, in this order, from a ``step``
 key, from ``round(epoch * N / E)`` when the block printed N and E, or from a running index times
 ``logging_steps`` (from a printed ``TrainingArguments``) or times one; ``state["hf_step_source"]``
-records which.
+records which. When the epoch of a train dict goes back (a relaunch that resumed from a checkpoint, with
+nothing printed at the default log level to say so), the running index is re-anchored at
+``round(epoch * steps per epoch)``, the steps per epoch being the last step over the last epoch.
 """
 
 from __future__ import annotations
@@ -89,8 +94,17 @@ def _step_for(d: dict, is_eval: bool, state: dict) -> tuple[int | None, str]:
     state["hf_index"] = state.get("hf_index", 0) + 1
     ls = state.get("hf_logging_steps")
     s = state.get("hf_base", 0) + state["hf_index"] * (ls or 1)
+    source = "index*logging_steps" if ls else "index"
+    last_epoch, last_step = state.get("hf_last_epoch"), state.get("hf_last_step")
+    if epoch is not None and last_epoch and last_step and epoch < last_epoch:
+        # the epoch went back: a relaunch resumed from a checkpoint; steps per epoch from the run so far
+        s = int(round(epoch * last_step / last_epoch))
+        state["hf_base"] = s - state["hf_index"] * (ls or 1)
+        source = "epoch rewind"
+    if epoch is not None:
+        state["hf_last_epoch"] = epoch
     state["hf_last_step"] = s
-    return s, "index*logging_steps" if ls else "index"
+    return s, source
 
 
 def _dict_line(s: str, state: dict) -> LineRecord | None:
@@ -103,24 +117,29 @@ def _dict_line(s: str, state: dict) -> LineRecord | None:
     if not isinstance(d, dict):
         return None
     if "train_runtime" in d or ("train_loss" in d and "loss" not in d):
-        return LineRecord("hf_trainer_stdout", summary=d)
+        summary = {k: to_float(v) if isinstance(v, str) and to_float(v) is not None else v for k, v in d.items()}
+        return LineRecord("hf_trainer_stdout", summary=summary)
     is_eval = any(k.startswith("eval_") for k in d)
     step, source = _step_for(d, is_eval, state)
     if step is None:
         return None
     state["hf_step_source"] = source
     out = []
+    strings = False
     for k, v in d.items():
         if k in _SKIP_KEYS or (is_eval and k == "epoch"):
             continue
         if v is None:
             out.append(metric(k, None))
             continue
-        x = to_float(v) if not isinstance(v, str) else None
+        x = to_float(v)  # recent versions print floats as f"{v:.4g}" strings
         if x is not None:
             out.append(metric(k, x))
-    return LineRecord("hf_trainer_stdout", step=step, metrics=out, eval=is_eval,
-                      meta={"step_source": source})
+            strings = strings or isinstance(v, str)
+    meta = {"step_source": source}
+    if strings:
+        meta["value_format"] = "%.4g"
+    return LineRecord("hf_trainer_stdout", step=step, metrics=out, eval=is_eval, meta=meta)
 
 
 def parse_line(line: str, state: dict) -> LineRecord | None:
