@@ -67,8 +67,14 @@ def _finite_checkpoints(run: RunData, onset: int) -> tuple[list[tuple[int, str]]
             passed.append(f"step {step} is incomplete (missing or unreadable files)")
         else:
             ok.append((int(step), str(path), int(n)))
-    note = ("its tensors (weights and optimizer state) were read: all finite" if any(c[0] < onset for c in ok)
-            else "no checkpoint read before the onset has only finite, complete tensors")
+    steps_read = [int(r[0]) for r in per.iter_rows()]
+    if any(c[0] < onset for c in ok):
+        note = "its tensors (weights and optimizer state) were read: all finite"
+    elif steps_read and min(steps_read) >= onset:  # nothing was saved before the onset, finite or not
+        note = (f"the earliest checkpoint read is from step {min(steps_read)}, not before the onset: none holds the "
+                "state from before it")
+    else:
+        note = "no checkpoint read before the onset has only finite, complete tensors"
     skipped = [p for p in passed if int(p.split()[1]) < onset]
     if skipped:
         note += "; passed over: " + ", ".join(skipped[:4])
@@ -134,6 +140,9 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     verified: str | None = None
     if run.tensors.height:  # checkpoints were read: only finite, complete ones qualify
         ckpts, verified = _finite_checkpoints(run, onset)
+    else:  # none could be read: still never one known to be cut or incomplete
+        bad = {c.get("step") for c in run.meta.get("checkpoints") or [] if not c.get("complete", True)}
+        ckpts = [c for c in ckpts if c[0] not in bad]
     unit = _step_unit(run)
     epochs = unit == "epoch"
     rollback = 1 if epochs else ROLLBACK_MIN
@@ -171,6 +180,10 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         if verified is not None:
             why += f"; {verified}"
         resume = {"checkpoint": path, "step": step, "why": why}
+    elif verified is not None and target < first_logged:
+        resume = {"checkpoint": None, "step": 0, "why": f"no checkpoint before the onset {onset} qualifies: "
+                  f"{verified}; the onset is within {rollback} {unit}s of the start of the log: restart from the "
+                  "beginning"}
     elif verified is not None:
         step = max(first_logged, target)
         resume = {"checkpoint": None, "step": step, "why": f"no checkpoint before the onset {onset} qualifies: "

@@ -17,6 +17,11 @@ Four rules, each at most one finding (cause ``update_scale_growth``), all from t
    ``out_min_growth`` (2x) and ``out_vs_rest`` (1.5x) the median growth of the other matrices, still
    growing at the last checkpoint (Wortsman et al. 2023, output-logit divergence; PaLM z-loss)
    -> ``output_logit_divergence``.
+
+   Rules 2 and 3 also ask that the growth be *sustained* at the flagged checkpoint: its rate per step
+   is at least ``sustained_floor`` (0.75) times every earlier interval's, scaled up by the rise of
+   the mean lr since then (Adam moves each weight by about lr per step: growth that only follows a
+   warm-up's lr ramp, or the decelerating rise of early training, is not a runaway).
 4. *Adam epsilon*: in a tensor of at least ``min_eps_numel`` coordinates, more than ``eps_share``
    (50%) of the coordinates with ``v > 0`` have ``sqrt(v_hat) <= 10 eps`` (eps from the optimizer's
    param_groups): the update there is set by eps, not by the gradient (Wortsman et al. 2023 section
@@ -59,16 +64,40 @@ def _growth(series: list[tuple[int, float]], steps: list[int]) -> np.ndarray:
     return np.array([d[s] / base for s in steps])
 
 
-def _sustained(g: np.ndarray, steps: list[int], floor: float) -> np.ndarray:
+def _interval_lr(run: RunData, steps: list[int]) -> np.ndarray:
+    """Mean logged lr over each checkpoint interval ``(steps[i], steps[i+1]]``; NaN where none was logged."""
+    out = np.full(max(len(steps) - 1, 0), np.nan)
+    lr = run.series("lr")
+    if lr is None or not len(lr):
+        return out
+    for i in range(len(steps) - 1):
+        sel = (lr.steps > steps[i]) & (lr.steps <= steps[i + 1]) & np.isfinite(lr.values)
+        if sel.any():
+            out[i] = float(np.mean(lr.values[sel]))
+    return out
+
+
+def _sustained(g: np.ndarray, steps: list[int], floor: float, lr: np.ndarray | None = None) -> np.ndarray:
     """Per checkpoint: does the norm keep growing (not the decelerating rise of early training)?
 
     True where the growth per step over the interval ending at that checkpoint is at least ``floor``
-    times the fastest earlier interval's.
+    times each earlier interval's, that earlier rate first scaled up by how much the mean lr rose
+    since (``lr``: mean lr per interval, NaN when unknown). Adam moves every weight by about lr per
+    step, so a norm that grows faster only because a warm-up is still raising the lr is not running
+    away; a falling lr is not credited (the rule never gets looser than per step).
     """
     ok = np.zeros(g.shape[0], dtype=bool)
     rate = np.diff(g) / np.maximum(np.diff(np.asarray(steps, dtype=float)), 1.0)
+    lrs = np.full(rate.shape[0], np.nan) if lr is None else np.asarray(lr, dtype=float)
     for i in range(2, g.shape[0]):
-        ok[i] = rate[i - 1] > 0 and rate[i - 1] >= floor * float(np.max(rate[: i - 1]))
+        cur = rate[i - 1]
+        if not cur > 0:
+            continue
+        need = 0.0
+        for j in range(i - 1):
+            rise = lrs[i - 1] / lrs[j] if np.isfinite(lrs[i - 1]) and np.isfinite(lrs[j]) and lrs[j] > 0 else 1.0
+            need = max(need, floor * float(rate[j]) * max(1.0, float(rise)))
+        ok[i] = cur >= need
     return ok
 
 
@@ -155,7 +184,7 @@ class CheckpointUpdateGrowth(Detector):
             parts = name.split(".")
             if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in _QKV:
                 groups.setdefault(".".join(parts[:-2]), {})[_QKV[parts[-2]]] = name
-        hits = []
+        hits, seen = [], []
         for prefix, g in sorted(groups.items()):
             if set(g) != {"q", "k", "v"}:
                 continue
@@ -165,22 +194,33 @@ class CheckpointUpdateGrowth(Detector):
             gq, gk, gv = (_growth(norms[g[x]], steps) for x in "qkv")
             qk = np.sqrt(gq * gk)
             ok = np.flatnonzero((qk >= self.qk_min_growth) & (qk >= self.qk_vs_v * gv)
-                                & _sustained(qk, steps, self.sustained_floor))
+                                & _sustained(qk, steps, self.sustained_floor, _interval_lr(run, steps)))
+            seen.append({"layer": prefix, "since_step": steps[0], "step": steps[-1], "q_growth": float(gq[-1]),
+                         "k_growth": float(gk[-1]), "qk_growth": float(qk[-1]), "v_growth": float(gv[-1]),
+                         "flagged": bool(ok.size)})
             if ok.size:
                 i = int(ok[0])
                 hits.append({"layer": prefix, "step": steps[i], "since_step": steps[0], "qk_growth": float(qk[i]),
-                             "v_growth": float(gv[i]), "qk_growth_last": float(qk[-1]), "v_growth_last": float(gv[-1])})
+                             "v_growth": float(gv[i]), "q_growth": float(gq[i]), "k_growth": float(gk[i]),
+                             "qk_growth_last": float(qk[-1]), "v_growth_last": float(gv[-1]),
+                             "norms": {x: [[s, v] for s, v in norms[g[x]] if s in steps] for x in "qkv"}})
         if not hits:
             return None
         hits.sort(key=lambda h: (h["step"], -h["qk_growth"]))
         h = hits[0]
+        per_layer = ", ".join(f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x at checkpoint "
+                              f"{x['step']}" for x in hits[:4])
+        more = f" and {len(hits) - 4} more layer(s)" if len(hits) > 4 else ""
+        rest = [x for x in seen if not x["flagged"]]
+        others = ("; other layers at their last checkpoint: " + ", ".join(
+            f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x" for x in rest[:3])
+            + (f" and {len(rest) - 3} more" if len(rest) > 3 else "")) if rest else ""
         return self.finding(
             cause="update_scale_growth", mechanism="attention_logit_growth", step=h["step"],
             segment=checkpoint_segment(run, h["step"]), confidence=0.6, severity="high",
-            message=f"Q/K projection norms of {h['layer']} grew {fmt(h['qk_growth'])}x since checkpoint "
-            f"{h['since_step']} while V grew {fmt(h['v_growth'])}x (checkpoint {h['step']}; {len(hits)} layer(s)): "
-            "attention logits scale with |q||k|.",
-            evidence={"layers": hits[:12], "n_layers": len(hits)},
+            message=f"Q/K projection norms grew faster than V since checkpoint {h['since_step']} in {len(hits)} "
+            f"layer(s): {per_layer}{more}: attention logits scale with |q||k|{others}.",
+            evidence={"layers": hits[:12], "n_layers": len(hits), "all_layers": seen[:24]},
         )
 
     def _output(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
@@ -201,7 +241,7 @@ class CheckpointUpdateGrowth(Detector):
             med.append(float(np.nanmedian(vals)) if vals and np.isfinite(vals).any() else math.nan)
         medv = np.array(med)
         ok = np.flatnonzero((g >= self.out_min_growth) & (g >= self.out_vs_rest * medv)
-                            & _sustained(g, steps, self.sustained_floor))
+                            & _sustained(g, steps, self.sustained_floor, _interval_lr(run, steps)))
         if not ok.size:
             return None
         i = int(ok[0])
