@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from forensics.model import Skip
 from forensics.schema import TENSORS_SCHEMA, UPDATES_SCHEMA
 from parsers import torch_ckpt
-from parsers.safetensors_ckpt import CheckpointError, Moments, TensorRef, iter_blocks, read_header, read_index
+from parsers.safetensors_ckpt import CheckpointError, TensorRef, parse_header, read_index, tensor_stats
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".distcp")
 _STEP = re.compile(r"(?:^|[^a-z])(?:global_step|checkpoint|ckpt|step|iter(?:ation)?)[-_=]?(\d+)(?![0-9a-z])", re.I)
@@ -188,12 +187,27 @@ def _load_unit(root: Path, u: _Unit, skipped: list[Skip]) -> None:
             continue  # a data or tokenizer file (nanoGPT train.bin), not a checkpoint
         try:
             if f.suffix == ".safetensors":
-                refs, _meta, sk = read_header(f)
-                skipped.extend(Skip(f.relative_to(root).as_posix() + s.what[len(str(f)):], s.reason) for s in sk)
-                params += [(r.name, r) for r in refs]
+                h = parse_header(f)
+                rel = f.relative_to(root).as_posix()
+                skipped.extend(Skip(rel + s.what[len(str(f)):], s.reason) for s in h.skipped)
+                if h.truncated:  # the tensors inside the file are read; the checkpoint is not whole
+                    info["complete"], info["truncated"] = False, True
+                    info["problems"].append(
+                        f"{f.name}: truncated at byte {h.file_bytes} of {h.declared_bytes}: {len(h.cut)} tensors cut "
+                        f"({', '.join(h.cut[:3])}{', ...' if len(h.cut) > 3 else ''}), {len(h.tensors)} read; "
+                        "never resume from it")
+                params += [(r.name, r) for r in h.tensors]
                 kinds.add("safetensors")
                 continue
-            c = torch_ckpt.classify(torch_ckpt.load(f))
+            got = torch_ckpt.read(f)  # a cut or damaged file keeps its complete tensors (issue 8)
+            if got.skipped:
+                problem(f.relative_to(root).as_posix() + got.skipped[0].what[len(str(f)):], got.skipped[0].reason)
+                skipped.extend(Skip(f.relative_to(root).as_posix() + s.what[len(str(f)):], s.reason)
+                               for s in got.skipped[1:])
+                info["complete"] = False
+            if got.truncated:
+                info["truncated"] = True
+            c = torch_ckpt.classify(got.obj)
         except CheckpointError as exc:
             problem(f, str(exc))
             continue
@@ -292,24 +306,8 @@ def _layer(name: str) -> str | None:
 
 def _stream(ref: TensorRef, prev: TensorRef | None, small: float | None) -> tuple[dict[str, Any], float | None]:
     """Statistics of ``ref`` and, when ``prev`` is given, ``||ref - prev||^2`` in the same pass."""
-    m = Moments(small)
-    if prev is None or prev.numel != ref.numel:
-        for b in iter_blocks(ref):
-            m.add(b)
-        dsq = None
-    else:
-        dsq, buf = 0.0, None
-        for a, b in zip(iter_blocks(ref), iter_blocks(prev), strict=True):
-            m.add(a)
-            if buf is None:
-                buf = np.empty(a.shape[0], dtype=np.float64)
-            d = buf[: a.shape[0]]
-            np.subtract(a, b, out=d, dtype=np.float64)
-            dsq += float(np.einsum("i,i->", d, d))
-    out = m.result()
-    if small is not None:
-        out.update(n_small=m.n_small, n_pos=m.n_pos)
-    return out, dsq
+    st = tensor_stats(ref, small, prev if prev is not None and prev.numel == ref.numel else None)
+    return st, st.pop("delta_sq", None)
 
 
 def read_checkpoints(run_dir: str | Path, run_name: str) -> tuple[pl.DataFrame, pl.DataFrame, list[dict[str, Any]],
@@ -326,11 +324,12 @@ def read_checkpoints(run_dir: str | Path, run_name: str) -> tuple[pl.DataFrame, 
         is one dict per checkpoint in step order (``step``, ``path``, ``step_source``, ``format``,
         ``files``, ``bytes``, ``complete``, ``finite`` (every tensor read has no NaN/inf), ``problems``,
         ``n_tensors``, ``optimizer`` {``step``, ``param_groups``, ``param_names``}, ``scheduler``
-        {``last_epoch``, ``_step_count``, ``base_lrs``, ``_last_lr``}, ``trainer_state_step``,
+        {``last_epoch``, ``_step_count``, ``base_lrs``, ``_last_lr``}, ``trainer_state_step``, ``truncated``
+        (only when a torch or safetensors file was cut short: ``complete`` is then False too),
         ``adam_eps`` [{``tensor``, ``share``, ``eps_threshold``}]: exp_avg_sq tensors whose share of
         positive coordinates with sqrt(v_hat) <= 10 eps is at least 5%); ``skipped`` lists files and
         tensors not read (refused pickles, truncated files, missing shards, undecoded layouts).
-        Never raises for a bad checkpoint; memory stays at a few chunk buffers (32 MiB each).
+        Never raises for a bad checkpoint; memory stays at a few chunk buffers (4 MiB each).
     """
     root = Path(run_dir)
     units = find_checkpoints(root)
@@ -346,8 +345,10 @@ def read_checkpoints(run_dir: str | Path, run_name: str) -> tuple[pl.DataFrame, 
     upd: list[dict[str, Any]] = []
     prev: dict[str, tuple[TensorRef, float]] = {}
     prev_step: int | None = None
+    prev_complete, prev_names = False, set()
     for u in units:
         cur: dict[str, tuple[TensorRef, float]] = {}
+        first_upd = len(upd)
         finite, eps_rows = True, []
         for name, role, ref, small in u.tensors:
             p = prev.get(name) if role == "param" and u.step is not None and prev_step is not None \
@@ -366,30 +367,42 @@ def read_checkpoints(run_dir: str | Path, run_name: str) -> tuple[pl.DataFrame, 
                 cur[name] = (ref, st["l2"])
             if dsq is not None and p is not None:
                 upd.append({"run": run_name, "step_from": prev_step, "step_to": u.step, "tensor": name,
-                            "delta_l2": math.sqrt(dsq) if dsq >= 0 else float("nan"), "weight_l2": p[1]})
+                            "delta_l2": math.sqrt(dsq) if dsq >= 0 else float("nan"), "weight_l2": p[1],
+                            "partial": False})
             if small is not None and st.get("n_pos"):
                 share = st["n_small"] / st["n_pos"]
                 if share >= ADAM_EPS_SHARE_KEEP:
                     eps_rows.append({"tensor": name, "share": round(share, 4), "numel": st["numel"],
                                      "eps_threshold": math.sqrt(small)})
         u.info.update(n_tensors=len(u.tensors), finite=finite if u.tensors else None, adam_eps=eps_rows)
-        if cur and u.step is not None:
-            prev, prev_step = cur, u.step
+        # layer/model sums only over whole models: both checkpoints complete, or the same parameters read in both
+        # and all of them compared (a cut file or a missing shard leaves a subset, not comparable with other pairs)
+        pair = {r["tensor"] for r in upd[first_upd:]}
+        if not ((u.info["complete"] and prev_complete) or set(cur) == prev_names == pair):
+            for r in upd[first_upd:]:
+                r["partial"] = True
+        if cur and u.step is not None and (u.info["complete"] or not prev_complete):  # a whole one stays the base
+            prev, prev_step, prev_complete, prev_names = cur, u.step, bool(u.info["complete"]), set(cur)
     tensors = pl.from_arrow(pa.Table.from_pylist(rows, schema=TENSORS_SCHEMA))
     return tensors, _updates_table(upd), [u.info for u in units], skipped  # type: ignore[return-value]
 
 
 def _updates_table(upd: list[dict[str, Any]]) -> pl.DataFrame:
-    """Per-tensor rows plus per-layer (``<prefix>.*``) and whole-model (``*``) rows."""
+    """Per-tensor rows plus per-layer (``<prefix>.*``) and whole-model (``*``) rows.
+
+    Rows flagged ``partial`` (a pair of checkpoints of which one is incomplete) give per-tensor rows only:
+    a layer or model norm over the tensors that happened to be read would not be comparable.
+    """
     if not upd:
         return pl.from_arrow(UPDATES_SCHEMA.empty_table())  # type: ignore[return-value]
     t = pl.DataFrame(upd)
-    keyed = t.with_columns(pl.col("tensor").map_elements(_layer, return_dtype=pl.String).alias("layer"))
+    whole = t.filter(~pl.col("partial"))
+    keyed = whole.with_columns(pl.col("tensor").map_elements(_layer, return_dtype=pl.String).alias("layer"))
     sq = [(pl.col("delta_l2") ** 2).sum().sqrt().alias("delta_l2"), (pl.col("weight_l2") ** 2).sum().sqrt()
           .alias("weight_l2")]
     layers = (keyed.filter(pl.col("layer").is_not_null()).group_by("run", "step_from", "step_to", "layer").agg(*sq)
               .with_columns((pl.col("layer") + ".*").alias("tensor")).drop("layer"))
-    total = t.group_by("run", "step_from", "step_to").agg(*sq).with_columns(pl.lit("*").alias("tensor"))
+    total = whole.group_by("run", "step_from", "step_to").agg(*sq).with_columns(pl.lit("*").alias("tensor"))
     cols = ["run", "step_from", "step_to", "tensor", "delta_l2", "weight_l2"]
     out = pl.concat([t.select(cols), layers.select(cols), total.select(cols)])
     out = out.with_columns(pl.when(pl.col("weight_l2") > 0).then(pl.col("delta_l2") / pl.col("weight_l2"))

@@ -79,33 +79,218 @@ def test_safetensors_stats_match_reference(tmp_path: Path) -> None:
 
 
 def test_truncated_and_hostile_safetensors_are_skips(tmp_path: Path) -> None:
-    """Truncated file, out-of-range offsets, absurd header length, overlap: refused, no big allocation."""
-    path, _ = _st_file(tmp_path)
+    """A cut file keeps its complete tensors and lists the cut ones; damage no cut explains is refused.
+
+    Refused, with no big allocation: a cut header, a hole before offsets past the end, an absurd header
+    length, a size mismatch, an overlap.
+    """
+    path, tensors = _st_file(tmp_path)
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "truncated.safetensors").write_bytes(data[: len(data) - 100])
+    (bad / "header_cut.safetensors").write_bytes(data[: 8 + n // 2])
     header = {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 40]}}
     hb = json.dumps(header).encode()
     (bad / "offsets.safetensors").write_bytes(struct.pack("<Q", len(hb)) + hb + b"\0" * 16)
+    hole = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}}
+    hb = json.dumps(hole).encode()
+    (bad / "hole.safetensors").write_bytes(struct.pack("<Q", len(hb)) + hb + b"\0" * 16)
     (bad / "huge.safetensors").write_bytes(struct.pack("<Q", 1 << 60) + b"{" + b" " * 64)
     over = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
             "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}
     ob = json.dumps(over).encode()
     (bad / "overlap.safetensors").write_bytes(struct.pack("<Q", len(ob)) + ob + b"\0" * 24)
     tracemalloc.start()
-    for name, words in (("truncated", "truncated"), ("offsets", "truncated or corrupt"), ("huge", "exceeds"),
-                        ("overlap", "overlap")):
+    for name, words in (("header_cut", "truncated: header length"), ("offsets", "expected 16"),
+                        ("hole", "after a hole"), ("huge", "exceeds"), ("overlap", "overlap")):
         with pytest.raises(sc.CheckpointError, match=words):
             sc.read_header(bad / f"{name}.safetensors")
+    h = sc.parse_header(bad / "truncated.safetensors")
     assert tracemalloc.get_traced_memory()[1] < 8 << 20
     tracemalloc.stop()
+    whole = sc.parse_header(path)
+    assert not whole.truncated and whole.cut == () and whole.declared_bytes == whole.file_bytes == len(data)
+    lost = [r for r in whole.tensors if r.offset + r.nbytes > len(data) - 100]
+    assert h.truncated and h.cut == tuple(r.name for r in lost) and len(lost) == 2  # u8 and mask
+    assert h.declared_bytes == len(data) == h.file_bytes + 100
+    assert [r.name for r in h.tensors] == [r.name for r in whole.tensors if r not in lost]
+    for r, s in zip(lost, h.skipped, strict=True):
+        assert s.what == f"{bad / 'truncated.safetensors'}:{r.name}"
+        assert f"[{r.offset}, {r.offset + r.nbytes})" in s.reason and f"at byte {len(data) - 100}" in s.reason
     tensors, updates, meta, skipped = read_checkpoints(bad, "bad")
-    assert tensors.height == 0 and updates.height == 0
-    assert {Path(s.what).name for s in skipped} == {f"{k}.safetensors" for k in ("truncated", "offsets", "huge",
-                                                                                   "overlap")}
-    assert meta and meta[0]["complete"] is False
+    assert set(tensors.get_column("tensor")) == {r.name for r in h.tensors} and updates.height == 0
+    refused = {f"{k}.safetensors" for k in ("header_cut", "offsets", "hole", "huge", "overlap")}
+    assert {s.what for s in skipped} == refused | {f"truncated.safetensors:{r.name}" for r in lost}
+    assert meta[0]["complete"] is False and meta[0]["truncated"] is True
+    assert any(p.startswith("truncated.safetensors: truncated at byte") for p in meta[0]["problems"])
+
+
+def _st_tensors() -> dict[str, tuple[str, np.ndarray]]:
+    """Several tensors of the dtypes the readers treat differently (histogram, float path, integers, empty)."""
+    ml = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal(sc.BITS16_MIN + 1234).astype(np.float32) * 0.05
+    big[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40]
+    return {"embed": ("BF16", big.astype(ml.bfloat16)), "proj": ("F16", (big * 4).astype(np.float16)),
+            "bias": ("F32", rng.standard_normal(37).astype(np.float32)), "norm": ("BF16", np.ones(10, ml.bfloat16)),
+            "count": ("I64", np.arange(5, dtype=np.int64)), "empty": ("F32", np.zeros(0, np.float32)),
+            "head": ("F32", rng.standard_normal((40, 8)).astype(np.float32))}
+
+
+def test_cut_safetensors_keeps_complete_tensors(tmp_path: Path) -> None:
+    """A file written by ``safetensors``, cut at many offsets, keeps exactly its complete tensors.
+
+    Their statistics equal the uncut file's; each cut tensor is listed with where the file ends; a cut
+    inside the header is refused.
+    """
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    tensors = {k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if d == "BF16" else torch.from_numpy(v)
+               for k, (d, v) in _st_tensors().items()}
+    src = tmp_path / "model.safetensors"
+    st.save_file(tensors, str(src), metadata={"step": "3"})
+    data = src.read_bytes()
+    whole = sc.parse_header(src)
+    assert {r.name: r.dtype for r in whole.tensors} == {k: d for k, (d, _) in _st_tensors().items()}
+    want = {r.name: sc.tensor_stats(r) for r in whole.tensors}
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    ends = sorted({r.offset + r.nbytes for r in whole.tensors})
+    rng = np.random.default_rng(0)
+    cuts = {k + d for k in [start, *ends] for d in (-2, -1, 0, 1, 2)} | set(rng.integers(0, len(data), 60).tolist())
+    cut_path = tmp_path / "cut.safetensors"
+    n_cut = 0
+    for k in sorted(c for c in cuts if 0 <= c < len(data)):
+        cut_path.write_bytes(data[:k])
+        if k < start:
+            with pytest.raises(sc.CheckpointError, match="truncated"):
+                sc.parse_header(cut_path)
+            continue
+        h = sc.parse_header(cut_path)
+        complete = {r.name for r in whole.tensors if r.offset + r.nbytes <= k}
+        assert {r.name for r in h.tensors} == complete, k
+        assert set(h.cut) == {r.name for r in whole.tensors} - complete and h.truncated and h.metadata == {"step": "3"}
+        assert [s.what.rsplit(":", 1)[1] for s in h.skipped] == list(h.cut)
+        assert all(f"at byte {k} " in s.reason for s in h.skipped)
+        for r in h.tensors:  # bit for bit (NaN where the uncut file has NaN: rms/max_abs of an all-NaN tensor)
+            got = sc.tensor_stats(r)
+            assert got.keys() == want[r.name].keys(), (k, r.name)
+            assert all(got[f] == want[r.name][f] or (got[f] != got[f] and want[r.name][f] != want[r.name][f])
+                       for f in got), (k, r.name)
+        n_cut += 1
+    assert n_cut > 30
+
+
+def _write_st(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """A safetensors file written by hand (numpy has no bfloat16 for ``safetensors.numpy``)."""
+    header, off, bufs = {}, 0, []
+    for name, (dtype, x) in tensors.items():
+        raw = np.ascontiguousarray(x).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(x.shape), "data_offsets": [off, off + len(raw)]}
+        bufs.append(raw)
+        off += len(raw)
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    path.write_bytes(struct.pack("<Q", len(hb)) + hb + b"".join(bufs))
+
+
+def _hostile16(dtype: str, n: int, seed: int) -> np.ndarray:
+    """Random 16-bit patterns of every class mixed with ordinary values, as uint16.
+
+    NaN of both signs and many payloads, +-inf, +-0, subnormals, huge and tiny normals.
+    """
+    rng = np.random.default_rng(seed)
+    ml = pytest.importorskip("ml_dtypes")
+    ftype = ml.bfloat16 if dtype == "BF16" else np.float16
+    x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(ftype).view(np.uint16).copy()
+    special = rng.random(n) < 0.3
+    x[special] = rng.integers(0, 1 << 16, int(special.sum()), dtype=np.uint16)  # any bit pattern at all
+    inf = 0x7F80 if dtype == "BF16" else 0x7C00
+    x[:8] = [inf, inf | 0x8000, 0, 0x8000, 1, 0x8001, inf - 1, inf + 1]  # +-inf, +-0, +-min subnormal, max, NaN
+    return x
+
+
+def _reference16(x: np.ndarray, small: float) -> dict[str, float]:
+    """Straightforward float64 statistics of a whole array (finite values for the norms)."""
+    fin = x[np.isfinite(x)]
+    return {"numel": x.size, "l2": math.sqrt(float(np.sum(fin * fin))), "max_abs": float(np.max(np.abs(fin))),
+            "n_nan": int(np.isnan(x).sum()), "n_inf": int(np.isinf(x).sum()), "n_zero": int((x == 0).sum()),
+            "n_pos": int((x > 0).sum()), "n_small": int(((x > 0) & (x <= small)).sum())}
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_bits16_stats_equal_float64_reference(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BF16/F16 statistics from bit patterns equal a plain numpy float64 computation and the float path.
+
+    Both exact methods (convert, histogram) and the float path they replace, on data with NaN, +-inf, +-0
+    and subnormals and on finite data: counts (NaN, inf, zero, Adam-epsilon) and max_abs identical, l2 and
+    the update norm to float64 rounding.
+    """
+    ml = pytest.importorskip("ml_dtypes")
+    ftype = ml.bfloat16 if dtype == "BF16" else np.float16
+    bits = _hostile16(dtype, 3 * sc.BITS16_BLOCK + 777, seed=1)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns
+        x = bits.view(ftype).astype(np.float64)
+    assert np.isnan(x).sum() > 100 and np.isinf(x).sum() >= 2 and (x == 0).sum() >= 2
+    assert np.sum((x != 0) & (np.abs(x) < (1.2e-38 if dtype == "BF16" else 6.2e-5))) > 10  # subnormals
+    clean = np.where(np.isfinite(x), bits, 0).astype(np.uint16)
+    prev = np.random.default_rng(2).standard_normal(bits.shape[0]).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    for label, data in (("with NaN/inf", bits), ("finite", clean)):
+        _write_st(path, {"w": (dtype, data.view("<u2")), "prev": ("F32", prev)})
+        refs = {r.name: r for r in sc.read_header(path)[0]}
+        with np.errstate(invalid="ignore"):
+            x = data.view(ftype).astype(np.float64)
+            d = x - prev.astype(np.float64)
+        pos = np.abs(x[np.isfinite(x) & (x > 0)])
+        small = float(np.sort(pos)[pos.size // 3])  # a threshold equal to one of the values
+        want, want_dsq = _reference16(x, small), float(np.sum(d * d))
+        got = {}
+        for method in ("convert", "hist"):
+            monkeypatch.setitem(sc.BITS16_METHOD, dtype, method)
+            got[method] = sc.tensor_stats(refs["w"], small_below=small)
+            dsq = sc.tensor_stats(refs["w"], prev=refs["prev"])["delta_sq"]
+            assert dsq == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, method)
+        monkeypatch.setattr(sc, "BITS16_MIN", 1 << 62)  # the float path, as before
+        got["float"] = sc.tensor_stats(refs["w"], small_below=small)
+        dsq = sc.tensor_stats(refs["w"], prev=refs["prev"])["delta_sq"]
+        assert dsq == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, "float")
+        monkeypatch.undo()
+        back = sc.tensor_stats(refs["prev"], prev=refs["w"])["delta_sq"]  # F32 with a 16-bit previous tensor
+        assert back == pytest.approx(want_dsq, rel=1e-12, nan_ok=True)
+        n_fin = x.size - want["n_nan"] - want["n_inf"]
+        for method, st in got.items():
+            for k in ("numel", "n_nan", "n_inf", "n_zero", "max_abs", "n_pos", "n_small"):
+                assert st[k] == want[k], (label, method, k)
+            assert st["l2"] == pytest.approx(want["l2"], rel=1e-12), (label, method)
+            assert st["rms"] == pytest.approx(want["l2"] / math.sqrt(n_fin), rel=1e-12), (label, method)
+    assert math.isfinite(want_dsq)  # the finite data's update norm was compared, not NaN with NaN
+    with pytest.raises(ValueError):
+        sc.Bits16("F32")
+    with pytest.raises(TypeError):
+        sc.Bits16(dtype).add(np.zeros(3, np.float32))
+
+
+def test_bits16_tables_match_ml_dtypes() -> None:
+    """Every BF16/F16 bit pattern's value (histogram tables, F16 bit trick) equals ml_dtypes'/numpy's conversion."""
+    ml = pytest.importorskip("ml_dtypes")
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for dtype, ftype in (("BF16", ml.bfloat16), ("F16", np.float16)):
+        t = sc._table16(dtype)
+        with np.errstate(invalid="ignore"):
+            ref = bits.view(ftype).astype(np.float64)
+        assert np.array_equal(t["value"], ref, equal_nan=True)
+        fin = np.isfinite(ref)
+        assert np.array_equal(t["sq"][fin], ref[fin] ** 2) and not t["sq"][~fin].any()
+        assert np.array_equal(t["nan"], np.isnan(ref)) and np.array_equal(t["inf"], np.isinf(ref))
+        assert np.array_equal(fin, (bits & 0x7FFF) < sc._INF16[dtype])
+        order = np.argsort(bits[fin] & 0x7FFF, kind="stable")  # magnitudes ordered like their patterns
+        assert np.all(np.diff(np.abs(ref[fin])[order]) >= 0)
+    mag = sc._f16_magnitude(bits & 0x7FFF, np.empty(1 << 16, np.uint32), np.empty(1 << 16, np.float64))
+    fin = np.isfinite(bits.view(np.float16))
+    assert np.array_equal(mag[fin], np.abs(bits.view(np.float16)[fin].astype(np.float64)))
 
 
 class _Evil:
@@ -203,6 +388,50 @@ def test_updates_equal_direct_numpy(tmp_path: Path) -> None:
         assert (r["step_from"], r["step_to"]) == (10, 20)
         assert r["delta_l2"] == pytest.approx(d, rel=1e-12) and r["weight_l2"] == pytest.approx(w, rel=1e-12)
         assert r["ratio"] == pytest.approx(d / w, rel=1e-12)
+
+
+def test_truncated_checkpoint_is_never_the_resume_point(tmp_path: Path) -> None:
+    """A cut checkpoint is read as far as it goes, marked incomplete and never recommended for the resume.
+
+    Its pairs give per-tensor update rows but no layer/model sums over the subset read; with no tensor read
+    anywhere, the folder listing does not bring it back either.
+    """
+    import shutil
+
+    from forensics.recovery import plan
+
+    run, _ = _two_checkpoints(tmp_path)
+    shutil.copytree(run / "ckpt" / "step_20", run / "ckpt" / "step_30")
+    cut = run / "ckpt" / "step_20" / "model.safetensors"
+    whole = sc.parse_header(cut)
+    cut.write_bytes(cut.read_bytes()[:-100])
+    lost = {r.name for r in whole.tensors if r.offset + r.nbytes > whole.file_bytes - 100}
+    tensors, updates, meta, skipped = read_checkpoints(run, "run")
+    by = {m["step"]: m for m in meta}
+    assert by[10]["complete"] and by[30]["complete"] and "truncated" not in by[30]
+    assert by[20]["complete"] is False and by[20]["truncated"] is True
+    assert {s.what for s in skipped} == {f"ckpt/step_20/model.safetensors:{n}" for n in lost}
+    assert tensors.filter(pl.col("step") == 20).height == 4 - len(lost) > 0
+    pairs = {(r["step_from"], r["step_to"], r["tensor"]) for r in updates.iter_rows(named=True)}
+    assert {(a, b) for a, b, _ in pairs} == {(10, 20), (10, 30)}  # step 30 is compared with the whole step 10
+    assert (10, 30, "*") in pairs and not any(a == 10 and b == 20 and t.endswith("*") for a, b, t in pairs)
+
+    def run_data(folder: Path, t: pl.DataFrame, m: list[dict]) -> RunData:
+        rows = [{"run": "r", "segment": 0, "step": s, "metric": "loss", "value": 2.0, "wall_time": None,
+                 "tag": "loss", "source": "m.jsonl"} for s in range(1, 400)]
+        return RunData(run=str(folder), metrics=pl.DataFrame(rows), events=pl.DataFrame(), meta={"checkpoints": m},
+                       sources=[], skipped=[], tensors=t)
+
+    p = plan(run_data(run, tensors, meta), "update_scale_growth", "lr_too_high", 125)
+    assert p is not None and p.resume_from["checkpoint"] == "ckpt/step_10", p.resume_from
+    assert "step 20 is incomplete" in p.resume_from["why"]
+    shutil.rmtree(run / "ckpt" / "step_10")
+    shutil.rmtree(run / "ckpt" / "step_30")
+    cut.write_bytes(cut.read_bytes()[: whole.tensors[0].offset + 4])  # not one tensor complete
+    tensors, _, meta, _ = read_checkpoints(run, "run")
+    assert tensors.height == 0 and meta[0]["truncated"] and not meta[0]["complete"]
+    p = plan(run_data(run, tensors, meta), "update_scale_growth", "lr_too_high", 350)
+    assert p is not None and p.resume_from["checkpoint"] is None, p.resume_from
 
 
 def test_no_checkpoints_costs_nothing(tmp_path: Path) -> None:

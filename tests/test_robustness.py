@@ -770,20 +770,26 @@ def _safetensors(tensors: dict[str, tuple[str, list[int], list[int]]], buf: byte
 
 
 def test_hostile_safetensors_refused(tmp_path: Path) -> None:
-    """Out-of-range offsets and absurd header sizes are refused without a big allocation."""
+    """Out-of-range offsets no truncation explains and absurd header sizes are refused without a big allocation.
+
+    Offsets past the end that a cut explains (the tensors tile the buffer from 0, the file is shorter) are
+    read as a truncated file: the cut tensor is listed, nothing is allocated for it.
+    """
     import tracemalloc
 
     path = tmp_path / "model.safetensors"
     buf = b"\x00" * 16
     hostile = {
-        "end past buffer": _safetensors({"w": ("F32", [8], [0, 32])}, buf),
         "begin past end": _safetensors({"w": ("F32", [0], [40, 40])}, buf),
+        "hole then past end": _safetensors({"a": ("F32", [2], [0, 8]), "b": ("F32", [4], [16, 32])}, buf),
+        "gap at start": _safetensors({"w": ("F32", [8], [8, 40])}, buf),
         "negative": _safetensors({"w": ("F32", [1], [-4, 0])}, buf),
         "reversed": _safetensors({"w": ("F32", [1], [8, 4])}, buf),
-        "huge offset": _safetensors({"w": ("F32", [1 << 40], [0, 1 << 42])}, buf),
+        "huge size mismatch": _safetensors({"w": ("F32", [4], [0, 1 << 42])}, buf),
         "shape overflow": _safetensors({"w": ("F32", [1 << 62, 1 << 62], [0, 16])}, buf),
         "size mismatch": _safetensors({"w": ("F32", [3], [0, 16])}, buf),
         "overlap": _safetensors({"a": ("F32", [2], [0, 8]), "b": ("F32", [2], [4, 12])}, buf),
+        "overlap past end": _safetensors({"a": ("F32", [4], [0, 16]), "b": ("F32", [4], [8, 24])}, buf),
         "float offsets": _safetensors({"w": ("F32", [4], [0.0, 16.0])}, buf),
         "header 2^63": struct.pack("<Q", 1 << 63) + b"{}",
         "header 2^64-1": struct.pack("<Q", (1 << 64) - 1) + b"{}",
@@ -793,12 +799,25 @@ def test_hostile_safetensors_refused(tmp_path: Path) -> None:
         "not utf-8": struct.pack("<Q", 4) + b"{\xff\xfe}",
         "short": b"\x01\x02",
     }
-    for label, data in hostile.items():
+    cut = {  # read as truncated: (tensors kept, tensors cut)
+        "end past buffer": (_safetensors({"w": ("F32", [8], [0, 32])}, buf), [], ["w"]),
+        "huge offset": (_safetensors({"w": ("F32", [1 << 40], [0, 1 << 42])}, buf), [], ["w"]),
+        "second cut": (_safetensors({"a": ("F32", [2], [0, 8]), "b": ("F32", [4], [8, 24])}, buf), ["a"], ["b"]),
+        "empty past end": (_safetensors({"a": ("F32", [4], [0, 16]), "b": ("F32", [4], [16, 32]),
+                                         "e": ("F32", [0], [32, 32])}, buf), ["a"], ["b", "e"]),
+    }
+    for label, data in [*hostile.items(), *((k, v[0]) for k, v in cut.items())]:
         path.write_bytes(data)
         FIGURES[("parsers.safetensors_ckpt", "inputs")] += 1
         tracemalloc.start()
-        with pytest.raises(sc.CheckpointError):
-            sc.read_header(path)
+        if label in hostile:
+            with pytest.raises(sc.CheckpointError):
+                sc.read_header(path)
+        else:
+            h = sc.parse_header(path)
+            kept, lost = cut[label][1:]
+            assert h.truncated and [r.name for r in h.tensors] == kept and list(h.cut) == lost, label
+            assert all(sc.tensor_stats(r)["numel"] == r.numel > 0 for r in h.tensors)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < 16 << 20, (label, peak)
@@ -826,8 +845,7 @@ def _ckpt_read(path: Path) -> list:
     if path.suffix == ".safetensors":
         refs, _, _ = sc.read_header(path)
     else:
-        obj = tc.load(path)
-        c = tc.classify(obj)
+        c = tc.classify(tc.read(path).obj)  # a cut or damaged torch file keeps its complete tensors
         refs = [r for _, r in c.params + c.other] + [r for o in c.optimizers for _, _, r in tc.optimizer_tensors(o)]
     return [sc.tensor_stats(r) for r in refs]
 
@@ -848,6 +866,44 @@ def test_damaged_checkpoints(src: Path, tmp_path: Path) -> None:
     for bad in damaged:
         path.write_bytes(bad)
         _ckpt_read_counted(mod_name, path)
+
+
+def _torch_refs(obj: object, where: str = "") -> dict[str, sc.TensorRef]:
+    out: dict[str, sc.TensorRef] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_torch_refs(v, f"{where}.{k}" if where else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(_torch_refs(v, f"{where}[{i}]"))
+    elif isinstance(obj, sc.TensorRef):
+        out[where] = obj
+    return out
+
+
+def test_cut_torch_checkpoint_keeps_complete_tensors(tmp_path: Path) -> None:
+    """A cut .pt keeps every tensor whose storage is whole, equal to the intact file's; the rest listed."""
+    src = _ckpt_files()[2]
+    data = src.read_bytes()
+    full = {k: sc.tensor_stats(r) for k, r in _torch_refs(tc.read(src).obj).items()}
+    path = tmp_path / src.name
+    rng = random.Random(7)
+    kept_some = 0
+    for cut in _offsets(len(data), rng, dense=60):
+        path.write_bytes(data[:cut])
+        FIGURES[("parsers.torch_ckpt", "inputs")] += 1
+        try:
+            got = tc.read(path)
+        except sc.CheckpointError as exc:
+            assert "data.pkl" in str(exc) or cut < 4, (cut, exc)  # only a cut data.pkl refuses the file
+            continue
+        kept = {k: sc.tensor_stats(r) for k, r in _torch_refs(got.obj).items()}
+        assert set(kept) <= set(full) and all(kept[k] == full[k] for k in kept), cut
+        lost = set(full) - set(kept)
+        assert cut == len(data) or (got.truncated and f"{path}:{cut}" == got.skipped[0].what), cut
+        assert len(got.skipped) == (0 if cut == len(data) else 1 + len(lost)), cut
+        kept_some += bool(kept)
+    assert kept_some
 
 
 @pytest.mark.parametrize("mod_name", ["parsers.safetensors_ckpt", "parsers.torch_ckpt"])
