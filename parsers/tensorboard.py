@@ -168,24 +168,29 @@ class _State:
         self.plugin, self.encoding, self.non_scalar, self.meta = {}, {}, {}, {}
         self.starts: list[tuple[int, int]] = []  # (record offset, step) of each SessionLog START
         self.rec = 0  # byte offset of the record being decoded by :meth:`generic`
-        self.col_rec, self.col_tag, self.col_step = array("q"), array("i"), array("q")
+        self.encodings: dict[str, int] = {}  # encoding name -> id (col_enc); per tag: that of its first row
+        self.col_rec, self.col_tag, self.col_step, self.col_enc = array("q"), array("i"), array("q"), array("i")
         self.col_val, self.col_wall = array("d"), array("d")
         self.fast: list[tuple[np.ndarray, ...]] = []  # compiled-scan batches: rec, tag id, step, value, wall, kind,
         # has_plugin
         self.plugin_log: list[tuple[int, str, str]] = []  # (record offset, tag, plugin name) as metadata arrives
 
-    def tag_id(self, tag: str, encoding: str) -> int:
-        """Id of ``tag`` (registered with its first encoding if new)."""
+    def tag_id(self, tag: str) -> int:
+        """Id of ``tag`` (registered if new)."""
         ti = self.tag_index.get(tag)
         if ti is None:
             ti = self.tag_index[tag] = len(self.tags)
             self.tags.append(tag)
-            self.encoding[tag] = encoding
         return ti
+
+    def enc_id(self, encoding: str) -> int:
+        """Id of an encoding name (``simple_value``, ``DT_FLOAT``, ...)."""
+        return self.encodings.setdefault(encoding, len(self.encodings))
 
     def add(self, tag: str, encoding: str, step: int, value: float, wall: float) -> None:
         self.col_rec.append(self.rec)
-        self.col_tag.append(self.tag_id(tag, encoding))
+        self.col_enc.append(self.enc_id(encoding))
+        self.col_tag.append(self.tag_id(tag))
         self.col_step.append(step)
         self.col_val.append(value)
         self.col_wall.append(wall)
@@ -352,25 +357,38 @@ def _fast_batch(mm, buf: np.ndarray, f32: np.ndarray, f64: np.ndarray, st: _Stat
     """Intern one batch of the compiled scan: fast rows to ``st.fast``, generic frames decoded in order."""
     rec, kind, step, wall_at, value_at, tag_at, tag_len, tag_hash, has_plugin = cols
     fast = kind != kernel.GENERIC
-    for pos in rec[~fast].tolist():
-        _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
+    generic = rec[~fast].tolist()
     if not fast.any():
+        for pos in generic:
+            _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
         return
     rec, kind, step, tag_at, tag_len = rec[fast], kind[fast], step[fast], tag_at[fast], tag_len[fast]
     hashes, first, inverse = np.unique(tag_hash[fast], return_index=True, return_inverse=True)
     ref_at, ref_len = tag_at[first][inverse], tag_len[first][inverse]
-    names = {"SIMPLE_VALUE": "simple_value", "DT_FLOAT": "DT_FLOAT", "DT_DOUBLE": "DT_DOUBLE"}
-    enc = {getattr(kernel, k): v for k, v in names.items()}
     if np.array_equal(tag_len, ref_len) and kernel.same_bytes(buf, tag_at, ref_at, tag_len):
-        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"), enc[int(k)])
-                        for a, n, k in zip(tag_at[first].tolist(), tag_len[first].tolist(),
-                                           kind[first].tolist(), strict=True)], np.int32)[inverse]
+        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"))
+                        for a, n in zip(tag_at[first].tolist(), tag_len[first].tolist(), strict=True)],
+                       np.int32)[inverse]
     else:  # a 64-bit hash collision between two tags: intern row by row
-        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"), enc[int(k)])
-                        for a, n, k in zip(tag_at.tolist(), tag_len.tolist(), kind.tolist(), strict=True)], np.int32)
+        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"))
+                        for a, n in zip(tag_at.tolist(), tag_len.tolist(), strict=True)], np.int32)
+    # the general decoder reads plugin names as they stand at its record: replay fast rows' metadata in order
+    meta_rec, meta_ids = rec[has_plugin[fast]], ids[has_plugin[fast]]
+    done = 0
+    for pos in [*generic, None]:
+        upto = len(meta_rec) if pos is None else int(np.searchsorted(meta_rec, pos))
+        for ti in np.unique(meta_ids[done:upto]).tolist():
+            st.plugin[st.tags[ti]] = "scalars"
+        done = upto
+        if pos is not None:
+            _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
+    enc = np.zeros(4, np.int32)  # kernel kind -> encoding id
+    for k, name in ((kernel.SIMPLE_VALUE, "simple_value"), (kernel.DT_FLOAT, "DT_FLOAT"),
+                    (kernel.DT_DOUBLE, "DT_DOUBLE")):
+        enc[k] = st.enc_id(name)
     value = np.where(kind == kernel.DT_DOUBLE, f64[np.minimum(value_at[fast], len(f64) - 1)],
                      f32[value_at[fast]].astype(np.float64))
-    st.fast.append((rec, ids, step, value, f64[wall_at[fast]], kind, has_plugin[fast]))
+    st.fast.append((rec, ids, step, value, f64[wall_at[fast]], kind, has_plugin[fast], enc[kind]))
 
 
 def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[tuple[int, int]],
@@ -449,22 +467,22 @@ def _table(st: _State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
     """The metrics table (rows in file order) and the restart events, from both decoders' rows."""
     cols = [np.frombuffer(c, t) if len(c) else np.empty(0, t) for c, t in
             ((st.col_rec, np.int64), (st.col_tag, np.int32), (st.col_step, np.int64), (st.col_val, np.float64),
-             (st.col_wall, np.float64))]
+             (st.col_wall, np.float64), (st.col_enc, np.int32))]
     if st.fast:
-        rec, ids, step, value, wall, kind, has_plugin = (np.concatenate(c) for c in zip(*st.fast, strict=True))
+        rec, ids, step, value, wall, kind, has_plugin, enc = (np.concatenate(c) for c in zip(*st.fast, strict=True))
         drop = _not_scalars(st, rec, ids, kind, has_plugin)
-        last_generic = {t: r for r, t, _ in st.plugin_log}
-        tagged, first = np.unique(ids[has_plugin][::-1], return_index=True)  # each tag's last metadata row
-        for ti, r in zip(tagged.tolist(), rec[has_plugin][::-1][first].tolist(), strict=True):
-            if r > last_generic.get(st.tags[ti], -1):
-                st.plugin[st.tags[ti]] = "scalars"
-        fast = [f[~drop] for f in (rec, ids, step, value, wall)] if drop.any() else [rec, ids, step, value, wall]
+        fast = [rec, ids, step, value, wall, enc]
+        fast = [f[~drop] for f in fast] if drop.any() else fast
         cols = [np.concatenate([c, f]) for c, f in zip(cols, fast, strict=True)] if len(st.col_rec) else fast
         if len(st.col_rec):
             order = np.argsort(cols[0], kind="stable")
             cols = [c[order] for c in cols]
-    rec, tag, step, value, wall = cols
+    rec, tag, step, value, wall, enc = cols
     seg, events = _segments(rec, tag, step, st.starts)
+    tags, first = np.unique(tag, return_index=True)  # each tag's encoding: that of its first row
+    names = list(st.encodings)
+    st.encoding = {st.tags[t]: names[e] for _, t, e in sorted(zip(first.tolist(), tags.tolist(),
+                                                                    enc[first].tolist(), strict=True))}
     idx, zeros = pa.array(tag, pa.int32()), pa.array(np.zeros(len(step), np.int32))
     table = pa.Table.from_arrays(
         [pc.take(pa.array([""]), zeros), pa.array(seg, pa.int32()), pa.array(step, pa.int64()),
