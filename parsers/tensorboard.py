@@ -386,8 +386,9 @@ def _fast_batch(mm, buf: np.ndarray, f32: np.ndarray, f64: np.ndarray, st: _Stat
     for k, name in ((kernel.SIMPLE_VALUE, "simple_value"), (kernel.DT_FLOAT, "DT_FLOAT"),
                     (kernel.DT_DOUBLE, "DT_DOUBLE")):
         enc[k] = st.enc_id(name)
-    value = np.where(kind == kernel.DT_DOUBLE, f64[np.minimum(value_at[fast], len(f64) - 1)],
-                     f32[value_at[fast]].astype(np.float64))
+    with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as struct.unpack does in the Python walk
+        value = np.where(kind == kernel.DT_DOUBLE, f64[np.minimum(value_at[fast], len(f64) - 1)],
+                         f32[value_at[fast]].astype(np.float64))
     st.fast.append((rec, ids, step, value, f64[wall_at[fast]], kind, has_plugin[fast], enc[kind]))
 
 
