@@ -99,6 +99,8 @@ def _text(b: bytes, m: dict, fn: int) -> str | None:
 
 
 def _s64(v: int) -> int:
+    """A varint as int64: protobuf keeps its low 64 bits (a 10-byte varint can carry 70)."""
+    v &= (1 << 64) - 1
     return v - (1 << 64) if v >= 1 << 63 else v
 
 

@@ -481,3 +481,12 @@ def test_fuzz_compiled_scan_against_python_walk(tmp_path, monkeypatch) -> None:
         _same(a, b, "fuzzed events")
 
     run()
+
+
+def test_ten_byte_varint_step_keeps_low_64_bits(tmp_path) -> None:
+    """A step varint carrying more than 64 bits (found by the fuzzer: it crashed the Python walk) is read as
+    protobuf does, its low 64 bits as int64, by both walks."""
+    step = b"\xff" * 9 + b"\x7f"  # 70 one-bits; low 64 bits = -1
+    payload = _vint(1 << 3 | 1) + struct.pack("<d", 1.7e9) + b"\x10" + step + _ld(5, _value("loss", simple=1.0))
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", [payload]), tmp_path)
+    assert _rows(res) == [("loss", -1, 1.0)] and not res.skipped
