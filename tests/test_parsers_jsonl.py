@@ -7,7 +7,10 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from parsers import jsonl
 
@@ -179,3 +182,233 @@ def test_bom_and_huge_numbers(tmp_path):
     assert jsonl.sniff(p)
     res = jsonl.read(p, tmp_path)
     assert _rows(res) == [("tokens", 1, math.inf, 0)] and res.meta["lines_without_step"] == 1
+
+
+# -- the polars fast path ("auto") against the per-line path ("python") --------------------------------
+
+
+def _table_rows(res) -> list[tuple]:
+    """Every metrics row as a tuple, NaN replaced by a marker so that rows compare equal."""
+    cols = res.metrics.to_pydict()
+    return [tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row)
+            for row in zip(*cols.values(), strict=True)]
+
+
+def _assert_same(fast, slow) -> None:
+    """Same table (schema, rows in order), same damage, same meta but for the engine's own counters."""
+    assert fast.metrics.schema == slow.metrics.schema
+    assert _table_rows(fast) == _table_rows(slow)
+    assert fast.skipped == slow.skipped
+    drop = {"engine", "python_lines"}
+    assert {k: v for k, v in fast.meta.items() if k not in drop} == {
+        k: v for k, v in slow.meta.items() if k not in drop}
+
+
+MIXED = [
+    '{"step": 0, "loss": NaN, "grad_norm": Infinity, "lr": -Infinity, "tokens": null}',
+    '{"step": 1, "train": {"loss": 2.5, "acc": {"top1": 0.5}}, "loss_scale": 65536, "overflow": true}',
+    '{"step": 2, "loss": "3.5", "phase": "train", "note": ""}',
+    '{"step": 3, "loss": [1, 2], "hist": {"bins": [1, 2]}}',
+    '{"step": 4, "loss": {"m": 4}}',
+    'garbage',
+    '{"step": 5, "loss": 1e400, "big": 123456789012345678901234567890, "neg": -0.0}',
+    '{"step": 6, "a": 1, "b": 2, "a": 3}',
+    '{"step": 7, "module": "enc.wo", "absmax": 46337.5}',
+    '{"step": 5, "loss": 2.0}',
+    '{"step": "8", "loss": 1.0, "s": "\\ud800"}',
+    '{"step": 9.0, "loss": 1.0, "_timestamp": 1700000000.5, "_runtime": 10}',
+    '{"step": 10, "loss": 1.0, "_runtime": 12.25}',
+    '{"step" : 11, "loss" : 0.5}',
+    '{"step": 12, "loss": 0.25, "time": "2023-11-14T22:13:22Z", "x/y": 1, "x": {"y": 2}}',
+    '{"step": 13, "loss": 7, "step_time": 0.35, "time": 0.35, "eval": {"loss": 3.0}}',
+    '[1, 2]',
+    '{"step": 13, "loss": 7}',
+    '{"global_step": 14, "loss": 9007199254740993, "lr": 1.5e-07}',
+]
+
+
+def _mixed_file(path: Path, repeats: int, crlf: bool = False) -> Path:
+    """MIXED lines spread among plain trainer lines, with a torn last line."""
+    lines = []
+    for r in range(repeats):
+        base = 100 * r
+        lines += [json.dumps({"step": base + 20 + i, "loss": 1.0 / (i + 1), "lr": 3e-4, "grad_norm": 0.5 * i,
+                              "loss_scale": 65536.0, "tokens": 4096 * i, "train": {"loss": 2.0, "ppl": 7.5}})
+                  for i in range(60)]
+        lines += MIXED
+    end = "\r\n" if crlf else "\n"
+    path.write_bytes(("\ufeff" + end.join(lines) + end + '{"step": 99999, "lo').encode())
+    return path
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 4096, 700])
+@pytest.mark.parametrize("crlf", [False, True])
+def test_fast_path_equals_per_line_path(tmp_path, chunk, crlf):
+    """NaN/Infinity/null/nested/mixed-type/garbage/torn lines: both engines give the same table."""
+    p = _mixed_file(tmp_path / "m.jsonl", 8, crlf)
+    fast = jsonl.read(p, tmp_path, engine="auto", chunk_bytes=chunk)
+    slow = jsonl.read(p, tmp_path, engine="python", chunk_bytes=chunk)
+    _assert_same(fast, slow)
+    lines = p.read_bytes().count(b"\n") + 1
+    assert slow.meta["python_lines"] == lines
+    assert fast.meta["python_lines"] < lines / 2  # most lines went through polars
+    assert any("half-written" in s.reason for s in fast.skipped)
+    assert fast.metrics.column("value").null_count == slow.metrics.column("value").null_count > 0
+    if chunk == 1 << 20:
+        _assert_same(fast, jsonl.read(p, tmp_path, engine="auto", chunk_bytes=700))  # blocks do not matter
+
+
+def test_values_kept_exactly_by_the_fast_path(tmp_path):
+    """The values polars reads are the per-line path's: ints exact, floats as logged, dup keys last wins."""
+    lines = [json.dumps({"step": s, "loss": 1.0 / 3 + s, "tokens": (1 << 53) + s, "flag": s % 2 == 0})
+             for s in range(300)]
+    lines += ['{"step": 300, "a": 1, "a": 2}', '{"step": 301, "late": 5, "loss": 0.1}']
+    p = _write(tmp_path / "m.jsonl", "\n".join(lines) + "\n")
+    fast = jsonl.read(p, tmp_path)
+    _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+    rows = {(t, s): v for t, s, v, _ in _rows(fast)}
+    assert rows[("loss", 7)] == 1.0 / 3 + 7 and rows[("tokens", 7)] == float((1 << 53) + 7)
+    assert rows[("flag", 4)] == 1.0 and rows[("a", 300)] == 2.0 and rows[("late", 301)] == 5.0
+    assert fast.meta["python_lines"] <= 2
+
+
+def test_runtime_is_wall_time_not_a_metric(tmp_path):
+    """W&B ``_runtime`` never becomes a row; run start + _runtime is the wall time of a line without one."""
+    p = _write(tmp_path / "m.jsonl", "\n".join([
+        '{"_step": 0, "loss": 3.0, "_runtime": 1.5}',
+        '{"_step": 1, "loss": 2.0, "_timestamp": 1700000010.0, "_runtime": 10.0}',
+        '{"_step": 2, "loss": 1.0, "_runtime": 12.5, "_wandb": {"runtime": 12}}',
+    ]) + "\n")
+    for engine in jsonl.ENGINES:
+        res = jsonl.read(p, tmp_path, engine=engine)
+        assert res.metrics.column("tag").to_pylist() == ["loss"] * 3
+        assert res.metrics.column("wall_time").to_pylist() == [None, 1700000010.0, 1700000012.5]
+        assert res.meta["run_start"] == 1700000000.0 and "_runtime" in res.meta["runtime_key"]
+
+
+def test_types_that_change_between_blocks(tmp_path):
+    """A key that turns from int to float, or from a label to a number, in a later block reads the same."""
+    lines = [json.dumps({"step": s, "scale": 65536, "phase": "warmup", "eval": {"n": 1}}) for s in range(200)]
+    lines += [json.dumps({"step": s, "scale": 0.5 * s, "phase": s, "eval": {"n": 2.5, "m": True}})
+              for s in range(200, 400)]
+    p = _write(tmp_path / "m.jsonl", "\n".join(lines) + "\n")
+    fast = jsonl.read(p, tmp_path, chunk_bytes=2000)
+    _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+    rows = {(t, s): v for t, s, v, _ in _rows(fast)}
+    assert rows[("scale", 10)] == 65536.0 and rows[("scale", 300)] == 150.0 and rows[("phase", 300)] == 300.0
+    assert rows[("eval/m", 399)] == 1.0 and ("phase", 10) not in rows
+
+
+def test_gzip_engines_agree(tmp_path):
+    """A .jsonl.gz, whole or cut short, reads the same through both engines."""
+    body = _mixed_file(tmp_path / "m.jsonl", 4).read_bytes()
+    p = tmp_path / "m.jsonl.gz"
+    for data in (gzip.compress(body), gzip.compress(body)[:-30]):
+        p.write_bytes(data)
+        fast = jsonl.read(p, tmp_path, chunk_bytes=1000)
+        _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+        assert fast.metrics.num_rows > 0
+
+
+def test_unknown_engine_is_refused(tmp_path):
+    """A typo in the engine name is an error, not a silent default."""
+    with pytest.raises(ValueError, match="engine"):
+        jsonl.read(_write(tmp_path / "m.jsonl", '{"step": 1}\n'), tmp_path, engine="fast")
+
+
+def _segments_reference(records: list[tuple[int, list[str]]]) -> list[int]:
+    """The sequential segment rule, one record at a time (records: (step, tags) with >= 1 tag)."""
+    out, seg, top, at_top = [], 0, None, set()
+    for step, tags in records:
+        if top is not None and (step < top or (step == top and at_top & set(tags))):
+            seg, top, at_top = seg + 1, None, set()
+        if top is None or step > top:
+            top, at_top = step, set()
+        at_top |= set(tags)
+        out += [seg] * len(tags)
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(hs.lists(hs.tuples(hs.integers(0, 4), hs.lists(hs.sampled_from("abcd"), min_size=1, max_size=3, unique=True)),
+                max_size=30),
+       hs.lists(hs.integers(1, 8), max_size=6))
+def test_segments_match_the_sequential_rule(records, cuts):
+    """The vectorised segmenter, fed block by block, equals the one-record-at-a-time rule."""
+    seg = jsonl._Segmenter()
+    got, i = [], 0
+    for size in [*cuts, len(records)]:
+        part = records[i:i + size]
+        i += len(part)
+        if part:
+            steps = np.array([s for s, _ in part], np.int64)
+            counts = np.array([len(t) for _, t in part], np.int64)
+            tags = np.array([ord(c) for _, t in part for c in t], np.int32)
+            got += seg(steps, counts, tags).tolist()
+    assert got == _segments_reference(records)
+
+
+_KEYS = hs.sampled_from(["step", "global_step", "loss", "lr", "train", "module", "time", "_timestamp", "_runtime",
+                         "x/y", "x", "", "a"])
+_SCALARS = hs.one_of(
+    hs.none(), hs.booleans(), hs.integers(-(1 << 70), 1 << 70), hs.integers(0, 9),
+    hs.floats(allow_nan=True, allow_infinity=True), hs.floats(1e8, 2e12), hs.text(max_size=5),
+    hs.sampled_from(["4.5", "NaN", " 7 ", "1_0", "true", "[1]", "\x1c5", "2023-11-14T22:13:22Z", "enc.wo", "-3"]),
+    hs.lists(hs.integers(0, 3), max_size=2))
+_VALUES = hs.recursive(_SCALARS, lambda c: hs.dictionaries(_KEYS, c, max_size=3), max_leaves=6)
+_RECORDS = hs.builds(lambda s, rest: {"step": s, **rest} if s is not None else rest,
+                     hs.one_of(hs.none(), hs.integers(0, 6), hs.sampled_from([2.0, "3", 1e30])),
+                     hs.dictionaries(_KEYS, _VALUES, max_size=5))
+
+
+def _dup(pair: tuple[dict, dict]) -> str:
+    a, b = (json.dumps(x) for x in pair)
+    return a[:-1] + ", " + b[1:] if len(a) > 2 and len(b) > 2 else a
+
+
+_FINITE = hs.floats(allow_nan=False, allow_infinity=False)
+_PLAIN = hs.fixed_dictionaries(  # what polars reads: one type per key, keys that come and go, nesting
+    {"step": hs.integers(0, 6)},
+    optional={"loss": _FINITE, "lr": _FINITE | hs.integers(0, 3), "tokens": hs.integers(-(1 << 62), 1 << 62),
+              "flag": hs.booleans(), "module": hs.sampled_from(["enc.wo", "dec", ""]),
+              "train": hs.fixed_dictionaries({}, optional={"loss": _FINITE, "acc": hs.integers(0, 9)}),
+              "_timestamp": hs.floats(1e8, 2e12), "_runtime": hs.floats(0, 1e4), "x/y": hs.integers(0, 9),
+              "x": hs.fixed_dictionaries({}, optional={"y": hs.integers(0, 9)}),
+              "time": hs.just("2023-11-14T22:13:22Z")})
+_LINES = hs.one_of(
+    _PLAIN.map(json.dumps), _PLAIN.map(json.dumps), _PLAIN.map(json.dumps), _PLAIN.map(json.dumps),
+    _RECORDS.map(json.dumps), _RECORDS.map(json.dumps),
+    _RECORDS.map(lambda r: json.dumps(r, separators=(",", ":"))),
+    _RECORDS.map(lambda r: json.dumps(r, separators=(", ", " : "))),
+    hs.tuples(_RECORDS, _RECORDS).map(_dup),
+    hs.sampled_from(["", "  ", "garbage", "[1, 2]", "{", '{"step": 1, "loss": ', "null", "{}", '{"step": 1} x',
+                     '{"step": 2, "s": "\\ud800"}', '{"step": 2, "loss": 1e999}']),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(hs.lists(_LINES, max_size=40), hs.sampled_from(["\n", "\r\n"]), hs.booleans(),
+       hs.sampled_from([64, 333, 1 << 20]), hs.binary(max_size=6))
+def test_engines_agree_on_generated_lines(tmp_path_factory, lines, end, torn, chunk, junk):
+    """Property: on any mix of lines both engines give the same table, damage and meta."""
+    body = end.join(lines).encode() + (b"" if torn else end.encode())
+    if junk:
+        body += b"\n" + junk + b"\n"
+    p = tmp_path_factory.mktemp("eq") / "m.jsonl"
+    p.write_bytes(body * 3)  # repeated: steps go back, keys come back
+    _assert_same(jsonl.read(p, p.parent, chunk_bytes=chunk), jsonl.read(p, p.parent, engine="python"))
+
+
+_SPECIAL = hs.sampled_from(['{"step": 3, "loss": NaN, "lr": Infinity}', '{"step": 4, "loss": null}', "garbage", "",
+                            '{"step": 5, "loss": 1.5, "loss": 2.5}', '{"step": 2, "tokens": 99999999999999999999999}',
+                            '{"step" : 1, "lr" : 0.5}', '{"step": 6, "loss": "2.5"}', '{"step": 1, "module": 7}'])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(hs.lists(_PLAIN.map(json.dumps) | _PLAIN.map(json.dumps) | _PLAIN.map(json.dumps) | _SPECIAL, max_size=60),
+       hs.sampled_from([200, 1500, 1 << 20]))
+def test_engines_agree_on_mostly_plain_lines(tmp_path_factory, lines, chunk):
+    """Property: trainer-like lines with a few special ones; most go through polars, the table is the same."""
+    p = tmp_path_factory.mktemp("plain") / "m.jsonl"
+    p.write_bytes(("\n".join(lines) + "\n").encode() * 2)
+    _assert_same(jsonl.read(p, p.parent, chunk_bytes=chunk), jsonl.read(p, p.parent, engine="python"))
