@@ -67,9 +67,16 @@ _JSON_NUM = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.in
 
 
 def _json_array_head(path: Path) -> bool:
-    """True when the file starts with ``[`` and its first element is an object with a step key."""
+    """True for a JSON history export (an array of rows, or pandas' column layout) with a step key.
+
+    Rows: ``[{"_step": 0, ...}, ...]``; columns (pandas' default ``to_json()``):
+    ``{"_step": {"0": 0, ...}, "loss": {...}}``.
+    """
     with open_binary(path) as fh:
         head = fh.read(_JSON_HEAD).decode("utf-8-sig", errors="replace").lstrip()
+    if head.startswith("{"):
+        keys = "|".join(map(re.escape, STEP_COLUMNS))
+        return re.search(rf'"(?:{keys})"\s*:\s*\{{', head) is not None
     if not head.startswith("["):
         return False
     rest = head[1:].lstrip()
@@ -327,12 +334,35 @@ def _json_elements(text: str, rel: str, skipped: list[Skip]) -> list[tuple[int, 
         i = m.end()
 
 
+def _json_columns(text: str, rel: str) -> list[tuple[int, Any]]:
+    """Rows of pandas' column-oriented JSON (``{column: {row label: value}}``), in row-label order.
+
+    Raises:
+        ParseError: The object does not decode (a cut file: its columns follow one another, so no row
+            is complete before the end) or is not column-oriented.
+    """
+    try:
+        cols = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(rel, f"damaged column-oriented JSON export ({getattr(exc, 'msg', exc)}): no complete "
+                              "row can be recovered from a cut one") from None
+    if not isinstance(cols, dict) or not all(isinstance(v, dict) for v in cols.values()):
+        raise ParseError(rel, "a JSON object that is not a column-oriented table")
+    labels = list(dict.fromkeys(k for v in cols.values() for k in v))
+    order = sorted(labels, key=lambda k: (0, int(k)) if k.lstrip("-").isdigit() else (1, k))
+    return [(1, {c: v[k] for c, v in cols.items() if k in v}) for k in order]
+
+
 def _read_json(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
     with open_binary(path) as fh:
         text = fh.read().decode("utf-8-sig", errors="replace")
-    if not text.lstrip().startswith("["):
+    if text.lstrip().startswith("{"):
+        elements = _json_columns(text, rel)
+        meta["layout"] = "columns"
+    elif not text.lstrip().startswith("["):
         raise ParseError(rel, "not a JSON array of rows")
-    elements = _json_elements(text, rel, skipped)
+    else:
+        elements = _json_elements(text, rel, skipped)
     keys: dict[str, None] = {}
     records = 0
     nulls = 0

@@ -201,6 +201,28 @@ def test_wandb_json_export_written_by_pandas(tmp_path):
     assert df.height == 5 + 6 + 2
 
 
+def test_pandas_default_to_json_column_layout(tmp_path):
+    """The default pandas ``to_json()`` (column-oriented) reads like the row layout; a cut one is refused clearly.
+
+    The JSONL parser does not claim it (it used to, as a single record).
+    """
+    pd = pytest.importorskip("pandas")
+    from parsers import jsonl
+
+    rows = [{k: v for k, v in row.items() if k not in ("_wandb", "samples")} for row in history_rows()]
+    p, q = tmp_path / "history.json", tmp_path / "rows.json"
+    pd.DataFrame(rows).to_json(p)
+    pd.DataFrame(rows).to_json(q, orient="records")
+    assert p.read_text().startswith('{"_step":{"0":0,')
+    assert csv_metrics.sniff(p) and not jsonl.sniff(p)
+    a, b = csv_metrics.read(p, tmp_path), csv_metrics.read(q, tmp_path)
+    assert a.meta["layout"] == "columns"
+    assert a.metrics.drop_columns(["source"]).equals(b.metrics.drop_columns(["source"]))
+    p.write_text(p.read_text()[:-30])
+    with pytest.raises(ParseError, match="damaged column-oriented JSON"):
+        csv_metrics.read(p, tmp_path)
+
+
 def test_wandb_json_export_cut_at_every_offset_keeps_complete_rows(tmp_path):
     """A JSON export cut anywhere: every row complete before the cut is read, the cut is listed."""
     text = json.dumps(history_rows(), indent=1)

@@ -445,8 +445,11 @@ def test_compiled_and_python_walks_agree_on_damaged_files(real_run, tmp_path, mo
 
 
 def test_fuzz_compiled_scan_against_python_walk(tmp_path, monkeypatch) -> None:
-    """Hypothesis: scalar-like events (every encoding, odd steps and tags) with random byte edits read the same
-    both ways: the compiled fast path never accepts a payload the general decoder reads differently."""
+    """Hypothesis: scalar-like events with random byte edits read the same by both walks.
+
+    Every encoding, odd steps and tags: the compiled fast path never accepts a payload the general
+    decoder reads differently.
+    """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as hs
 
@@ -484,8 +487,10 @@ def test_fuzz_compiled_scan_against_python_walk(tmp_path, monkeypatch) -> None:
 
 
 def test_ten_byte_varint_step_keeps_low_64_bits(tmp_path) -> None:
-    """A step varint carrying more than 64 bits (found by the fuzzer: it crashed the Python walk) is read as
-    protobuf does, its low 64 bits as int64, by both walks."""
+    """A step varint carrying more than 64 bits is read as protobuf does: its low 64 bits, as int64.
+
+    Found by the compiled-vs-Python fuzz: it crashed the Python walk.
+    """
     step = b"\xff" * 9 + b"\x7f"  # 70 one-bits; low 64 bits = -1
     payload = _vint(1 << 3 | 1) + struct.pack("<d", 1.7e9) + b"\x10" + step + _ld(5, _value("loss", simple=1.0))
     res = tb.read(_write(tmp_path / "events.out.tfevents.a", [payload]), tmp_path)
