@@ -22,33 +22,53 @@ from forensics.model import Finding, RunData
 
 def level_shift(steps: np.ndarray, y: np.ndarray, t: float | None = None, min_side: int = 5
                 ) -> tuple[float, float, float] | None:
-    """Best level shift (t, shift d, t-statistic of d) over a quadratic trend; ``t`` fixed if given."""
+    """Best level shift over a quadratic trend: ``y ~ b0 + b1 x + b2 x^2 + d [step >= t]``.
+
+    Every candidate ``t`` (each logged step with ``min_side`` points on either side, or only ``t`` when
+    given) is scored by the OLS t-statistic of ``d``. By the Frisch-Waugh-Lovell theorem that is the
+    regression of the trend-residualised ``y`` on the trend-residualised step indicator, whose sums are
+    suffix sums: O(n) for all candidates instead of one least-squares fit each (O(n^2)).
+
+    Args:
+        steps: Steps, shape (n,) (any order).
+        y: Values, shape (n,); non-finite values are ignored.
+        t: Test only this split step.
+        min_side: Points required on each side of a scanned split.
+
+    Returns:
+        (split step, shift d in y's units, t-statistic of d) with the largest t-statistic, or None
+        when there are fewer than ``2 * min_side + 3`` finite points or no admissible split.
+    """
     ok = np.isfinite(y)
     s, y = np.asarray(steps, float)[ok], np.asarray(y, float)[ok]
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
     n = s.size
     if n < 2 * min_side + 3:
         return None
     x = (s - s.mean()) / (s.std() or 1.0)
-    cands = [t] if t is not None else list(s[min_side:n - min_side])
-    best = None
-    for tt in cands:
-        step_ind = (s >= tt).astype(float)
-        if step_ind.sum() < (1 if t is not None else min_side) or step_ind.sum() > n - 1:
-            continue
-        a = np.column_stack([np.ones(n), x, x * x, step_ind])
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        resid = y - a @ coef
-        dof = max(n - 4, 1)
-        sigma2 = float(resid @ resid) / dof
-        try:
-            cov = sigma2 * np.linalg.inv(a.T @ a)
-        except np.linalg.LinAlgError:
-            continue
-        se = float(np.sqrt(max(cov[3, 3], 1e-300)))
-        tstat = float(coef[3] / se)
-        if best is None or tstat > best[2]:
-            best = (float(tt), float(coef[3]), tstat)
-    return best
+    q, _ = np.linalg.qr(np.column_stack([np.ones(n), x, x * x]))
+    ry = y - q @ (q.T @ y)  # y with the trend removed
+    suffix_q = np.cumsum(q[::-1], axis=0)[::-1]  # Q^T z_k for z_k = [i >= k]
+    suffix_ry = np.cumsum(ry[::-1])[::-1]  # z_k . ry
+    cands = np.array([t], float) if t is not None else s[min_side:n - min_side]
+    k = np.searchsorted(s, cands, "left")  # the indicator [step >= t] starts at the first such index
+    count = n - k
+    ok = (count >= (1 if t is not None else min_side)) & (count <= n - 1)
+    if not ok.any():
+        return None
+    k, cands = k[ok], cands[ok]
+    zz = (n - k) - np.einsum("ij,ij->i", suffix_q[k], suffix_q[k])  # |residualised indicator|^2
+    good = zz > 1e-12 * n
+    if not good.any():
+        return None
+    k, cands, zz = k[good], cands[good], zz[good]
+    d = suffix_ry[k] / zz
+    rss = np.maximum(float(ry @ ry) - d * d * zz, 0.0)
+    se = np.sqrt(np.maximum(rss / max(n - 4, 1) / zz, 1e-300))
+    tstat = d / se
+    i = int(np.argmax(tstat))
+    return float(cands[i]), float(d[i]), float(tstat[i])
 
 
 @dataclass(frozen=True)
