@@ -21,7 +21,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
 
-_FORMATS = ("html", "json", "markdown", "text")
+_FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown
 
 
 def _fail(message: str) -> None:
@@ -65,6 +65,7 @@ def main() -> None:
 @click.option("--strict", is_flag=True, help="Exit 2 when any input was skipped or damaged.")
 def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
+    fmt, output = _format_and_output(fmt, output)
     with _errors(run_dir):
         from forensics.api import analyze_run, load
         from reports import ReportFormat, render
@@ -97,6 +98,11 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
 
 
+def _format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:
+    """``md`` means ``markdown``; ``-o -`` means stdout."""
+    return ("markdown" if fmt == "md" else fmt), (None if output is not None and str(output) == "-" else output)
+
+
 def _text(analysis, *, color: bool) -> str:  # noqa: ANN001
     from reports.text_report import render_text
 
@@ -114,18 +120,19 @@ def ingest(run_dir: Path, output: Path) -> None:
         from forensics.api import load
 
         run = load(run_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    run.metrics.write_parquet(output / "metrics.parquet")
-    run.events.write_parquet(output / "events.parquet")
-    if run.tensors.height:
-        run.tensors.write_parquet(output / "tensors.parquet")
-    if run.updates.height:
-        run.updates.write_parquet(output / "updates.parquet")
-    meta = {
-        "run": str(run.run), "meta": run.meta,
-        "sources": [s.__dict__ for s in run.sources], "skipped": [s.__dict__ for s in run.skipped],
-    }
-    (output / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+    with _errors(output):
+        output.mkdir(parents=True, exist_ok=True)
+        run.metrics.write_parquet(output / "metrics.parquet")
+        run.events.write_parquet(output / "events.parquet")
+        if run.tensors.height:
+            run.tensors.write_parquet(output / "tensors.parquet")
+        if run.updates.height:
+            run.updates.write_parquet(output / "updates.parquet")
+        meta = {
+            "run": str(run.run), "meta": run.meta,
+            "sources": [s.__dict__ for s in run.sources], "skipped": [s.__dict__ for s in run.skipped],
+        }
+        (output / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     click.echo(f"{run.metrics.height} metric rows, {run.events.height} events -> {output}", err=True)
 
 
@@ -179,12 +186,13 @@ def _emit(payload: str, output: Path | None) -> None:
 @main.command()
 @click.argument("proxy", type=click.Path(path_type=Path))
 @click.argument("target", type=click.Path(path_type=Path))
-@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown")), default="html",
+@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown", "md")), default="html",
               show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the report (default: stdout; for html ./forensics-compare.html).")
 def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
     """What changed between a PROXY run and its TARGET, where they parted, and the trial to test it."""
+    fmt, output = _format_and_output(fmt, output)
     with _errors(proxy):
         from forensics.compare import compare as run_compare
         from reports.compare_report import render as render_compare
@@ -201,7 +209,7 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
 
 @main.command()
 @click.argument("root", type=click.Path(path_type=Path))
-@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown")), default="html",
+@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown", "md")), default="html",
               show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the report (default: stdout; for html ./forensics-sweep.html).")
@@ -209,6 +217,7 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
               help="Width to extrapolate the attention-logit and grad-norm trends to.")
 def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None) -> None:
     """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
+    fmt, output = _format_and_output(fmt, output)
     with _errors(root):
         from forensics.sweep import sweep as run_sweep
         from reports.sweep_report import render as render_sweep

@@ -67,3 +67,21 @@ def test_html_written_to_output(tmp_path: Path) -> None:
     assert res.exit_code == 1
     html = out.read_text()
     assert "<svg" in html and 'id="recovery"' in html
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_ingest_into_a_file_is_one_line_exit_2(tmp_path: Path, where: str) -> None:
+    """``ingest -o`` naming a file (or a folder under one) exits 2 with one line, no traceback."""
+    (tmp_path / "f").write_text("x\n")
+    out = tmp_path / "f" if where == "a_file" else tmp_path / "f" / "sub"
+    res = _run("ingest", str(SAMPLES / "healthy"), "-o", str(out))
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert len(res.stderr.strip().splitlines()) == 1 and str(tmp_path / "f") in res.stderr
+
+
+def test_md_alias_and_dash_means_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-f md`` is markdown and ``-o -`` writes to stdout (no file named ``-``)."""
+    monkeypatch.chdir(tmp_path)
+    res = _run("analyze", str(SAMPLES / "healthy"), "-f", "md", "-o", "-")
+    assert res.exit_code == 0 and res.stdout.startswith("# train-forensics")
+    assert not (tmp_path / "-").exists()
