@@ -8,6 +8,7 @@ parsers already treat as a truncated tail.
 from __future__ import annotations
 
 import gzip
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -21,6 +22,29 @@ def logical_name(path: Path) -> str:
 def logical_suffix(path: Path) -> str:
     """The suffix the content has: ``.log`` for ``train.log.gz``."""
     return Path(logical_name(path)).suffix
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+NOT_GZIP = "not gzip data (bad magic bytes): not read"
+"""Why a ``*.gz`` file whose first bytes are not the gzip magic is not read."""
+
+
+def gzip_problem(path: Path) -> str | None:
+    """:data:`NOT_GZIP` when ``path`` is named ``*.gz`` but does not start with the gzip magic, else None.
+
+    Only regular files are opened (a FIFO or a device is never opened here); an empty file is not a
+    problem (it reads as no lines); a file that cannot be opened is left to the caller (None).
+    """
+    if not path.name.lower().endswith(".gz"):
+        return None
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        return None
+    return None if not head or head == GZIP_MAGIC else NOT_GZIP
 
 
 def open_binary(path: Path) -> IO[bytes]:

@@ -37,6 +37,7 @@ from parsers.jsonl import (
 # lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
 # a null polars reads as a missing key, which the key count then finds
 _PER_LINE = ((b"N", (b"NaN",)), (b"I", (b"Infinity",)), (b"\\", (b"\\ud", b"\\uD")))
+_MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
 _SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
 _EXACT_INT = float(1 << 53)
 
@@ -261,7 +262,8 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
     Returns:
         int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
-        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens).
+        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
+        most :data:`_MAX_BRACKETS` opening brackets).
         ``work`` is a bool work array as long as ``buf``.
     """
     arr = np.frombuffer(buf, np.uint8)
@@ -274,6 +276,11 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     cr = last == 13
     last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
     plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
+    brackets = np.zeros(len(starts), np.int64)
+    for byte in (0x7B, 0x5B):  # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep
+        np.equal(arr, byte, out=work)
+        brackets += np.add.reduceat(work, starts, dtype=np.int64) if len(starts) else 0
+    plain &= brackets <= _MAX_BRACKETS
     for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
         if buf.find(lead) < 0:
             continue

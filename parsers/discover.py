@@ -4,7 +4,10 @@ The parsers are the modules of :data:`parsers.PARSER_MODULES`, asked in order (t
 ``sniff`` says yes reads the file; a module that is missing or fails to import is left out and named
 in ``meta["parsers_unavailable"]``). Files nobody claims are listed in ``skipped`` only when they
 look like logs; configuration files (``*.yaml``, ``config.json``, ``*_config.json``, ...) go to
-``meta["config_files"]``; everything else (checkpoints, scripts, notes) is ignored silently.
+``meta["config_files"]``; everything else (checkpoints, scripts, notes) is ignored silently. Files no
+parser may read are always listed in ``skipped`` and never reach a parser: FIFOs, sockets, devices and
+dangling symlinks (checked with ``os.stat``, never opened), files without read permission, ``*.gz``
+files that are not gzip data.
 
 Global segments: the files of one *group* are put in time order, and a file whose first step is at
 or below the previous file's last step starts a new segment (a resume that went back); a file that
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
 from parsers import PARSER_MODULES
+from parsers._io import gzip_problem
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
                 ".txt.gz", ".out.gz", ".csv.gz")
@@ -47,6 +52,33 @@ _LOG_HINT = re.compile(r"metric|log|histor|train|eval|state|summary|result|scala
 _KEEP_HIDDEN = {".hydra"}
 _MAX_CONFIG_BYTES = 1 << 20
 _MAX_CONFIGS = 200
+_CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".distcp")  # parsers.checkpoints reads these
+PERMISSION_DENIED = "permission denied: not read"
+
+
+def _not_regular(path: Path) -> str | None:
+    """Why a walked entry that is neither a folder nor a regular file is not read (None: it vanished).
+
+    Uses ``os.stat``/``os.lstat`` only: a FIFO (opening blocks) or a device (``/dev/zero`` never
+    ends) is never opened.
+    """
+    link = os.path.islink(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "dangling symlink: target missing" if link else None
+    except PermissionError:
+        return PERMISSION_DENIED
+    except OSError as exc:
+        if link:
+            return f"symlink cannot be followed ({exc.strerror or exc}): not read"
+        return f"cannot stat ({exc.strerror or exc}): not read"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "symlink to a device: not read" if link else "not a regular file (device): not read"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None  # changed while walking
+    kind = "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "special file"
+    return f"symlink to a {kind}: not read" if link else f"not a regular file ({kind}): not read"
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -81,7 +113,11 @@ def _check_root(run_dir: str | Path) -> Path:
 
 
 def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
-    """Every regular file under ``root``: sorted, depth first, hidden entries and symlink loops left out."""
+    """Every regular file under ``root``: sorted, depth first, hidden entries and symlink loops left out.
+
+    Entries that are neither a folder nor a regular file (FIFO, socket, device, a symlink to one of
+    these, a dangling symlink) are never opened; each is listed in ``skipped`` with the reason.
+    """
     files, stack, seen = [], [root], set()
     while stack:
         folder = stack.pop()
@@ -103,10 +139,15 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
             try:
                 if e.is_dir():
                     subdirs.append(Path(e.path))
-                elif e.is_file():
+                    continue
+                if e.is_file():
                     files.append(Path(e.path))
+                    continue
             except OSError:
-                continue
+                pass
+            why = _not_regular(Path(e.path))
+            if why:
+                skipped.append(Skip(Path(e.path).relative_to(root).as_posix(), why))
         subdirs.sort(key=os.path.islink)  # real folders first: a link (wandb/latest-run) must not hide its target
         stack.extend(reversed(subdirs))
     return files
@@ -162,8 +203,11 @@ def discover(run_dir: str | Path) -> tuple[list[tuple[Path, Any]], list[Skip]]:
 
     Returns:
         ``(claims, skipped)``: ``claims`` lists ``(path, parser module)`` in walk order (sorted,
-        depth first); ``skipped`` names unclaimed log-like files ("no parser recognised the format")
-        and folders that could not be listed. Config files and non-log files are not in either.
+        depth first); ``skipped`` names unclaimed log-like files ("no parser recognised the format"),
+        folders that could not be listed, entries that are not regular files (FIFO, device, socket,
+        dangling symlink: never opened), files without read permission ("permission denied: not
+        read") and ``*.gz`` files that are not gzip data; none of these reaches a parser.
+        Config files and non-log files are not in either.
 
     Raises:
         InputError: ``run_dir`` does not exist or is not a folder.
@@ -172,12 +216,28 @@ def discover(run_dir: str | Path) -> tuple[list[tuple[Path, Any]], list[Skip]]:
     return claims, skipped
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why a regular file is not handed to a parser: no read permission, or ``*.gz`` that is not gzip.
+
+    Checkpoint files are left to :mod:`parsers.checkpoints`, which reports them itself.
+    """
+    if path.name.lower().endswith(_CHECKPOINT_SUFFIXES):
+        return None
+    if not os.access(path, os.R_OK):
+        return PERMISSION_DENIED
+    return gzip_problem(path)
+
+
 def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path], dict[str, str]]:
     mods, unavailable = _parsers()
     skipped: list[Skip] = []
     files = _walk(root, skipped)
     claims, configs = [], []
     for path in files:
+        why = _unreadable(path)
+        if why:
+            skipped.append(Skip(path.relative_to(root).as_posix(), why))
+            continue
         mod = None
         for m in mods:
             try:
@@ -195,8 +255,16 @@ def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path
             why = "no parser recognised the format" if os.access(path, os.R_OK) else "cannot read the file"
             skipped.append(Skip(path.relative_to(root).as_posix(), why))
     if not files:
-        raise InputError(root, NO_LOGS if any(root.iterdir()) else "folder is empty")
+        raise InputError(root, _with_skips(NO_LOGS, skipped) if any(root.iterdir()) else "folder is empty")
     return claims, skipped, configs, unavailable
+
+
+def _with_skips(message: str, skipped: list[Skip]) -> str:
+    """``message`` plus the first few inputs that were not read, so an error names what was skipped."""
+    if not skipped:
+        return message
+    more = f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else ""
+    return message + "; not read: " + "; ".join(f"{s.what}: {s.reason}" for s in skipped[:3]) + more
 
 
 def _bounds(pr: ParseResult) -> dict[str, Any]:
@@ -290,7 +358,8 @@ def load_run(run_dir: str | Path) -> RunData:
         :class:`RunData` with ``metrics``/``events`` (polars; ``run`` = the folder name, ``segment``
         global within each source group), ``sources`` (one :class:`SourceInfo` per file read:
         ``records`` = metric rows, ``segments`` = distinct global segments), ``skipped`` (unclaimed
-        log-like files, unreadable files, damage inside files) and ``meta``: ``formats`` (sorted),
+        log-like files, unreadable files, FIFOs/devices/dangling symlinks (never opened), ``*.gz``
+        files that are not gzip data, damage inside files) and ``meta``: ``formats`` (sorted),
         ``config_files`` {relpath: parsed}, ``by_source`` {relpath: parser meta}, ``source_groups``
         {relpath: group key}, ``precision`` {relpath: precision}, ``hparams`` (merged),
         ``framework`` (first found) and ``parsers_unavailable`` when a parser could not be imported.
@@ -320,7 +389,7 @@ def load_run(run_dir: str | Path) -> RunData:
         if failures:
             why = "; ".join(f"{s.what}: {s.reason}" for s in failures[:3])
             raise InputError(root, f"no readable training log ({len(failures)} found, none readable: {why})")
-        raise InputError(root, NO_LOGS)
+        raise InputError(root, _with_skips(NO_LOGS, skipped))
     skipped.extend(failures)
     groups = _groups(results)
     offsets = _offsets(results, groups)

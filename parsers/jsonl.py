@@ -100,12 +100,17 @@ def sniff(path: Path) -> bool:
 
 
 def _flatten(obj: dict, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
-    for k, v in obj.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            _flatten(v, f"{key}/", out)
+    """Nested objects flattened into ``out`` with ``/``-joined keys, in key order (no recursion: any depth)."""
+    stack = [(prefix, iter(obj.items()))]
+    while stack:
+        pre, items = stack[-1]
+        for k, v in items:
+            if isinstance(v, dict):
+                stack.append((f"{pre}{k}/", iter(v.items())))
+                break
+            out[f"{pre}{k}"] = v
         else:
-            out[key] = v
+            stack.pop()
     return out
 
 
@@ -477,6 +482,9 @@ def _parse_line(st: _State, line_no: int, raw: bytes, cut: bool) -> dict | None:
     st.python_lines += 1
     try:
         obj = json.loads(text)
+    except RecursionError:
+        st.skip(line_no, "JSON nested too deeply to decode; line skipped")
+        return None
     except (ValueError, UnicodeDecodeError) as exc:
         if cut:
             st.bad.append(Skip(f"{st.rel}:{line_no}", "half-written last line dropped (killed job?)"))

@@ -194,3 +194,115 @@ def test_jsonl_claims_are_first_come(tmp_path):
     """trainer_state.json is never taken by the JSONL parser."""
     p = _write(tmp_path / "trainer_state.json", '{"global_step": 1, "log_history": []}\n')
     assert not jsonl.sniff(p)
+
+
+def _special_run(tmp_path: Path, kind: str) -> tuple[Path, str, str]:
+    """A run folder with a good ``metrics.jsonl`` next to one input that must not be read."""
+    run = tmp_path / "run"
+    _jsonl(run / "metrics.jsonl", range(5))
+    if kind == "fifo":
+        os.mkfifo(run / "train.log")
+        return run, "train.log", "not a regular file (FIFO): not read"
+    if kind == "device":
+        os.symlink("/dev/zero", run / "events.out.tfevents.1.host")
+        return run, "events.out.tfevents.1.host", "symlink to a device: not read"
+    if kind == "dangling":
+        os.symlink(run / "gone", run / "events.out.tfevents.2.host")
+        return run, "events.out.tfevents.2.host", "dangling symlink: target missing"
+    if kind == "notgzip":
+        (run / "more.jsonl.gz").write_bytes(bytes(range(7, 200)))
+        return run, "more.jsonl.gz", "not gzip data (bad magic bytes): not read"
+    raise AssertionError(kind)
+
+
+_SPECIAL = ["fifo", "device", "dangling", "notgzip"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs and symlinks")
+@pytest.mark.parametrize("kind", _SPECIAL)
+def test_discover_lists_special_inputs_without_opening(tmp_path, kind, monkeypatch):
+    """FIFO, symlink to a device, dangling symlink, non-gzip ``*.gz``: listed in skipped, never parsed."""
+    run, name, why = _special_run(tmp_path, kind)
+    real_open = open
+
+    def guarded_open(file, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        assert not (kind in ("fifo", "device") and Path(str(file)).name == name), f"opened {name}"
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", guarded_open)
+    claims, skipped = disc.discover(run)
+    assert [p.name for p, _ in claims] == ["metrics.jsonl"]
+    assert [(s.what, s.reason) for s in skipped] == [(name, why)]
+    rd = disc.load_run(run)
+    assert rd.metrics.height == 5 and [s.path for s in rd.sources] == ["metrics.jsonl"]
+    assert [(s.what, s.reason) for s in rd.skipped] == [(name, why)]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs and symlinks")
+@pytest.mark.parametrize("kind", _SPECIAL)
+def test_discover_strict_cli_exits_2_on_special_input(tmp_path, kind):
+    """``analyze --strict`` exits 2 naming the input; a normal ``analyze`` still reads the good log."""
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    run, name, why = _special_run(tmp_path, kind)
+    res = CliRunner().invoke(main, ["analyze", str(run), "--strict"], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    assert name in res.stderr and why in res.stderr
+    res = CliRunner().invoke(main, ["analyze", str(run)], catch_exceptions=False)
+    assert res.exit_code in (0, 1), res.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_discover_only_special_input_names_it(tmp_path):
+    """A folder whose only log is a FIFO: the error says what was not read, and nothing blocks."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "train.log")
+    with pytest.raises(InputError, match=r"train\.log: not a regular file \(FIFO\): not read"):
+        disc.load_run(run)
+
+
+def test_discover_unreadable_file_chmod(tmp_path):
+    """A file without read permission: "permission denied: not read", the parser is never called."""
+    run = tmp_path / "run"
+    _jsonl(run / "metrics.jsonl", range(5))
+    bad = _jsonl(run / "eval" / "metrics.jsonl", range(3))
+    bad.chmod(0)
+    try:
+        if os.access(bad, os.R_OK):
+            pytest.skip("running as root (or with CAP_DAC_OVERRIDE): permission bits do not apply")
+        claims, skipped = disc.discover(run)
+        assert [p.relative_to(run).as_posix() for p, _ in claims] == ["metrics.jsonl"]
+        assert [(s.what, s.reason) for s in skipped] == [("eval/metrics.jsonl", "permission denied: not read")]
+        rd = disc.load_run(run)
+        assert [(s.what, s.reason) for s in rd.skipped] == [("eval/metrics.jsonl", "permission denied: not read")]
+    finally:
+        bad.chmod(0o644)
+
+
+def test_discover_unreadable_file_simulated(tmp_path, monkeypatch):
+    """Same as the chmod test, with ``os.access`` saying no (runs as root too); --strict exits 2."""
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    run = tmp_path / "run"
+    _jsonl(run / "metrics.jsonl", range(5))
+    bad = _jsonl(run / "eval" / "metrics.jsonl", range(3))
+    real_access = os.access
+
+    def access(p, mode, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return False if Path(p) == bad else real_access(p, mode, *a, **k)
+
+    monkeypatch.setattr(os, "access", access)
+    claims, skipped = disc.discover(run)
+    assert [(s.what, s.reason) for s in skipped] == [("eval/metrics.jsonl", "permission denied: not read")]
+    assert [p.relative_to(run).as_posix() for p, _ in claims] == ["metrics.jsonl"]
+    rd = disc.load_run(run)
+    assert [s.path for s in rd.sources] == ["metrics.jsonl"]
+    assert [(s.what, s.reason) for s in rd.skipped] == [("eval/metrics.jsonl", "permission denied: not read")]
+    res = CliRunner().invoke(main, ["analyze", str(run), "--strict"], catch_exceptions=False)
+    assert res.exit_code == 2 and "permission denied: not read" in res.stderr, res.output
+    assert CliRunner().invoke(main, ["analyze", str(run)], catch_exceptions=False).exit_code in (0, 1)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
@@ -412,3 +413,22 @@ def test_engines_agree_on_mostly_plain_lines(tmp_path_factory, lines, chunk):
     p = tmp_path_factory.mktemp("plain") / "m.jsonl"
     p.write_bytes(("\n".join(lines) + "\n").encode() * 2)
     _assert_same(jsonl.read(p, p.parent, chunk_bytes=chunk), jsonl.read(p, p.parent, engine="python"))
+
+
+@pytest.mark.parametrize("engine", ["auto", "python"])
+@pytest.mark.parametrize("depth", [900, 100_000])
+def test_deeply_nested_line_is_one_skip(tmp_path: Path, engine: str, depth: int) -> None:
+    """A line nested beyond what json decodes is one Skip with its line number; the other lines are kept.
+
+    One that decodes is flattened at any depth. Such a line used to fail the whole file.
+    """
+    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1)}) for i in range(50)]
+    lines.insert(20, '{"step": 100, "x": ' + '{"a": ' * depth + "1" + "}" * depth + "}")
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    res = jsonl.read(p, tmp_path, engine=engine)
+    assert res.metrics.filter(pc.equal(res.metrics["metric"], "loss")).num_rows == 50
+    if depth > 10_000:
+        assert [s.what for s in res.skipped] == ["metrics.jsonl:21"] and "deeply" in res.skipped[0].reason
+    else:
+        assert not res.skipped and res.metrics.filter(pc.equal(res.metrics["step"], 100)).num_rows == 1
