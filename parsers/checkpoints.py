@@ -67,6 +67,8 @@ def find_checkpoints(root: Path) -> list[_Unit]:
             if not (low.endswith(SUFFIXES) or low.endswith(".index.json")) or fname.startswith("."):
                 continue
             path = Path(folder, fname)
+            if not path.is_file():  # a FIFO, a device or a dangling link: never opened (discovery lists it)
+                continue
             parts = path.relative_to(root).parts
             unit, step = parts[:-1], None
             for i in range(len(parts) - 1, -1, -1):

@@ -306,3 +306,18 @@ def test_discover_unreadable_file_simulated(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["analyze", str(run), "--strict"], catch_exceptions=False)
     assert res.exit_code == 2 and "permission denied: not read" in res.stderr, res.output
     assert CliRunner().invoke(main, ["analyze", str(run)], catch_exceptions=False).exit_code in (0, 1)
+
+
+def test_fifo_and_device_named_like_checkpoints_are_never_opened(tmp_path: Path) -> None:
+    """A FIFO ``model.pt`` and a ``/dev/zero`` link ``optimizer.pt`` are listed as skipped, never read."""
+    import shutil
+
+    run = tmp_path / "run"
+    (run / "ckpt" / "step_10").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "sample_logs" / "healthy" / "metrics.jsonl", run)
+    os.mkfifo(run / "ckpt" / "step_10" / "model.pt")
+    os.symlink("/dev/zero", run / "ckpt" / "step_10" / "optimizer.pt")
+    got = disc.load_run(run)
+    reasons = {s.what: s.reason for s in got.skipped}
+    assert "FIFO" in reasons["ckpt/step_10/model.pt"] and "device" in reasons["ckpt/step_10/optimizer.pt"]
+    assert got.metrics.height > 0
