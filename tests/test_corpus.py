@@ -28,8 +28,8 @@ _NO_GROWTH_SIGNAL = (
 
 KNOWN_MISSES: dict[str, str] = {
     "usg_s11_d32": _NO_GROWTH_SIGNAL,
-    "usg_s14_d32": "found (update_scale_growth) but its onset, step 15, is one step after the labelled window "
-                   "[1, 14]: the loss spike it keys on comes at the end of the warm-up",
+    "usg_s14_d32": "found (update_scale_growth), but its onset, step 15, is one step after the labelled window "
+                   "[1, 14]",
     "usg_s17_d32": _NO_GROWTH_SIGNAL,
 }
 """Run name -> what the analyzer got wrong (observed with ``forensics analyze RUN -f json``)."""
