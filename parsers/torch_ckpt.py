@@ -595,8 +595,10 @@ def read(path: str | Path) -> Loaded:
             head = fh.read(16)
             if not head.startswith(b"PK"):
                 if LEGACY_MAGIC in head or head[:1] == b"\x80":
-                    raise CheckpointError("legacy (pre-1.6, non-zip) torch format: not read without torch "
-                                          "(install torch and re-save it, or convert it to safetensors)")
+                    raise CheckpointError("legacy (pre-1.6, non-zip) torch.save format: not read (its "
+                                          "tensors are not at known offsets); re-save it with torch>=1.6 "
+                                          "(torch.load(..., weights_only=True) then torch.save) or convert "
+                                          "it to safetensors")
                 raise CheckpointError("not a torch zip checkpoint")
             try:
                 entries = _central_entries(fh, fsize)

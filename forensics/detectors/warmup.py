@@ -61,7 +61,10 @@ class WarmupInstability(Detector):
             confidence=0.6, severity="medium",
             message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
             f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
-            f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"
+            + (f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"
+               if int(st[i0]) <= peak_step else
+               f"just after the lr reached its peak {fmt(float(lv[i_peak]))} at the end of the warm-up (step "
+               f"{peak_step})")
             + (f"; {len(spikes)} such spikes" if len(spikes) > 1 else "") + ".",
             evidence={"spike_steps": [int(st[i]) for i in spikes[:20]], "peak_lr": float(lv[i_peak]),
                       "peak_step": peak_step, "loss_at_spike": float(v[i0]),
