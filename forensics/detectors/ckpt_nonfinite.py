@@ -53,8 +53,9 @@ class CheckpointNonFinite(Detector):
         step = int(bad.get_column("step").min())  # type: ignore[arg-type]
         first = bad.filter(pl.col("step") == step).sort(["role", "tensor"])
         ckpt = str(first.get_column("checkpoint")[0])
+        partial = {c.get("step") for c in run.meta.get("checkpoints") or [] if not c.get("complete", True)}
         finite_before = sorted({int(s) for s in t.filter(pl.col("step") < step).get_column("step").to_list()}
-                               - {int(s) for s in bad.get_column("step").to_list()})
+                               - {int(s) for s in bad.get_column("step").to_list()} - partial)
         prev = finite_before[-1] if finite_before else None
         roles = {r: {"tensors": n, "nan": int(a), "inf": int(b)} for r, n, a, b in first.group_by("role").agg(
             pl.len(), pl.col("n_nan").sum(), pl.col("n_inf").sum()).sort("role").iter_rows()}
@@ -69,8 +70,8 @@ class CheckpointNonFinite(Detector):
                     visible = (int(s.steps[idx[0]]), m)
         what = ", ".join(f"{v['tensors']} {r} tensor(s) ({v['nan']} NaN, {v['inf']} inf)" for r, v in roles.items())
         names = ", ".join(f"{d['role']} of {d['tensor']}" for d in listed[:3])
-        since = f"; the previous checkpoint (step {prev}) is finite" if prev is not None else \
-            "; no earlier checkpoint to compare"
+        since = f"; the previous complete checkpoint (step {prev}) is finite" if prev is not None else \
+            "; no earlier complete checkpoint to compare"
         against: tuple[str, ...] = ()
         conf = self.silent_confidence
         if visible is not None:
