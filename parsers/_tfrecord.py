@@ -115,8 +115,9 @@ def _value_fields(buf: np.ndarray, i: int, end: int) -> tuple[int, int, bool]:  
                         return 0, -1, False
                 elif k2 == 0x12 and i < te and buf[i] == 0:  # an empty TensorShapeProto: rank 0
                     i += 1
-                elif (k2 == 0x2A or k2 == 0x32 or k2 == 0x22) and i < te and (buf[i] == 4 or buf[i] == 8) \
-                        and i + 1 + buf[i] <= te:  # packed float_val / double_val, tensor_content
+                elif i < te and ((k2 == 0x2A and buf[i] == 4) or (k2 == 0x32 and buf[i] == 8) or (
+                        k2 == 0x22 and (buf[i] == 4 or buf[i] == 8))) and i + 1 + buf[i] <= te:
+                    # one packed float_val (4 bytes) or double_val (8 bytes), or tensor_content (4 or 8 bytes)
                     width = int(buf[i])
                     vat, cnt, i = i + 1, cnt + 1, i + 1 + width
                 elif k2 == 0x2D and i + 4 <= te:  # float_val, not packed

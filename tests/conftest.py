@@ -15,3 +15,11 @@ def cases_dir() -> Path:
     if not d.is_dir():
         pytest.skip(f"acceptance cases not found at {d}")
     return d
+
+
+# CI runs every hypothesis test on a fixed sample (no flaky red runs); locally each run explores new examples.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")

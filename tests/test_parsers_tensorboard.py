@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -466,7 +467,10 @@ def test_fuzz_compiled_scan_against_python_walk(tmp_path, monkeypatch) -> None:
     event = hs.tuples(hs.integers(-(2**63), 2**63 - 1), hs.text(max_size=12) | hs.sampled_from(["loss", "lr"]),
                       values, hs.lists(hs.tuples(hs.integers(0, 200), hs.integers(0, 255)), max_size=2))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    examples = int(os.environ.get("FORENSICS_FUZZ_EXAMPLES", "150"))  # CI: a fixed sample; longer runs by hand
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=examples <= 150)
     @given(hs.lists(event, min_size=1, max_size=8))
     def run(events) -> None:  # noqa: ANN001
         payloads = []
@@ -495,3 +499,13 @@ def test_ten_byte_varint_step_keeps_low_64_bits(tmp_path) -> None:
     payload = _vint(1 << 3 | 1) + struct.pack("<d", 1.7e9) + b"\x10" + step + _ld(5, _value("loss", simple=1.0))
     res = tb.read(_write(tmp_path / "events.out.tfevents.a", [payload]), tmp_path)
     assert _rows(res) == [("loss", -1, 1.0)] and not res.skipped
+
+
+def test_packed_float_val_of_two_values_in_a_double_tensor_is_not_a_scalar(tmp_path) -> None:
+    """DT_DOUBLE with ``float_val`` packed as 8 bytes holds two floats, not one double.
+
+    Found by the compiled-vs-Python fuzz in CI: the compiled scan read it as a double scalar.
+    """
+    tensor = _vi(1, 2) + _ld(5, struct.pack("<ff", 0.5, 0.25))
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", [_event(1, _value("x", tensor=tensor))]), tmp_path)
+    assert res.metrics.num_rows == 0 and res.meta["non_scalar"] == {"tensor": 1}
