@@ -316,7 +316,7 @@ def _generic(buf, pos: int, end: int, st: _State, skipped: list[Skip]) -> None:
     try:
         st.generic(bytes(buf[pos + 12:end]))
     except (_Corrupt, IndexError, struct.error, ValueError) as exc:
-        for col in (st.col_rec, st.col_tag, st.col_step, st.col_val, st.col_wall):  # no half-decoded rows
+        for col in (st.col_rec, st.col_tag, st.col_step, st.col_val, st.col_wall, st.col_enc):  # no half rows
             del col[rows:]
         skipped.append(Skip(f"{st.rel}:{pos}", f"undecodable event ({exc}); skipped"))
 

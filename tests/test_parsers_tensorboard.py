@@ -509,3 +509,16 @@ def test_packed_float_val_of_two_values_in_a_double_tensor_is_not_a_scalar(tmp_p
     tensor = _vi(1, 2) + _ld(5, struct.pack("<ff", 0.5, 0.25))
     res = tb.read(_write(tmp_path / "events.out.tfevents.a", [_event(1, _value("x", tensor=tensor))]), tmp_path)
     assert res.metrics.num_rows == 0 and res.meta["non_scalar"] == {"tensor": 1}
+
+
+def test_undecodable_event_after_a_scalar_leaves_no_trace(tmp_path) -> None:
+    """An event whose scalar decodes before a later field fails is dropped whole, encoding included.
+
+    Found by a long fuzz run: the dropped row's encoding stayed behind and shifted the next tags' encodings.
+    """
+    bad = bytearray(_event(0, _value("", simple=0.0)))
+    bad[0] = 0x39  # field 7 (session_log) as fixed64: undecodable after the summary was read
+    tensor = _vi(1, 1) + _ld(5, struct.pack("<f", 0.0))
+    res = tb.read(_write(tmp_path / "events.out.tfevents.a", [bytes(bad), _event(0, _value("0", tensor=tensor))]),
+                  tmp_path)
+    assert res.meta["encodings"] == {"0": "DT_FLOAT"}
