@@ -103,7 +103,7 @@ def _value_fields(buf: np.ndarray, i: int, end: int) -> tuple[int, int, bool]:  
             i += 4
         elif key == 0x42 and enc == 0:
             tn, i = _varint(buf, i, end)
-            if i < 0 or i + tn > end:
+            if i < 0 or tn < 0 or i + tn > end:
                 return 0, -1, False
             te, dt, cnt, width = i + tn, -1, 0, 0
             while i < te:
@@ -132,7 +132,7 @@ def _value_fields(buf: np.ndarray, i: int, end: int) -> tuple[int, int, bool]:  
         elif key == 0x4A and not plugin:
             mn, i = _varint(buf, i, end)
             m = _SCALARS_META.shape[0]
-            if i < 0 or i + mn > end or (mn != m and mn != m + 2):
+            if i < 0 or mn < 0 or i + mn > end or (mn != m and mn != m + 2):
                 return 0, -1, False
             for k in range(m):
                 if buf[i + k] != _SCALARS_META[k]:
@@ -222,7 +222,7 @@ def scan(buf: np.ndarray, pos: int, check_crc: bool, max_record: int, tables: np
             n += 1
             continue
         tl, i = _varint(buf, i + 1, end)
-        if i < 0 or i + tl > end:
+        if i < 0 or tl < 0 or i + tl > end:  # a varint over 2**63 reads as negative: never index with it
             n += 1
             continue
         enc, vat, plugin = _value_fields(buf, i + tl, end)

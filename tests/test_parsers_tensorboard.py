@@ -522,3 +522,16 @@ def test_undecodable_event_after_a_scalar_leaves_no_trace(tmp_path) -> None:
     res = tb.read(_write(tmp_path / "events.out.tfevents.a", [bytes(bad), _event(0, _value("0", tensor=tensor))]),
                   tmp_path)
     assert res.meta["encodings"] == {"0": "DT_FLOAT"}
+
+
+def test_tag_length_varint_over_2_63_is_not_an_index(tmp_path, monkeypatch) -> None:
+    """A tag length that reads as a negative int64 is undecodable, not a memory read before the tag.
+
+    Found by a long fuzz run: the compiled scan indexed with it (a segfault).
+    """
+    value = b"\x0a" + _vint(1 << 63 | 5) + b"x" + b"\x15" + struct.pack("<f", 1.0)
+    payload = _vint(1 << 3 | 1) + struct.pack("<d", 1.7e9) + _ld(5, _ld(1, value))
+    good = _event(2, _value("loss", simple=2.0))
+    a, b = _both(_write(tmp_path / "events.out.tfevents.a", [payload, good]), tmp_path, monkeypatch)
+    _same(a, b, "negative tag length")
+    assert _rows(a) == [("loss", 2, 2.0)] and len(a.skipped) == 1
