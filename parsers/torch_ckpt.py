@@ -40,6 +40,7 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import struct
 import zipfile
 import zlib
@@ -50,11 +51,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from forensics.model import Skip
+from parsers._limits import TooLarge, expanded_size
 from parsers.safetensors_ckpt import ITEMSIZE, CheckpointError, TensorRef, iter_blocks
 
 FORMAT = "torch_zip"
 MAX_PICKLE_BYTES = 256 << 20
 """A ``data.pkl`` larger than this is refused (a pickle of tensor metadata is kilobytes)."""
+MAX_MEMO = 1 << 24
+"""Largest pickle memo index accepted (a state dict of 100k tensors uses ~1M memo slots)."""
+MIN_NODES = 1_000_000
+"""Nodes any pickle may expand to (shared references walked path by path), whatever its size."""
 LEGACY_MAGIC = bytes.fromhex("1950a86a20f9469cfc6c")
 _STORAGES = {"FloatStorage": "F32", "DoubleStorage": "F64", "HalfStorage": "F16", "BFloat16Storage": "BF16",
              "LongStorage": "I64", "IntStorage": "I32", "ShortStorage": "I16", "CharStorage": "I8",
@@ -545,12 +551,55 @@ def _pickle_name(names: Any) -> str | None:
     return next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
 
 
+_MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def _prescan(raw: bytes) -> int:
+    """Check a pickle's opcodes before the C unpickler sees them; the byte length of the first pickle.
+
+    The C unpickler sizes its memo by the largest index a ``PUT`` names (``LONG_BINPUT 2**29`` in a
+    10-byte pickle: an 8 GB memo), so every memo index must be below the number of opcodes
+    (``pickle`` numbers them 0, 1, 2, ...). The scan is :func:`pickletools.genops`: pure Python,
+    linear in the bytes, allocating nothing the pickle names.
+
+    Raises:
+        CheckpointError: A memo index at or past the opcode count, or bytes that are no pickle.
+    """
+    ops, end = 0, len(raw)
+    try:
+        for op, arg, pos in pickletools.genops(raw):
+            ops += 1
+            if op.name in _MEMO_OPS and (not isinstance(arg, int) or arg < 0 or arg >= MAX_MEMO):
+                raise CheckpointError(f"refused: pickle memo index {arg} (limit {MAX_MEMO}); nothing was run")
+            if op.name in _MEMO_OPS and arg > ops:
+                raise CheckpointError(f"refused: pickle memo index {arg} after {ops} opcodes (a memo bomb); "
+                                      "nothing was run")
+            if op.name == "STOP":
+                end = pos + 1
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - genops raises ValueError and friends on bad bytes
+        raise CheckpointError(f"malformed pickle: {type(exc).__name__}: {exc}") from None
+    return end
+
+
+def max_nodes(pickle_bytes: int) -> int:
+    """Most nodes an unpickled checkpoint may expand to: :data:`MIN_NODES` or 4 per pickle byte."""
+    return max(MIN_NODES, 4 * pickle_bytes)
+
+
 def _unpickle(raw: bytes) -> tuple[Any, dict[str, _Storage]]:
     """Unpickle ``data.pkl`` with the allowlist; the object and its storages by key.
 
+    Bounded (issue 16): opcodes are scanned first (:func:`_prescan`), and the result may expand to
+    at most :func:`max_nodes` nodes once shared references are walked path by path (counted
+    memoised by identity: linear).
+
     Raises:
-        CheckpointError: A refused global or persistent id, or a malformed (e.g. cut) pickle.
+        CheckpointError: A refused global or persistent id, a memo bomb, a structure that expands past
+            the node limit, or a malformed (e.g. cut) pickle.
     """
+    _prescan(raw)
     unp = Unpickler(io.BytesIO(raw))
     try:
         obj = unp.load()
@@ -558,7 +607,15 @@ def _unpickle(raw: bytes) -> tuple[Any, dict[str, _Storage]]:
         raise
     except Exception as exc:  # noqa: BLE001 - a malformed pickle is a skip, never a crash
         raise CheckpointError(f"malformed pickle: {type(exc).__name__}: {exc}") from None
+    _bounded(obj, len(raw))
     return obj, unp.storages
+
+
+def _bounded(obj: Any, nbytes: int) -> None:
+    try:
+        expanded_size(obj, max_nodes(nbytes), 64)
+    except TooLarge as exc:
+        raise CheckpointError(f"refused: pickle structure {exc} from {nbytes} bytes of pickle") from None
 
 
 def _nbytes(s: _Storage) -> int:
@@ -678,7 +735,14 @@ def _pickle_before_end(fh: Any, e: _Entry, fsize: int) -> tuple[Any, dict[str, _
     n = fsize - e.data
     if e.method != zipfile.ZIP_STORED or n > MAX_PICKLE_BYTES + 16:
         return None
-    bio = io.BytesIO(_pread(fh, e.data, n))
+    data = _pread(fh, e.data, n)
+    try:
+        _prescan(data)
+    except CheckpointError as exc:
+        if "refused" in exc.args[0]:
+            raise
+        return None  # cut inside the pickle
+    bio = io.BytesIO(data)
     unp = Unpickler(bio)
     try:
         obj = unp.load()
@@ -686,6 +750,7 @@ def _pickle_before_end(fh: Any, e: _Entry, fsize: int) -> tuple[Any, dict[str, _
         raise
     except Exception:  # noqa: BLE001 - cut inside the pickle
         return None
+    _bounded(obj, n)
     rest = bio.read()
     return (obj, unp.storages) if len(rest) < 16 and _DESCRIPTOR.startswith(rest[:4]) else None
 
@@ -726,7 +791,7 @@ def _finish(fh: Any, path: str, fsize: int, obj: Any, pkl: str, entries: dict[st
     lost: list[Skip] = []
     at = fsize if salvage is None else salvage.at
     try:
-        out = _resolve(obj, path, locate, 0, "", lost, at)
+        out = _resolve(obj, path, locate, 0, "", lost, at, {})
     except (TypeError, ValueError, OverflowError) as exc:
         raise CheckpointError(f"malformed tensor record: {type(exc).__name__}: {exc}") from None
     if salvage is None:
@@ -777,10 +842,25 @@ def load(path: str | Path) -> Any:
 _DROP = object()
 
 
-def _resolve(obj: Any, path: str, locate: Any, depth: int, where: str, lost: list[Skip], at: int) -> Any:
-    """Replace tensors by refs; a tensor whose storage is missing or cut becomes ``_DROP`` (and a Skip)."""
+def _resolve(obj: Any, path: str, locate: Any, depth: int, where: str, lost: list[Skip], at: int,
+             memo: dict[int, Any]) -> Any:
+    """Replace tensors by refs; a tensor whose storage is missing or cut becomes ``_DROP`` (and a Skip).
+
+    Memoised by object identity: a shared object (a tied weight, a shared list) is resolved once and
+    stays shared in the result (its missing tensors are listed once, under the first path).
+    """
     if depth > 64:
         raise CheckpointError("refused: structure nested deeper than 64 levels")
+    if isinstance(obj, (_Tensor, dict, list, tuple)):
+        key = id(obj)
+        if key not in memo:
+            memo[key] = _resolve_one(obj, path, locate, depth, where, lost, at, memo)
+        return memo[key]
+    return obj
+
+
+def _resolve_one(obj: Any, path: str, locate: Any, depth: int, where: str, lost: list[Skip], at: int,
+                 memo: dict[int, Any]) -> Any:
     if isinstance(obj, _Tensor):
         try:
             return _to_ref(obj, path, locate)
@@ -790,12 +870,12 @@ def _resolve(obj: Any, path: str, locate: Any, depth: int, where: str, lost: lis
     if isinstance(obj, dict):
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for k, v in obj.items():
-            r = _resolve(v, path, locate, depth + 1, f"{where}.{k}" if where else str(k), lost, at)
+            r = _resolve(v, path, locate, depth + 1, f"{where}.{k}" if where else str(k), lost, at, memo)
             if r is not _DROP:
                 out[k] = r
         return out
     if isinstance(obj, (list, tuple)):
-        vals = [_resolve(v, path, locate, depth + 1, f"{where}[{i}]", lost, at) for i, v in enumerate(obj)]
+        vals = [_resolve(v, path, locate, depth + 1, f"{where}[{i}]", lost, at, memo) for i, v in enumerate(obj)]
         vals = [None if v is _DROP else v for v in vals]
         return vals if isinstance(obj, list) else tuple(vals)
     return obj
