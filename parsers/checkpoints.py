@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from forensics.model import Skip
 from forensics.schema import TENSORS_SCHEMA, UPDATES_SCHEMA
-from parsers import torch_ckpt
+from parsers import file_policy, torch_ckpt
 from parsers.safetensors_ckpt import CheckpointError, TensorRef, parse_header, read_index, tensor_stats
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".distcp")
@@ -67,8 +67,8 @@ def find_checkpoints(root: Path) -> list[_Unit]:
             if not (low.endswith(SUFFIXES) or low.endswith(".index.json")) or fname.startswith("."):
                 continue
             path = Path(folder, fname)
-            if not path.is_file():  # a FIFO, a device or a dangling link: never opened (discovery lists it)
-                continue
+            if file_policy.why_not(path, root) is not None:  # FIFO, device, dangling or outside link: never
+                continue  # opened (discovery lists it)
             parts = path.relative_to(root).parts
             unit, step = parts[:-1], None
             for i in range(len(parts) - 1, -1, -1):
@@ -84,7 +84,7 @@ def find_checkpoints(root: Path) -> list[_Unit]:
 
 def _zip_or_pickle(path: Path) -> bool:
     try:
-        with open(path, "rb") as fh:
+        with file_policy.open_file(path) as fh:
             head = fh.read(4)
     except OSError:
         return True  # let the reader report it
@@ -93,7 +93,7 @@ def _zip_or_pickle(path: Path) -> bool:
 
 def _trainer_state_step(folder: Path) -> int | None:
     try:
-        st = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+        st = json.loads(file_policy.read_text(folder / "trainer_state.json", 64 << 20))
         return int(st["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

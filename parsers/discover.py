@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
-from parsers import PARSER_MODULES
+from parsers import PARSER_MODULES, file_policy, safe_yaml
 from parsers._io import gzip_problem
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
@@ -129,7 +129,7 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: _natural(e.name))
         except OSError as exc:
-            where = folder.relative_to(root).as_posix() or "."
+            where = _rel(folder, root) or "."
             skipped.append(Skip(where, f"cannot list folder: {exc.strerror or exc}"))
             continue
         subdirs = []
@@ -137,6 +137,11 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
             if e.name.startswith(".") and e.name not in _KEEP_HIDDEN or e.name == "__pycache__":
                 continue
             try:
+                if e.is_symlink():  # the file-access policy: never out of the run, never /proc, /sys, /dev
+                    why = file_policy.why_not(e.path, root, folder=True)
+                    if why:
+                        skipped.append(Skip(_rel(Path(e.path), root), why))
+                        continue
                 if e.is_dir():
                     subdirs.append(Path(e.path))
                     continue
@@ -147,10 +152,15 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
                 pass
             why = _not_regular(Path(e.path))
             if why:
-                skipped.append(Skip(Path(e.path).relative_to(root).as_posix(), why))
+                skipped.append(Skip(_rel(Path(e.path), root), why))
         subdirs.sort(key=os.path.islink)  # real folders first: a link (wandb/latest-run) must not hide its target
         stack.extend(reversed(subdirs))
     return files
+
+
+def _rel(path: Path, root: Path) -> str:
+    """``path`` relative to the run folder, escaped for every output (:func:`parsers.file_policy.display`)."""
+    return file_policy.rel(path, root)
 
 
 def _is_config(path: Path) -> bool:
@@ -171,26 +181,33 @@ def _looks_like_log(path: Path) -> bool:
 
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {file_policy.no_surrogates(str(k)): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set)):
         return [_jsonable(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, float, bool)):
+    if isinstance(obj, str):
+        return file_policy.no_surrogates(obj)
+    if obj is None or isinstance(obj, (int, float, bool)):
         return obj
-    return str(obj)
+    return file_policy.no_surrogates(str(obj))
 
 
 def _load_config(path: Path) -> Any:
-    """A config file as parsed data (YAML via ``yaml.safe_load``, JSON via ``json``), else its raw text."""
+    """A config file as parsed data (YAML via :func:`parsers.safe_yaml.load`, JSON via ``json``), else its raw text.
+
+    Raises:
+        OSError: The file-access policy refuses it, or it cannot be read.
+        parsers.safe_yaml.TooLarge: It expands past the node limit (a YAML alias bomb).
+    """
     size = path.stat().st_size
     if size > _MAX_CONFIG_BYTES:
         return f"<not loaded: {size} bytes>"
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = file_policy.read_text(path, _MAX_CONFIG_BYTES, encoding="utf-8")
     try:
         if path.suffix.lower() == ".json":
             return _jsonable(json.loads(text))
-        import yaml
-
-        return _jsonable(yaml.safe_load(text))
+        return _jsonable(safe_yaml.load(text))
+    except safe_yaml.TooLarge:
+        raise
     except Exception:  # noqa: BLE001 - a config that does not parse is kept as text
         return text
 
@@ -212,7 +229,9 @@ def discover(run_dir: str | Path) -> tuple[list[tuple[Path, Any]], list[Skip]]:
     Raises:
         InputError: ``run_dir`` does not exist or is not a folder.
     """
-    claims, skipped, _, _ = _discover(_check_root(run_dir))
+    root = _check_root(run_dir)
+    with file_policy.scope(root):
+        claims, skipped, _, _ = _discover(root)
     return claims, skipped
 
 
@@ -236,7 +255,7 @@ def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path
     for path in files:
         why = _unreadable(path)
         if why:
-            skipped.append(Skip(path.relative_to(root).as_posix(), why))
+            skipped.append(Skip(_rel(path, root), why))
             continue
         mod = None
         for m in mods:
@@ -253,7 +272,7 @@ def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path
             configs.append(path)  # markdown = the team's notes (attempts, logbook), kept as text
         elif _looks_like_log(path):
             why = "no parser recognised the format" if os.access(path, os.R_OK) else "cannot read the file"
-            skipped.append(Skip(path.relative_to(root).as_posix(), why))
+            skipped.append(Skip(_rel(path, root), why))
     if not files:
         raise InputError(root, _with_skips(NO_LOGS, skipped) if any(root.iterdir()) else "folder is empty")
     return claims, skipped, configs, unavailable
@@ -368,11 +387,16 @@ def load_run(run_dir: str | Path) -> RunData:
         InputError: The folder does not exist, is a file, is empty, or holds no training log.
     """
     root = _check_root(run_dir)
+    with file_policy.scope(root):
+        return _load_run(run_dir, root)
+
+
+def _load_run(run_dir: str | Path, root: Path) -> RunData:
     claims, skipped, configs, unavailable = _discover(root)
     results: list[tuple[str, ParseResult, dict]] = []
     failures: list[Skip] = []
     for path, mod in claims:
-        rel = path.relative_to(root).as_posix()
+        rel = _rel(path, root)
         fmt = getattr(mod, "FORMAT", mod.__name__.rpartition(".")[2])
         try:
             pr = mod.read(path, root)
@@ -417,15 +441,18 @@ def load_run(run_dir: str | Path) -> RunData:
         if pr.meta.get("framework") and "framework" not in meta:
             meta["framework"] = pr.meta["framework"]
     for path in configs[:_MAX_CONFIGS]:
+        rel = _rel(path, root)
         try:
             if path.suffix.lower() in (".md", ".markdown"):
                 if path.stat().st_size <= _MAX_CONFIG_BYTES:
-                    meta.setdefault("notes", {})[path.relative_to(root).as_posix()] = path.read_text(
-                        encoding="utf-8", errors="replace")
+                    meta.setdefault("notes", {})[rel] = file_policy.no_surrogates(
+                        file_policy.read_text(path, _MAX_CONFIG_BYTES, encoding="utf-8"))
                 continue
-            meta["config_files"][path.relative_to(root).as_posix()] = _load_config(path)
+            meta["config_files"][rel] = _load_config(path)
+        except safe_yaml.TooLarge as exc:
+            skipped.append(Skip(rel, f"config file not loaded: YAML {exc}"))
         except OSError as exc:
-            skipped.append(Skip(path.relative_to(root).as_posix(), f"config file unreadable: {exc.strerror}"))
+            skipped.append(Skip(rel, f"config file not read: {exc.strerror or exc}"))
     if unavailable:
         meta["parsers_unavailable"] = unavailable
     mt = pa.concat_tables(metrics) if metrics else METRICS_SCHEMA.empty_table()

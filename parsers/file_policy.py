@@ -197,6 +197,13 @@ def display(name: str) -> str:
     return "".join(out)
 
 
+def no_surrogates(text: str) -> str:
+    """``text`` with lone surrogates (a JSON ``"\\ud800"``, a non-UTF-8 byte) escaped, everything else kept."""
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        return text
+    return "".join(display(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
 def rel(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:
     """``path`` relative to ``root`` in POSIX form, through :func:`display`."""
     p = Path(path)

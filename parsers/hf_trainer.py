@@ -24,10 +24,13 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
+from parsers import file_policy
 from parsers.lines import Rows, metric
 
 FORMAT = "hf_trainer"
 NAME = "trainer_state.json"
+MAX_BYTES = 256 << 20
+"""A copy of trainer_state.json larger than this is not read (a long run's is a few MB)."""
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 _SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss",
                  "total_flos"}
@@ -47,7 +50,7 @@ def sniff(path: Path) -> bool:
 
 def _load(path: Path) -> dict[str, Any] | None:
     try:
-        d = json.loads(path.read_text(encoding="utf-8-sig", errors="replace"))
+        d = json.loads(file_policy.read_text(path, MAX_BYTES))
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
@@ -106,9 +109,9 @@ def _order(path: Path, state: dict[str, Any] | None) -> tuple[float, int]:
 def _copies(path: Path) -> list[Path]:
     """Every copy of the state of the same training output folder, ``path`` included."""
     out_dir = path.parent.parent if _CKPT.match(path.parent.name) else path.parent
-    found = [out_dir / NAME] if (out_dir / NAME).is_file() else []
-    try:
-        found += [d / NAME for d in out_dir.iterdir() if _CKPT.match(d.name) and (d / NAME).is_file()]
+    found = [out_dir / NAME] if file_policy.is_readable_file(out_dir / NAME) else []
+    try:  # a FIFO, a device or a link out of the run named trainer_state.json is never opened
+        found += [d / NAME for d in out_dir.iterdir() if _CKPT.match(d.name) and file_policy.is_readable_file(d / NAME)]
     except OSError:
         pass
     return found if path in found else [*found, path]

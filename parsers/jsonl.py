@@ -30,6 +30,7 @@ applied once, on arrays, to the records of both engines.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ import pyarrow.compute as pc
 from forensics.model import ParseResult, Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import open_binary
+from parsers.file_policy import no_surrogates
 
 FORMAT = "jsonl"
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "it")
@@ -60,10 +62,26 @@ NAME_KEYS = ("module", "layer", "tensor", "param")  # not "name": often the run 
 _RUNTIME_SET = frozenset(RUNTIME_KEYS)
 _SPECIAL_KEYS = frozenset(TIME_KEYS) | _RUNTIME_SET
 ENGINES = ("auto", "python")
+MAX_LINE_BYTES = 64 << 20
+"""A line longer than this is not read (listed; its bytes are dropped as they arrive, so a gzip file
+holding one 1 GB line costs one buffer, not the line): real JSONL records are kilobytes."""
 CHUNK_BYTES = 16 << 20
 """Bytes of whole lines read and parsed at a time by the ``"auto"`` engine (memory stays bounded)."""
 _NOT_METRIC_FILES = {"trainer_state.json", "expected.json"}
 _MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
+
+
+MAX_TAG_CHARS = 1000
+"""A key longer than this is kept shortened (its start, ``...#`` and a hash: still one name per key)."""
+
+
+def _safe_tag(tag: str) -> str:
+    """A key as a metric name: lone surrogates (``"acc\\ud800"`` in valid JSON) escaped, overlong keys shortened."""
+    tag = no_surrogates(tag)
+    if len(tag) > MAX_TAG_CHARS:
+        digest = hashlib.sha1(tag.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        tag = f"{tag[:MAX_TAG_CHARS - 14]}...#{digest}"
+    return tag
 
 
 def _first_line(path: Path, limit: int = 1 << 16) -> str | None:
@@ -327,7 +345,7 @@ class _State:
         ti = self.tag_index.get(tag)
         if ti is None:
             ti = self.tag_index[tag] = len(self.tags)
-            self.tags.append(tag)
+            self.tags.append(_safe_tag(tag))
         return ti
 
     def tag_arrays(self) -> tuple[pa.Array, pa.Array]:
@@ -500,11 +518,37 @@ def _parse_line(st: _State, line_no: int, raw: bytes, cut: bool) -> dict | None:
 # -- blocks of lines ----------------------------------------------------------------------------------
 
 
-def _blocks(fh: IO[bytes], size: int) -> Iterator[tuple[bytes, bytes, str | None]]:
+def _skip_line(fh: IO[bytes], buf: bytearray) -> tuple[int, int, bool, str | None]:
+    """Read on to the end of an overlong line, reusing ``buf``; its bytes are dropped as they arrive.
+
+    Returns:
+        ``(bytes dropped, bytes after the newline now at the start of buf, eof, read error)``.
+    """
+    dropped = 0
+    while True:
+        try:
+            with memoryview(buf) as view:
+                got = fh.readinto1(view)  # type: ignore[attr-defined]
+        except (EOFError, OSError, zlib.error) as exc:
+            return dropped, 0, True, str(exc) or type(exc).__name__
+        if not got:
+            return dropped, 0, True, None
+        nl = buf.find(b"\n", 0, got)
+        if nl < 0:
+            dropped += got
+            continue
+        buf[:got - nl - 1] = buf[nl + 1:got]
+        return dropped + nl + 1, got - nl - 1, False, None
+
+
+def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None = None,
+            max_line: int | None = None) -> Iterator[tuple[bytes, bytes, str | None]]:
     r"""Read ``fh`` in blocks of whole lines (into one reused buffer; one copy per block).
 
     The buffer starts at 64 KiB and doubles up to ``size`` (small files stay cheap), and beyond it only
-    for a line longer than ``size``.
+    for a line longer than ``size``, up to ``max_line`` (:data:`MAX_LINE_BYTES`): a longer line is read
+    on and dropped as its bytes arrive (before a gzip stream expands it in memory), yielded as an empty
+    line (line numbers stay right) and listed in ``long_lines`` as ``(line number, bytes)``.
 
     Yields:
         ``(lines, tail, error)``: ``lines`` ends with ``b"\n"`` (or is empty); ``tail`` is non-empty only
@@ -513,7 +557,9 @@ def _blocks(fh: IO[bytes], size: int) -> Iterator[tuple[bytes, bytes, str | None
     """
     buf = bytearray(min(size, 1 << 16))
     limit = size
+    max_line = MAX_LINE_BYTES if max_line is None else max_line
     n = 0  # bytes held in buf (the first ones: the cut line of the last block)
+    seen = 0  # newlines yielded so far
     while True:
         error, eof = None, False
         try:
@@ -531,12 +577,24 @@ def _blocks(fh: IO[bytes], size: int) -> Iterator[tuple[bytes, bytes, str | None
         except (EOFError, OSError, zlib.error) as exc:
             error, eof = str(exc) or type(exc).__name__, True
         cut = buf.rfind(b"\n", 0, n) + 1
+        if not eof and not cut and n >= max_line:
+            dropped, rest, eof, error = _skip_line(fh, buf)
+            if long_lines is not None:
+                long_lines.append((seen + 1, n + dropped))
+            if eof:
+                yield b"", b"", error
+                return
+            yield b"\n", b"", None
+            seen, n, limit = seen + 1, rest, size
+            continue
         with memoryview(buf) as view:
             if eof:
                 yield bytes(view[:cut]), bytes(view[cut:n]), error
                 return
             if cut:
-                yield bytes(view[:cut]), b"", None
+                block = bytes(view[:cut])
+                seen += block.count(b"\n")
+                yield block, b"", None
                 buf[:n - cut] = view[cut:n]
         n -= cut
         limit = size if cut else 2 * limit  # a line longer than the block: read on until it ends
@@ -664,7 +722,8 @@ def _tag_ids(st: _State, key: np.ndarray, suffix: np.ndarray) -> np.ndarray:
     return tag
 
 
-def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int) -> tuple[int, str] | None:
+def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int,
+                 long_lines: list[tuple[int, int]] | None = None) -> tuple[int, str] | None:
     """Read every block of ``fh`` into ``st``; returns (line, message) of a read error, or None.
 
     With the ``"auto"`` engine a worker thread stages block i + 1 (scan, polars) while this thread
@@ -681,13 +740,13 @@ def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int) -> tu
             error = (done + bool(tail), err)
 
     if engine == "python":
-        for buf, tail, err in _blocks(fh, chunk_bytes):
+        for buf, tail, err in _blocks(fh, chunk_bytes, long_lines):
             finish(buf, tail, err, lambda first, cut, b=buf: _python_block(st, b, first, cut))
         return error
     from parsers._jsonl_frames import _auto_block, _Stager  # imports this module: import at call time
 
     stage = _Stager()
-    blocks = _blocks(fh, chunk_bytes)
+    blocks = _blocks(fh, chunk_bytes, long_lines)
     first = next(blocks, None)
     second = next(blocks, None)
     if second is None:  # one block (most files): no worker thread
@@ -746,9 +805,12 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
     except OSError as exc:
         fh = None
         skipped.append(Skip(f"{rel}:0", f"file ends abruptly ({exc}); earlier lines kept"))
+    long_lines: list[tuple[int, int]] = []
     if fh is not None:
         with fh:
-            error = _read_blocks(st, fh, engine, chunk_bytes)
+            error = _read_blocks(st, fh, engine, chunk_bytes, long_lines)
+        for line, nbytes in long_lines[:_MAX_REPORTED]:
+            skipped.append(Skip(f"{rel}:{line}", f"line of {nbytes} bytes (more than {MAX_LINE_BYTES}): not read"))
         if error is not None:
             skipped.append(Skip(f"{rel}:{error[0]}", f"file ends abruptly ({error[1]}); earlier lines kept"))
     meta: dict[str, Any] = {"records": st.main.records, "bad_lines": st.n_bad, "lines_without_step": 0}

@@ -26,6 +26,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
+from parsers import file_policy, safe_yaml
 from parsers.lines import Rows, metric
 
 FORMAT = "mlflow"
@@ -45,7 +46,7 @@ def _metrics_dir(path: Path) -> Path | None:
     for i, folder in enumerate(path.parents):
         if i >= _MAX_DEPTH:
             break
-        if folder.name == "metrics" and (folder.parent / "meta.yaml").is_file():
+        if folder.name == "metrics" and (folder.parent / "meta.yaml").exists():
             return folder
     return None
 
@@ -71,9 +72,9 @@ def _parse_line(line: str) -> tuple[float, float, int] | None:
 
 
 def _sniff_file_store(path: Path) -> bool:
-    if _metrics_dir(path) is None or not path.is_file():
+    if _metrics_dir(path) is None or not file_policy.is_readable_file(path):
         return False
-    with open(path, "rb") as fh:
+    with file_policy.open_file(path) as fh:
         head = fh.read(256)
     first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
     if not head:
@@ -87,18 +88,18 @@ def _read_side(folder: Path, skipped: list[Skip], root_rel: str) -> dict[str, st
     if not folder.is_dir():
         return out
     try:
-        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        files = sorted(p for p in folder.rglob("*") if not p.is_dir())
     except OSError:
         return out
     for p in files[:_MAX_SIDE_FILES]:
-        key = p.relative_to(folder).as_posix()
+        key = file_policy.display(p.relative_to(folder).as_posix())
         try:
             if p.stat().st_size > _MAX_SIDE_BYTES:
                 out[key] = f"<not loaded: {p.stat().st_size} bytes>"
                 continue
-            out[key] = p.read_text(encoding="utf-8", errors="replace")
+            out[key] = file_policy.read_text(p, _MAX_SIDE_BYTES, encoding="utf-8")
         except OSError as exc:
-            skipped.append(Skip(f"{root_rel}/{folder.name}/{key}", f"unreadable: {exc.strerror or exc}"))
+            skipped.append(Skip(f"{root_rel}/{folder.name}/{key}", f"not read: {exc.strerror or exc}"))
     return out
 
 
@@ -118,10 +119,13 @@ def _param(text: Any) -> Any:
 def _run_meta(run_dir: Path, skipped: list[Skip], rel_run: str) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     try:
-        import yaml
-
-        info = yaml.safe_load((run_dir / "meta.yaml").read_text(encoding="utf-8", errors="replace"))
-    except Exception:  # noqa: BLE001 - meta.yaml is a side file; a broken one costs only the run info
+        info = safe_yaml.load(file_policy.read_text(run_dir / "meta.yaml", _MAX_SIDE_BYTES, encoding="utf-8"))
+    except OSError as exc:  # a FIFO, a device, a link out of the run: never opened
+        skipped.append(Skip(f"{rel_run}/meta.yaml", f"not read: {exc.strerror or exc}"))
+        info = None
+    except Exception as exc:  # noqa: BLE001 - meta.yaml is a side file; a broken one costs only the run info
+        if isinstance(exc, safe_yaml.TooLarge):
+            skipped.append(Skip(f"{rel_run}/meta.yaml", f"not loaded: YAML {exc}"))
         info = None
     if isinstance(info, dict):
         for k in ("run_id", "run_uuid", "experiment_id", "run_name", "status", "start_time", "end_time",
@@ -188,18 +192,69 @@ def _read_metric_file(path: Path, root: Path, rel: str, mdir: Path | None) -> Pa
 
 # --------------------------------------------------------------------------------------- SQLite store
 
+SQL_STEPS_BASE = 200_000_000
+"""SQLite virtual-machine instructions any store may take (about a second or two of CPU)."""
+SQL_STEPS_PER_BYTE = 400
+"""More instructions per byte of the database file: reading and sorting a real store takes ~50."""
+_PROGRESS_EVERY = 100_000
+
+
+class _Budget:
+    """A progress handler that interrupts a query past its instruction budget (a recursive view, blob rows)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.left = (SQL_STEPS_BASE + SQL_STEPS_PER_BYTE * nbytes) // _PROGRESS_EVERY
+        self.spent = False
+
+    def __call__(self) -> int:
+        self.left -= 1
+        if self.left < 0:
+            self.spent = True
+            return 1  # interrupts the statement: sqlite3.OperationalError("interrupted")
+        return 0
+
+
 def _connect(path: Path) -> sqlite3.Connection:
+    """Open read-only (URI ``mode=ro``), untrusted schema, with an instruction budget (``con.budget``)."""
     uri = path.resolve().as_uri()
     try:
         con = sqlite3.connect(f"{uri}?mode=ro", uri=True)
         con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-        return con
     except sqlite3.Error:
         # a WAL database in a read-only folder cannot be opened with mode=ro alone
-        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+        con = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    try:
+        con.execute("PRAGMA query_only = 1")
+        con.execute("PRAGMA trusted_schema = OFF")  # functions with side effects never run from a view/trigger
+    except sqlite3.Error:
+        pass
+    budget = _Budget(path.stat().st_size)
+    con.set_progress_handler(budget, _PROGRESS_EVERY)
+    _BUDGETS[id(con)] = budget
+    return con
+
+
+_BUDGETS: dict[int, _Budget] = {}
+
+
+def _spent(con: sqlite3.Connection) -> bool:
+    b = _BUDGETS.get(id(con))
+    return bool(b and b.spent)
+
+
+def _close(con: sqlite3.Connection) -> None:
+    _BUDGETS.pop(id(con), None)
+    con.close()
+
+
+def _is_table(con: sqlite3.Connection, name: str) -> bool:
+    """True when ``name`` is a real table (a VIEW can run any query, e.g. an endless recursive CTE)."""
+    return con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    if not _is_table(con, table):
+        return set()
     return {r[1] for r in con.execute(f"PRAGMA table_info('{table}')").fetchall()}
 
 
@@ -215,7 +270,20 @@ def _sniff_sqlite(path: Path) -> bool:
     try:
         return _METRIC_COLS <= _columns(con, "metrics")
     finally:
-        con.close()
+        _close(con)
+
+
+def _short(col: str, n: int = 64) -> str:
+    """A text column cut to ``n`` characters in SQL (a blob is never handed to Python whole)."""
+    return f"CASE WHEN typeof({col}) = 'blob' THEN NULL ELSE substr({col}, 1, {n}) END"
+
+
+def _num_sql(col: str) -> str:
+    """A numeric column as SQL hands it over: numbers as they are, a short text kept, anything else NULL."""
+    if col == "0":
+        return "0"
+    return (f"CASE WHEN typeof({col}) IN ('integer', 'real') THEN {col} "
+            f"WHEN typeof({col}) = 'text' AND length({col}) <= 64 THEN {col} END")
 
 
 def _sql_value(value: Any, is_nan: Any) -> float | None:
@@ -261,15 +329,20 @@ def _read_sqlite(path: Path, rel: str) -> ParseResult:
     except sqlite3.Error as exc:
         raise ParseError(rel, f"cannot open the SQLite database: {exc}") from exc
     try:
+        if not _is_table(con, "metrics") and con.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'metrics'").fetchone() is not None:
+            raise ParseError(rel, "'metrics' is not a table (a view or another object): not read")
         cols = _columns(con, "metrics")
         if not _METRIC_COLS <= cols:
             raise ParseError(rel, "no MLflow 'metrics(key, value, timestamp, step, run_uuid)' table")
         nan_col = "is_nan" if "is_nan" in cols else "0"
         uuids = [r[0] for r in con.execute(
-            "SELECT run_uuid, MIN(timestamp) FROM metrics GROUP BY run_uuid ORDER BY 2, 1").fetchall()]
+            f"SELECT {_short('run_uuid')}, MIN(timestamp) FROM metrics GROUP BY 1 ORDER BY 2, 1").fetchall()]
         several = len(uuids) > 1
-        cur = con.execute(f"SELECT run_uuid, key, value, timestamp, step, {nan_col} FROM metrics "
-                          "ORDER BY run_uuid, key, timestamp, step")
+        # blobs and long texts never reach Python: a value is a number or a short text, names are cut
+        cur = con.execute(f"SELECT {_short('run_uuid')}, {_short('key', 1000)}, {_num_sql('value')}, "
+                          f"{_num_sql('timestamp')}, {_num_sql('step')}, {_num_sql(nan_col)} FROM metrics "
+                          "ORDER BY 1, 2, timestamp, step")
         names: dict[str, str] = {}
         bad = 0
         for run_uuid, key, value, ts, step, is_nan in cur:
@@ -293,12 +366,14 @@ def _read_sqlite(path: Path, rel: str) -> ParseResult:
             skipped.append(Skip(f"{rel}:metrics", f"{bad} row(s) with no numeric value, step or key"))
         runs = _sql_runs(con, [str(u) for u in uuids])
     except sqlite3.Error as exc:
+        if _spent(con):
+            exc = f"query stopped past its budget of SQLite instructions ({exc}; a crafted store?)"
         if not len(rows):
-            raise ParseError(rel, f"unreadable MLflow SQLite store: {exc}") from exc
+            raise ParseError(rel, f"unreadable MLflow SQLite store: {exc}") from None
         skipped.append(Skip(f"{rel}:metrics", f"SQLite error part way through: {exc}"))
         runs = {}
     finally:
-        con.close()
+        _close(con)
     if not len(rows):
         raise ParseError(rel, "the MLflow metrics table holds no readable row")
     meta: dict[str, Any] = {"store": "sqlite", "framework": "mlflow", "runs": runs, "run_ids": list(runs),

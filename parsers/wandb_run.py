@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from parsers import file_policy, safe_yaml
+
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import canonical_metric
@@ -49,13 +51,19 @@ TS_SECONDS, TS_NANOS = 1, 2  # google.protobuf.Timestamp
 _SPECIAL = ("_step", "_runtime", "_timestamp")
 _SIDE_FILES = {"output.log", "wandb-summary.json"}
 _DEBUG_LOGS = {"debug.log", "debug-internal.log", "debug-core.log"}
+_MAX_SIDE_BYTES = 16 << 20
+"""``files/config.yaml`` / ``wandb-summary.json`` larger than this are not read (real ones: kilobytes)."""
+_MAX_OUTPUT_LOG = 256 << 20
+"""``files/output.log`` read for console lines up to this size."""
 _ODD = object()  # a history value that is not a number (list, string, object)
 
 
 def _has_log(folder: Path, pattern: str = "run-*.wandb") -> Path | None:
     """The first ``run-*.wandb`` under ``folder`` (glob ``pattern``) that starts with the ``:W&B`` header."""
     for p in sorted(folder.glob(pattern)):
-        with open(p, "rb") as fh:
+        if file_policy.why_not(p) is not None:  # a FIFO or a device named run-*.wandb is never opened
+            continue
+        with file_policy.open_file(p) as fh:
             if fh.read(len(MAGIC)) == MAGIC:
                 return p
     return None
@@ -234,8 +242,12 @@ def _console(st: _State, rel: str, log: Path) -> tuple[list[dict[str, Any]], dic
 
     lines = st.out + [(st.step, p) for p in st.partial.values() if p.strip()]
     info: dict[str, Any] = {"source": "binary" if lines else None}
-    if log.is_file() and (not lines or st.meta["exit"] is None):
-        log_lines = log.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n").split("\n")
+    if file_policy.is_readable_file(log) and (not lines or st.meta["exit"] is None):
+        try:
+            text = file_policy.read_text(log, _MAX_OUTPUT_LOG, encoding="utf-8")
+        except OSError:
+            text = ""
+        log_lines = text.replace("\r\n", "\n").split("\n")
         if not lines:
             lines, info["source"] = [(None, ln) for ln in log_lines], "files/output.log"
         else:  # the lines after the last occurrence of the binary's last non-blank line
@@ -265,12 +277,15 @@ def _console(st: _State, rel: str, log: Path) -> tuple[list[dict[str, Any]], dic
 def _side_files(files: Path, root: Path, st: _State, skipped: list[Skip]) -> tuple[dict, dict]:
     """Config and summary: the binary's, else ``files/config.yaml`` and ``files/wandb-summary.json``."""
     found = {"config.yaml": _nest(st.config), "wandb-summary.json": _nest(st.summary)}
-    for name in [k for k, v in found.items() if not v and (files / k).is_file()]:
+    for name in [k for k, v in found.items() if not v and (files / k).exists()]:
         try:
-            text = (files / name).read_text(encoding="utf-8", errors="replace")
-            raw = yaml.safe_load(text) if name.endswith(".yaml") else json.loads(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            skipped.append(Skip((files / name).relative_to(root).as_posix(), f"not readable ({exc}); ignored"))
+            text = file_policy.read_text(files / name, _MAX_SIDE_BYTES, encoding="utf-8")
+            raw = safe_yaml.load(text) if name.endswith(".yaml") else json.loads(text)
+        except OSError as exc:
+            skipped.append(Skip(file_policy.rel(files / name, root), f"not read: {exc.strerror or exc}"))
+            continue
+        except (ValueError, yaml.YAMLError) as exc:
+            skipped.append(Skip(file_policy.rel(files / name, root), f"not readable ({exc}); ignored"))
             continue
         raw = {k: v for k, v in (raw if isinstance(raw, dict) else {}).items() if k not in ("wandb_version", "_wandb")}
         found[name] = {str(k): v["value"] if name == "config.yaml" and isinstance(v, dict) and "value" in v else v

@@ -117,6 +117,20 @@ def dedupe_canonical(metrics: list[Metric]) -> list[Metric]:
     return out
 
 
+def _safe_text(text: str) -> str:
+    from parsers.file_policy import display
+
+    return display(text)
+
+
+def _strings(values: list[str]) -> pa.Array:
+    """A string column; names with lone surrogates (``"acc\\ud800"`` in JSON, a non-UTF-8 file name) kept escaped."""
+    try:
+        return pa.array(values, pa.string())
+    except UnicodeEncodeError:
+        return pa.array([_safe_text(v) if isinstance(v, str) else v for v in values], pa.string())
+
+
 class Rows:
     """Column buffers for the metrics and events tables of one source file.
 
@@ -125,7 +139,7 @@ class Rows:
     """
 
     def __init__(self, source: str) -> None:
-        self.source = source
+        self.source = _safe_text(source)
         self.seg: list[int] = []
         self.step: list[int] = []
         self.metric: list[str] = []
@@ -175,9 +189,9 @@ class Rows:
         n = len(idx)
         return pa.Table.from_arrays(
             [pa.array([""] * n, pa.string()), pa.array(pick(self.seg), pa.int32()),
-             pa.array(pick(self.step), pa.int64()), pa.array(pick(self.metric), pa.string()),
+             pa.array(pick(self.step), pa.int64()), _strings(pick(self.metric)),
              pa.array(pick(self.value), pa.float64()), pa.array(pick(self.wall), pa.float64()),
-             pa.array(pick(self.tag), pa.string()), pa.array([self.source] * n, pa.string())],
+             _strings(pick(self.tag)), pa.array([self.source] * n, pa.string())],
             schema=METRICS_SCHEMA,
         )
 
@@ -185,4 +199,8 @@ class Rows:
         """The events table (:data:`EVENTS_SCHEMA`)."""
         if not self.events:
             return EVENTS_SCHEMA.empty_table()
-        return pa.Table.from_pylist(self.events, schema=EVENTS_SCHEMA)
+        try:
+            return pa.Table.from_pylist(self.events, schema=EVENTS_SCHEMA)
+        except UnicodeEncodeError:  # a lone surrogate in a message: kept escaped (issue 16)
+            return pa.Table.from_pylist([{k: _safe_text(v) if isinstance(v, str) else v for k, v in e.items()}
+                                         for e in self.events], schema=EVENTS_SCHEMA)
