@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forensics import atomic
 from forensics.audit_runs import RunTask, find_runs, list_runs
 from forensics.audit_worker import error_row, work
 from forensics.errors import InputError
@@ -238,6 +239,14 @@ def _cache_path(out: Path, task: RunTask) -> Path:
     return out / ".cache" / f"{task.name}.json"
 
 
+def _whole(path: Path) -> bool:
+    """A report the cache may serve: a regular, non-empty file (a 0-byte one is a killed write)."""
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 def _cache_get(out: Path, task: RunTask) -> dict[str, Any] | None:
     try:
         entry = json.loads(_cache_path(out, task).read_text(encoding="utf-8"))
@@ -245,7 +254,7 @@ def _cache_get(out: Path, task: RunTask) -> dict[str, Any] | None:
         return None
     if not isinstance(entry, dict) or entry.get("key") != task.key or not isinstance(entry.get("row"), dict):
         return None
-    if not all((out / "runs" / task.name / f"report.{_EXT[f]}").is_file() for f in entry.get("formats", [])):
+    if not all(_whole(out / "runs" / task.name / f"report.{_EXT[f]}") for f in entry.get("formats", [])):
         return None
     if set(task.formats) - set(entry.get("formats", [])) and not entry["row"].get("error"):
         return None
@@ -261,16 +270,14 @@ def _store(out: Path, task: RunTask, res: Mapping[str, Any]) -> dict[str, Any]:
     if res.get("reports"):
         folder.mkdir(parents=True, exist_ok=True)
         for fmt, text in res["reports"].items():
-            (folder / f"report.{_EXT[fmt]}").write_text(text, encoding="utf-8")
+            atomic.write_text(folder / f"report.{_EXT[fmt]}", text)  # a killed write leaves no cut report
             written.append(fmt)
     row["report"] = _link(task.name, written)
     if not res.get("cacheable"):  # a lost worker or a failed download: try again next time
         _cache_path(out, task).unlink(missing_ok=True)
         return row
     entry = {"key": task.key, "formats": written, "row": row}
-    tmp = _cache_path(out, task).with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry, allow_nan=False), encoding="utf-8")
-    tmp.replace(_cache_path(out, task))
+    atomic.write_text(_cache_path(out, task), json.dumps(entry, allow_nan=False))  # unique temporary, renamed
     return row
 
 
@@ -343,13 +350,14 @@ def _write_outputs(result: AuditResult) -> None:
     summary = {"schema_version": SCHEMA_VERSION, "root": result.root, "runs": len(rows),
                "counts": dict(counts), "rows": rows}
     out = result.out_dir
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    atomic.write_text(out / "summary.json", json.dumps(summary, indent=1, allow_nan=False) + "\n")
     schema = pa.schema([(k, getattr(pa, {"bool": "bool_"}.get(t, t))()) for k, t in COLUMNS.items()])
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / "summary.parquet")
+    table = pa.Table.from_pylist(rows, schema=schema)
+    atomic.write_with(out / "summary.parquet", lambda tmp: pq.write_table(table, tmp))
     html = environment(True).get_template("audit_index.html.j2").render(
         root=result.root, rows=rows, counts=dict(counts), generated=time.strftime("%Y-%m-%d %H:%M:%S"),
         outlier=3.5)
-    (out / "index.html").write_text(html, encoding="utf-8")
+    atomic.write_text(out / "index.html", html)
 
 
 class _Progress:

@@ -40,6 +40,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from forensics.errors import InputError
+from parsers import file_policy
+from parsers.file_policy import display
 
 CACHE_VERSION = 1
 PART_NAME = re.compile(
@@ -126,7 +128,7 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
     names: dict[str, str] = {}
     tasks = []
     for rel in sorted(set(picked)):
-        run = rel or PurePosixPath(base).name or "run"
+        run = display(rel or PurePosixPath(base).name or "run")  # a non-UTF-8 folder name: kept escaped
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run.replace("/", "__")).lstrip(".") or "run"
         if safe.lower() in names:
             safe = f"{safe}-{hashlib.sha1(run.encode()).hexdigest()[:8]}"
@@ -233,7 +235,7 @@ def _local_tree(root: str, exclude: str | Path | None) -> tuple[dict[str, _Dir],
                     if skip is None or Path(e.path).resolve() != skip:
                         node.dirs.append(sub)
                         stack.append(sub)
-                elif e.is_file():
+                elif file_policy.why_not(e.path, top) is None:  # regular, inside the root, not /proc
                     st = e.stat()
                     node.files[e.name] = (st.st_size, str(st.st_mtime_ns))
                     if not node.direct and _claimed(Path(e.path), sniffers):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from forensics import atomic
 from forensics.errors import ForensicsError
 
 EXIT_OK = 0
@@ -25,7 +26,9 @@ _FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown
 
 
 def _fail(message: str) -> None:
-    click.echo(f"forensics: error: {message}", err=True)
+    from reports.escape import terminal_line
+
+    click.echo(f"forensics: error: {terminal_line(str(message))}", err=True)  # one line, no escape sequence
     sys.exit(EXIT_ERROR)
 
 
@@ -84,18 +87,23 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         if output is None:
             click.echo(payload, nl=not payload.endswith("\n"))
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(payload, encoding="utf-8")
+            atomic.write_text(output, payload)  # whole or absent; an error names the output
             if analysis.recovery is not None:  # the machine-readable plan, for a launcher
                 trial_path = output.with_name(f"{output.stem}.recovery_trial.json")
-                trial_path.write_text(json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n",
-                                      encoding="utf-8")
+                atomic.write_text(trial_path, json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n")
         click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
         if output is not None:
-            click.echo(f"report written to {output}", err=True)
+            click.echo(f"report written to {_shown(output)}", err=True)
     levels = {"healthy": 0, "transient": 1, "anomaly": 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
+
+
+def _shown(path: object) -> str:
+    from parsers.file_policy import display
+    from reports.escape import terminal_line
+
+    return terminal_line(display(str(path)))
 
 
 def _format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:
@@ -132,7 +140,7 @@ def ingest(run_dir: Path, output: Path) -> None:
             "run": str(run.run), "meta": run.meta,
             "sources": [s.__dict__ for s in run.sources], "skipped": [s.__dict__ for s in run.skipped],
         }
-        (output / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+        atomic.write_text(output / "run.json", json.dumps(meta, indent=2, default=str))
     click.echo(f"{run.metrics.height} metric rows, {run.events.height} events -> {output}", err=True)
 
 
@@ -178,9 +186,8 @@ def _emit(payload: str, output: Path | None) -> None:
     if output is None:
         click.echo(payload, nl=not payload.endswith("\n"))
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(payload, encoding="utf-8")
-    click.echo(f"report written to {output}", err=True)
+    atomic.write_text(output, payload)
+    click.echo(f"report written to {_shown(output)}", err=True)
 
 
 @main.command()

@@ -99,16 +99,16 @@ def why_not(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = 
         return "permission denied: not read"
     except OSError as exc:
         return f"cannot stat ({exc.strerror or exc}): not read"
-    real = os.path.realpath(p)
-    for tree in SYSTEM_TREES:
-        if _under(real, tree):
-            return SYSTEM.format(tree=tree)
     if folder and stat.S_ISDIR(mode):
         pass
     elif not stat.S_ISREG(mode):
         kind = ("folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "socket"
                 if stat.S_ISSOCK(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file")
         return f"symlink to a {kind}: not read" if link else f"not a regular file ({kind}): not read"
+    real = os.path.realpath(p)
+    for tree in SYSTEM_TREES:
+        if _under(real, tree):
+            return SYSTEM.format(tree=tree)
     top = os.path.realpath(root) if root is not None else _ROOT.get()
     if top is not None and not following() and not _under(real, top):
         return OUTSIDE
@@ -172,6 +172,54 @@ def read_text(path: str | os.PathLike[str], limit: int, root: str | os.PathLike[
 def open_text(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> IO[str]:
     """Open for reading text as the parsers do (UTF-8, BOM stripped, bad bytes replaced, no newline translation)."""
     return io.TextIOWrapper(open_file(path, root), encoding="utf-8-sig", errors="replace", newline="")
+
+
+SPARSE_MIN_BYTES = 64 << 20
+"""Files smaller than this are never checked for holes."""
+
+
+def hole_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of ``path`` in holes (never written: read as zeros), via ``SEEK_DATA``/``SEEK_HOLE``; 0 if unknown."""
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return 0
+    try:
+        size, pos, data = os.fstat(fd).st_size, 0, 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, seek_data)
+            except OSError:  # ENXIO: no data after pos
+                break
+            end = os.lseek(fd, start, seek_hole)
+            data += end - start
+            pos = end
+        return size - data
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def sparse_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why a binary log is not read: more than half of a file over :data:`SPARSE_MIN_BYTES` is holes.
+
+    A writer never leaves holes in an event file or a W&B transaction log; a sparse file of a few
+    GiB (``truncate -s 5G``) would otherwise cost time and memory in proportion to the size it claims.
+    """
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return None
+    if size < SPARSE_MIN_BYTES:
+        return None
+    holes = hole_bytes(path)
+    if 2 * holes > size:
+        return f"sparse file: {holes} of its {size} bytes are holes (never written, read as zeros): not read"
+    return None
 
 
 def display(name: str) -> str:

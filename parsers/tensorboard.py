@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
+from parsers import file_policy
 
 FORMAT = "tensorboard"
 CHECK_CRC = True  # module-wide default for the length and payload CRC checks (read(..., check_crc=None))
@@ -520,6 +521,9 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
     st, skipped, frames = _State(rel), [], 0
     try:
         size = path.stat().st_size
+        sparse = file_policy.sparse_problem(path) if size else None
+        if sparse:
+            raise ParseError(rel, sparse)
         if size == 0:
             skipped.append(Skip(rel, "empty event file (nothing was flushed)"))
         else:

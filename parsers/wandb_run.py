@@ -321,6 +321,9 @@ def read(path: Path, root: Path) -> ParseResult:
             return ParseResult(format=FORMAT, path=rel, meta={"side_file": "W&B client debug log; not read"})
         log = _has_log(path.parent.parent)
         return ParseResult(format=FORMAT, path=rel, meta={"side_file": f"read with {log.name if log else '?'}"})
+    sparse = file_policy.sparse_problem(path)
+    if sparse:
+        raise ParseError(rel, sparse)
     try:
         data = path.read_bytes()
     except OSError as exc:

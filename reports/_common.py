@@ -109,8 +109,10 @@ def oneline(value: Any) -> str:
 
 
 def md_cell(value: Any) -> str:
-    """Make a value safe inside a Markdown table cell (one line, ``|`` escaped)."""
-    return oneline(value).replace("|", "\\|")
+    """Make a value safe inside a Markdown table cell (one line, CommonMark-safe, ``|`` escaped)."""
+    from reports.escape import md_cell as cell
+
+    return cell(oneline(value))
 
 
 def fmt_conf(value: float | None) -> str:
@@ -138,6 +140,16 @@ def onset_label(onset: Mapping[str, Any] | None) -> str:
     return f"step {onset.get('step')}" + ("" if seg is None else f" (segment {seg})")
 
 
+def _html_finalize(value: Any) -> Any:
+    from markupsafe import Markup
+
+    from reports.escape import html_text
+
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return html_text(value)
+    return value
+
+
 @cache
 def environment(autoescape: bool) -> jinja2.Environment:
     """The Jinja environment over ``reports/templates`` (StrictUndefined; autoescape for HTML).
@@ -148,6 +160,8 @@ def environment(autoescape: bool) -> jinja2.Environment:
     Returns:
         A cached environment with the formatting filters registered.
     """
+    from reports import escape
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=autoescape,
@@ -155,10 +169,13 @@ def environment(autoescape: bool) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        # HTML: every printed string shows bidi/invisible controls before autoescape (issue 16)
+        finalize=_html_finalize if autoescape else None,
     )
     env.filters.update(
         num=fmt_num, compact=compact, conf=fmt_conf, oneline=oneline, md_cell=md_cell,
         key_evidence=key_evidence, pretty_json=pretty_json, onset_label=onset_label,
+        md_text=escape.md_text, md_code=escape.md_code,
     )
     return env
 

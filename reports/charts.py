@@ -58,6 +58,7 @@ _RC = {
     "xtick.color": "#444444",
     "ytick.color": "#444444",
     "path.simplify": True,
+    "text.parse_math": False,  # names from run folders are text, never mathtext ("attn/$\\x$": issue 16)
 }
 
 

@@ -10,6 +10,7 @@ from io import StringIO
 
 from forensics.model import Analysis
 from reports._common import fmt_conf, oneline, onset_label
+from reports.escape import terminal_line
 
 TOP_FINDINGS = 3
 _VERDICT_STYLE = {
@@ -57,7 +58,7 @@ def render_text(analysis: Analysis, *, color: bool) -> str:
     Returns:
         A few lines of text ending with a newline.
     """
-    rows = _lines(analysis)
+    rows = [(label, terminal_line(value), style) for label, value, style in _lines(analysis)]  # text is data
     width = max(len(label) for label, _, _ in rows) + 1
     if not color:
         return "".join(f"{(label + ':') if label else '':<{width}} {value}\n" for label, value, _ in rows)
