@@ -10,6 +10,7 @@ from pathlib import Path
 from forensics.engine import decide
 from forensics.model import Analysis, RunData
 from forensics.recovery import plan
+from parsers.file_policy import display
 
 
 def load(path: str | Path) -> RunData:
@@ -50,7 +51,7 @@ def analyze_run(run: RunData) -> Analysis:
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
     return Analysis(
-        run=str(run.run), verdict=d.verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
+        run=display(str(run.run)), verdict=d.verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
         confidence=d.confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,
         sources=tuple(run.sources), skipped=tuple(run.skipped) + d.skipped, summary=summary, meta=meta,
     )

@@ -98,6 +98,8 @@ def audit(
     use_cache: bool = True,
     progress: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    run_timeout: float | None = None,
+    run_memory: int | None = None,
 ) -> AuditResult:
     """Analyse every run under ``root`` and write the reports, the index and the summary.
 
@@ -112,6 +114,9 @@ def audit(
         use_cache: False re-analyses every run (the cache is still refreshed).
         progress: Show a progress bar on stderr.
         storage_options: Extra fsspec options for a URL root (credentials, ``endpoint_url``...).
+        run_timeout: Seconds one run may take; past it the run is stopped and becomes an error row
+            (:mod:`forensics.run_limits`; each run then goes to a worker process, also with ``jobs=1``).
+        run_memory: Resident bytes one run's worker may hold; past it, likewise an error row.
 
     Returns:
         The :class:`AuditResult`; it always completes, a failed run is a row with ``error``.
@@ -140,7 +145,7 @@ def audit(
     result = AuditResult(root=str(root), out_dir=out, analysed=len(todo), cached=len(rows))
     with _Progress(len(tasks), enabled=progress) as bar:
         bar.advance(len(rows))
-        for task, res in _execute(todo, jobs, scheduler):
+        for task, res in _execute(todo, jobs, scheduler, run_timeout, run_memory):
             rows[task.run] = _store(out, task, res)
             bar.advance(1)
     result.rows = sorted(rows.values(), key=lambda r: r["run"])
@@ -173,12 +178,19 @@ def load_baseline(baseline: str | Path | Sequence[Mapping[str, Any]]) -> dict[st
 # --------------------------------------------------------------------------- execution
 
 
-def _execute(tasks: list[RunTask], jobs: int, scheduler: str | None):  # noqa: ANN202 - generator
-    """Yield ``(task, result)`` as analyses finish: in process, in a process pool, or on Dask."""
+def _execute(tasks: list[RunTask], jobs: int, scheduler: str | None, timeout: float | None = None,  # noqa: ANN202
+             memory: int | None = None):
+    """Yield ``(task, result)`` as analyses finish: in process, in a process pool, under limits, or on Dask."""
     if not tasks:
         return
     if scheduler:
         yield from _execute_dask(tasks, scheduler)
+        return
+    if timeout is not None or memory is not None:
+        from forensics.run_limits import run_limited
+
+        for t, status, res in run_limited(tasks, work, jobs=jobs, timeout=timeout, memory=memory):
+            yield t, res if status == "ok" else _failed(t, res)
         return
     if jobs <= 1 or len(tasks) == 1:
         for t in tasks:
@@ -341,7 +353,10 @@ def _write_outputs(result: AuditResult) -> None:
     from forensics import SCHEMA_VERSION
     from reports._common import environment
 
-    rows = [{k: r.get(k) for k in COLUMNS} for r in result.rows]
+    from parsers.file_policy import display
+
+    # a folder name that is not UTF-8 stays readable (escaped) and cannot break the parquet or JSON writer
+    rows = [{k: display(v) if isinstance(v, str) else v for k in COLUMNS for v in [r.get(k)]} for r in result.rows]
     counts: dict[str, int] = defaultdict(int)
     for r in rows:
         counts[r["verdict"] or "error"] += 1

@@ -66,9 +66,13 @@ def main() -> None:
 @click.option("--fail-on", type=click.Choice(["anomaly", "transient", "never"]), default="anomaly",
               show_default=True, help="Exit 1 when the verdict is at least this.")
 @click.option("--strict", is_flag=True, help="Exit 2 when any input was skipped or damaged.")
-def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool) -> None:
+@click.option("--follow-symlinks", is_flag=True,
+              help="Follow symlinks that lead out of the run folder (default: not followed, listed as skipped).")
+def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool, follow_symlinks: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
     fmt, output = _format_and_output(fmt, output)
+    if follow_symlinks:
+        os.environ["FORENSICS_FOLLOW_SYMLINKS"] = "1"
     with _errors(run_dir):
         from forensics.api import analyze_run, load
         from reports import ReportFormat, render
@@ -166,14 +170,26 @@ def detectors() -> None:
               help="A previous summary.json: findings become new / known / resolved.")
 @click.option("--fail-on-new", is_flag=True, help="Exit 1 only for anomalies not in the baseline.")
 @click.option("--no-cache", is_flag=True, help="Re-analyse every run (ignore OUT/.cache).")
+@click.option("--run-timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+              help="Seconds one run may take; past it the run becomes an error row.")
+@click.option("--run-memory", default="8GiB", show_default=True,
+              help="Memory one run may hold (e.g. 4GiB); past it the run becomes an error row.")
+@click.option("--follow-symlinks", is_flag=True, help="Follow symlinks that lead out of a run folder.")
 def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: Path | None, fail_on_new: bool,
-          no_cache: bool) -> None:
+          no_cache: bool, run_timeout: float, run_memory: str, follow_symlinks: bool) -> None:
     """Audit every run folder under ROOT (a folder or an fsspec URL): reports, index, summary."""
     from forensics.audit import audit as run_audit
+    from forensics.run_limits import parse_bytes
 
+    try:
+        memory = parse_bytes(run_memory)
+    except ValueError:
+        raise click.BadParameter(f"not a size: {run_memory!r}", param_hint="--run-memory") from None
+    if follow_symlinks:
+        os.environ["FORENSICS_FOLLOW_SYMLINKS"] = "1"  # inherited by the worker processes
     with _errors(root):
         res = run_audit(root, output, jobs=jobs, scheduler=scheduler, baseline=baseline,
-                        use_cache=not no_cache, progress=True)
+                        use_cache=not no_cache, progress=True, run_timeout=run_timeout, run_memory=memory)
     bad = sum(r["verdict"] == "anomaly" for r in res.rows)
     new = sum(r["verdict"] == "anomaly" and r["status"] == "new" for r in res.rows)
     click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "

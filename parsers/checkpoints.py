@@ -44,6 +44,8 @@ _NOT_STATE = re.compile(r"^(training_args\.bin|rng_state.*\.pth)$")  # pickles o
 _DS_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _DS_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MASTER = re.compile(r"fp32_from|fp32_groups|fp32_flat|master", re.I)
+_MAX_LISTED = 20
+"""Missing shards listed one by one; the rest in one entry."""
 ADAM_EPS_SHARE_KEEP = 0.05
 """Adam-epsilon shares below this are not kept in meta (the detector needs >= 0.5)."""
 
@@ -171,10 +173,18 @@ def _load_unit(root: Path, u: _Unit, skipped: list[Skip]) -> None:
             except CheckpointError as exc:
                 problem(f, str(exc))
                 continue
-            for shard in missing:
-                lost = [t for t, s in wmap.items() if s == shard]
-                problem(f"{f.parent.relative_to(root).as_posix()}/{shard}", f"shard listed in {f.name} is missing: "
-                        f"{len(lost)} tensors not read ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''})")
+            by_shard: dict[str, list[str]] = {}
+            for t, s in wmap.items():  # one pass: a crafted index naming 40k missing shards stays linear
+                by_shard.setdefault(s, []).append(t)
+            for shard in missing[:_MAX_LISTED]:
+                lost = by_shard[shard]
+                problem(f"{f.parent.relative_to(root).as_posix()}/{file_policy.display(shard)}",
+                        f"shard listed in {f.name} is missing: {len(lost)} tensors not read "
+                        f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''})")
+            if len(missing) > _MAX_LISTED:
+                rest = sum(len(by_shard[s]) for s in missing[_MAX_LISTED:])
+                problem(f.relative_to(root).as_posix(), f"{len(missing) - _MAX_LISTED} more shards listed in "
+                        f"{f.name} are missing: {rest} more tensors not read")
             kinds.add("sharded")
             continue
         if f.suffix == ".distcp":

@@ -417,7 +417,7 @@ def _load_run(run_dir: str | Path, root: Path) -> RunData:
     skipped.extend(failures)
     groups = _groups(results)
     offsets = _offsets(results, groups)
-    run = root.name
+    run = file_policy.display(root.name)  # a folder name that is not UTF-8 is kept, escaped
     metrics, events, sources = [], [], []
     meta: dict[str, Any] = {"run": run, "formats": sorted({pr.format for _, pr, _ in results}),
                             "config_files": {}, "by_source": {}, "source_groups": {}, "precision": {},

@@ -246,10 +246,10 @@ def display(name: str) -> str:
 
 
 def no_surrogates(text: str) -> str:
-    """``text`` with lone surrogates (a JSON ``"\\ud800"``, a non-UTF-8 byte) escaped, everything else kept."""
+    """``text`` with lone surrogates (a JSON ``"\\ud800"``) escaped as ``\\uXXXX``, everything else kept."""
     if not any("\ud800" <= c <= "\udfff" for c in text):
         return text
-    return "".join(display(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if "\ud800" <= c <= "\udfff" else c for c in text)
 
 
 def rel(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from forensics.model import Skip
+from parsers.file_policy import is_readable_file
 
 FORMAT = "safetensors"
 MAX_HEADER_SIZE = 100_000_000
@@ -737,6 +738,10 @@ def read_index(index: str | Path) -> tuple[dict[str, str], list[str]]:
         wmap = {str(k): str(v) for k, v in obj["weight_map"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"unreadable index: {type(exc).__name__}: {exc}") from None
-    missing = sorted({s for s in wmap.values() if not (index.parent / s).is_file()})
+    # a shard is a file name in the index's folder: a name with a path in it ("../../etc/passwd") is never
+    # looked up (that would tell which paths outside the run exist) and counts as missing
+    shards = set(wmap.values())
+    missing = sorted(s for s in shards if "/" in s or "\\" in s or s in ("", ".", "..")
+                     or not is_readable_file(index.parent / s))
     return wmap, missing
 

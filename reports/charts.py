@@ -212,13 +212,24 @@ def to_svg(fig: Figure, prefix: str, label: str = "") -> str:
     # inline SVG in HTML5 needs no namespace declarations (the parser knows svg and xlink:href)
     end = text.index(">") + 1
     text = re.sub(r'\s+xmlns(?::xlink)?="[^"]*"', "", text[:end], count=2) + text[end:]
+    text = _visible_controls(text)  # a bidi override in a metric name must not reorder the chart's text
     esc = label.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
+    esc = _visible_controls(esc)
     text = re.sub(
         r'^<svg([^>]*?) width="[^"]*" height="[^"]*"',
         lambda m: f'<svg{m.group(1)} role="img" aria-label="{esc}"',
         text, count=1,
     )
     return text.strip()
+
+
+def _visible_controls(text: str) -> str:
+    """Bidi and invisible format characters shown as ``&lt;U+202E&gt;`` (XML-safe; see :mod:`reports.escape`)."""
+    if text.isascii():
+        return text
+    from reports.escape import INVISIBLE
+
+    return "".join(f"&lt;U+{ord(c):04X}&gt;" if ord(c) in INVISIBLE else c for c in text)
 
 
 def save_png(fig: Figure, path: str) -> None:

@@ -23,6 +23,8 @@ import unicodedata
 
 _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 _INVISIBLE = {0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF, *_BIDI}
+INVISIBLE = frozenset(_INVISIBLE)
+"""Code points shown as ``<U+XXXX>``: bidi controls (U+202A-202E, U+2066-2069, marks) and zero-width ones."""
 
 
 def _visible(text: str, keep_newline: bool) -> str:

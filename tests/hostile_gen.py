@@ -194,7 +194,7 @@ def inject(base: Path) -> Attack:
 
 def symlink_out(base: Path) -> Attack:
     """``data -> <outside folder>`` holding ``credentials.yaml`` and notes, and ``root -> /``."""
-    outside = base / "outside"
+    outside = base.parent / "outside"
     outside.mkdir(parents=True, exist_ok=True)
     (outside / "credentials.yaml").write_text(f"aws_secret: {SECRET}\n")
     (outside / "notes.md").write_text(f"# private\n{SECRET}\n")
@@ -240,7 +240,7 @@ def shard_index(base: Path, n: int = 40000) -> Attack:
     wm = {f"layer.{i}.weight": f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(n)}
     wm["escape.weight"] = "../../../../etc/passwd"
     (ck / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    return Attack(run, forbidden=["/etc/passwd", "root:x:0:0"])
+    return Attack(run, forbidden=["root:x:0:0"])
 
 
 def big_textlog(base: Path, lines: int = 10_000_000) -> Attack:
@@ -252,6 +252,21 @@ def big_textlog(base: Path, lines: int = 10_000_000) -> Attack:
         for _ in range(lines // 10000):
             fh.write(block)
     return Attack(run)
+
+
+def slow(seconds: float) -> float:
+    """A work function for the limit tests: sleeps (a run that never ends)."""
+    time.sleep(seconds)
+    return seconds
+
+
+def hungry(nbytes: int) -> int:
+    """A work function for the limit tests: holds ``nbytes`` of memory for a while."""
+    block = bytearray(nbytes)
+    for i in range(0, nbytes, 4096):
+        block[i] = 1
+    time.sleep(30)
+    return len(block)
 
 
 ATTACKS = {
@@ -317,6 +332,48 @@ def run_bounded(argv: list[str], *, timeout: float = 60.0, max_rss: int = 3 << 2
         return Outcome(None if killed else proc.returncode, seconds, peak, killed, out.read(), err.read())
 
 
+_CLI = "from forensics.cli import main; main()"
+
+
+def _md_html(text: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True, "linkify": False}).enable("table").render(text)
+
+
+def problems(out: Path, streams: bytes = b"") -> list[str]:
+    """What is wrong with the outputs under ``out`` (and the captured stdout/stderr ``streams``).
+
+    Leaks (:data:`SECRET` anywhere), empty files, terminal control sequences in text outputs and
+    streams, Markdown that renders (CommonMark, raw HTML allowed as a ticket tracker does) to a
+    script, an image, an event handler or a ``javascript:`` link, HTML with a raw script or a bidi
+    override.
+    """
+    found = []
+    if SECRET.encode() in streams:
+        found.append("secret in stdout/stderr")
+    if b"\x1b" in streams or b"\x07" in streams:
+        found.append("terminal escape in stdout/stderr")
+    for p in sorted(x for x in out.rglob("*") if x.is_file()):
+        data = p.read_bytes()
+        name = p.name
+        if not data:
+            found.append(f"{name}: empty file")
+        if SECRET.encode() in data:
+            found.append(f"{name}: secret from outside the run")
+        text = data.decode("utf-8", "replace")
+        if name.endswith((".text", ".txt")) and ("\x1b" in text or "\x07" in text):
+            found.append(f"{name}: terminal escape")
+        if name.endswith((".markdown", ".md")):
+            html = _md_html(text).lower()
+            for bad in ("<script", "<img", "onerror=", 'href="javascript:', "\x1b", "\u202e"):
+                if bad in html:
+                    found.append(f"{name}: markdown renders {bad!r}")
+        if name.endswith(".html") and ("<script>alert" in text or "\u202e" in text):
+            found.append(f"{name}: raw script or bidi override in HTML")
+    return found
+
+
 def _measure(code_root: str, names: list[str], timeout: float, max_rss: int) -> None:
     """Print one line per attack: analyze (html+md+json+text) and audit, time and peak RSS."""
     import tempfile
@@ -329,19 +386,21 @@ def _measure(code_root: str, names: list[str], timeout: float, max_rss: int) -> 
             out = Path(tmp) / "out"
             res = []
             for fmt in ("html", "markdown", "text"):
-                o = run_bounded([py, "-c", "from forensics.cli import main; main()", "analyze", str(att.run), "-f", fmt, "-o",
-                                 str(out / f"r.{fmt}")], timeout=timeout, max_rss=max_rss, env=env)
+                o = run_bounded([py, "-c", _CLI, "analyze", str(att.run), "-f", fmt, "-o", str(out / f"r.{fmt}")],
+                                timeout=timeout, max_rss=max_rss, env=env)
                 res.append((fmt, o))
                 if o.killed:
                     break
-            a = run_bounded([py, "-c", "from forensics.cli import main; main()", "audit", str(att.run.parent), "-o", str(out / "audit"),
-                             "--no-cache"], timeout=timeout, max_rss=max_rss, env=env)
+            a = run_bounded([py, "-c", _CLI, "audit", str(att.run.parent), "-o", str(out / "audit"), "--no-cache"],
+                            timeout=timeout, max_rss=max_rss, env=env)
             res.append(("audit", a))
+            bad = problems(out, b"".join(o.stdout + o.stderr for _, o in res))
             for what, o in res:
                 state = f"killed ({o.killed})" if o.killed else f"rc {o.rc}"
                 last = o.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
                 print(f"{name:14} {what:8} {o.seconds:7.1f} s {o.peak_rss / 2**20:8.0f} MiB  {state:16} "
                       f"{last[0][:150]!r}", flush=True)
+            print(f"{name:14} outputs: {'; '.join(sorted(set(bad)))[:600] or 'clean'}", flush=True)
 
 
 if __name__ == "__main__":

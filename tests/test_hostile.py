@@ -1,0 +1,232 @@
+"""Hostile input (issue 16): tiny files must not hang, exhaust memory, leak or inject.
+
+One generator per attack kind (``tests/hostile_gen.py`` builds the hostile file here, in the test);
+each analysis runs in a subprocess under a wall-clock limit and a memory cap (peak RSS of the process
+tree, sampled; killed past the cap) and must: finish in under 60 s below 1.5 GiB, list what it did
+not read, write every report whole and escaped, and put nothing from outside the run folder in any
+output. The audit over hostile runs completes with an error row for each run that has nothing
+readable. Sizes are small but past each bound (a pickle DAG of depth 40, a 256 MiB gzip line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import hostile_gen as hg
+from forensics import atomic
+from parsers import file_policy, mlflow_store
+from reports import escape
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux",
+                                reason="needs Linux (FIFOs, /proc, sparse files)")
+
+LIMIT_S = 60
+LIMIT_RSS = 3 << 29  # 1.5 GiB
+
+DRIVER = r"""
+import sys
+from pathlib import Path
+from forensics import atomic
+from forensics.api import analyze_run, load
+from reports import render
+run, out = sys.argv[1], Path(sys.argv[2])
+data = load(run)
+analysis = analyze_run(data)
+for fmt, ext in (("json", "json"), ("html", "html"), ("markdown", "md"), ("text", "txt")):
+    atomic.write_text(out / f"r.{ext}", render(analysis, data, fmt, html_path="r.html"))
+sys.stderr.write(render(analysis, data, "text", color=True))  # what `forensics analyze` prints on a terminal
+"""
+
+_KINDS = {
+    "pickle_dag": lambda b: hg.pickle_dag(b, depth=40),
+    "pickle_memo": hg.pickle_memo,
+    "sqlite_view": hg.sqlite_view,
+    "yaml_bomb": hg.yaml_bomb,
+    "fifo_side": hg.fifo_side,
+    "gzip_line": lambda b: hg.gzip_line(b, 1 << 28),
+    "bad_name": hg.bad_name,
+    "surrogates": hg.surrogates,
+    "mathtext": hg.mathtext,
+    "inject": hg.inject,
+    "symlink_out": hg.symlink_out,
+    "sparse_events": hg.sparse_events,
+    "gzip_names": hg.gzip_names,
+    "shard_index": hg.shard_index,
+}
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
+    return dict(os.environ, PYTHONPATH=path, FORENSICS_HOSTILE_SECRET=hg.SECRET, FORENSICS_DEBUG="",
+                MPLCONFIGDIR=str(tmp / "mpl"))
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+def test_attack_is_bounded_listed_and_escaped(kind: str, tmp_path: Path) -> None:
+    """Each attack: < 60 s, < 1.5 GiB, exit 0/1, reports whole and escaped, no outside text, the skip listed."""
+    att = _KINDS[kind](tmp_path / "runs")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = hg.run_bounded([sys.executable, "-c", DRIVER, str(att.run), str(out)], timeout=LIMIT_S,
+                         max_rss=LIMIT_RSS, env=_env(tmp_path))
+    err = res.stderr.decode("utf-8", "replace")
+    assert not res.killed, f"{kind}: killed ({res.killed}) after {res.seconds:.1f} s, {res.peak_rss >> 20} MiB"
+    assert res.rc == 0, err[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["r.html", "r.json", "r.md", "r.txt"]
+    assert hg.problems(out, re.sub(rb"\x1b\[[0-9;]*m", b"", res.stderr)) == []  # rich's own colours are fine
+    assert "\x1b]" not in err and "\x07" not in err  # no OSC (title, clipboard) from a name
+    report = json.loads((out / "r.json").read_text(encoding="utf-8"))
+    if att.expect_skip:
+        listed = " ".join(f"{s['what']} {s['reason']}" for s in report["skipped"])
+        assert att.expect_skip in listed, listed[:2000]
+
+
+def test_surrogates_keep_the_whole_file(tmp_path: Path) -> None:
+    """A lone surrogate key in one JSONL line of 300 costs nothing else: every line is read, the key escaped."""
+    from parsers.discover import load_run
+
+    att = hg.surrogates(tmp_path / "runs")
+    run = load_run(att.run)
+    tags = set(run.metrics.filter(run.metrics["source"] == "metrics.jsonl")["tag"].to_list())
+    assert {"loss", "lr", "grad_norm", "acc\\ud800"} <= tags
+    assert run.metrics.filter(run.metrics["source"] == "metrics.jsonl").height == 299 * 3 + 2  # line 150: loss and the odd key
+    assert run.meta["config_files"]["config.json"]["name"] == "bad\\udc80value"
+
+
+def test_follow_symlinks_reads_outside_only_when_asked(tmp_path: Path) -> None:
+    """``data -> outside`` is listed and not read; with ``--follow-symlinks`` it is read."""
+    from parsers.discover import load_run
+
+    att = hg.symlink_out(tmp_path / "runs")
+    plain = load_run(att.run)
+    assert {s.what for s in plain.skipped} >= {"data", "root", "config.yaml"}
+    assert "config.yaml" not in plain.meta["config_files"]
+    (att.run / "root").unlink()  # followed, a link to / would walk the whole machine: that is the user's call
+    with file_policy.follow_symlinks(True):
+        followed = load_run(att.run)
+    assert hg.SECRET in json.dumps(followed.meta["config_files"])
+    assert "data/train.log" in {s.path for s in followed.sources}
+    with file_policy.follow_symlinks(True):
+        assert file_policy.why_not(att.run / "config.yaml", att.run) is None
+    assert file_policy.why_not(att.run / "config.yaml", att.run) == file_policy.OUTSIDE
+    assert file_policy.why_not("/proc/self/environ") == "leads into /proc: not read"
+
+
+def test_audit_of_hostile_runs_completes_with_error_rows(tmp_path: Path) -> None:
+    """An audit over hostile runs (some with nothing readable, one named with a non-UTF-8 byte) completes."""
+    root = tmp_path / "runs"
+    for make in (lambda b: hg.pickle_dag(b, 40), hg.pickle_memo, hg.yaml_bomb, hg.fifo_side, hg.inject):
+        make(root)
+    only = root / "only_sqlview"  # nothing readable: the store is a view over an endless CTE
+    only.mkdir()
+    con = sqlite3.connect(only / "mlflow.db")
+    con.execute("CREATE VIEW metrics AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                "SELECT 'loss' AS key, x AS value, x AS timestamp, x AS step, 'r' AS run_uuid FROM c")
+    con.commit()
+    con.close()
+    gz = root / "only_gzline"
+    hg.gzip_line(gz, 1 << 27)
+    (gz / "run_gzline" / "metrics.jsonl").unlink()
+    bad = os.path.join(os.fsencode(root), b"run\xff")
+    os.mkdir(bad)
+    with open(os.path.join(bad, b"metrics.jsonl"), "w") as fh:
+        fh.writelines(json.dumps({"step": s, "loss": 2.0 - s * 0.01}) + "\n" for s in range(50))
+    out = tmp_path / "audit"
+    res = hg.run_bounded([sys.executable, "-c", hg._CLI, "audit", str(root), "-o", str(out), "--no-cache",
+                          "--jobs", "2", "--run-timeout", "50", "--run-memory", "1.2GiB"],
+                         timeout=LIMIT_S + 30, max_rss=2 * LIMIT_RSS, env=_env(tmp_path))
+    assert not res.killed and res.rc in (0, 1), res.stderr.decode("utf-8", "replace")[-2000:]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    rows = {r["run"]: r for r in summary["rows"]}
+    assert len(rows) == 8, sorted(rows)
+    assert rows["only_sqlview"]["error"] and "not a table" in rows["only_sqlview"]["error"]
+    assert rows["only_gzline/run_gzline"]["error"]
+    assert rows["run\\xff"]["error"] is None and rows["run\\xff"]["verdict"]
+    assert (out / "index.html").stat().st_size > 0 and (out / "summary.parquet").stat().st_size > 0
+    assert hg.problems(out) == []
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_run_limits_turn_a_stalled_or_hungry_run_into_an_error_row() -> None:
+    """A run past its time or memory budget is stopped and reported; the next runs still complete."""
+    from forensics.run_limits import parse_bytes, run_limited
+
+    got = {item: (status, res) for item, status, res in run_limited([30.0, 0.1, 0.2], hg.slow, jobs=2, timeout=2)}
+    assert got[0.1] == ("ok", 0.1) and got[0.2] == ("ok", 0.2)
+    assert got[30.0][0] == "error" and "over budget" in got[30.0][1] and "2 s" in got[30.0][1]
+    hungry = list(run_limited([600 << 20], hg.hungry, memory=200 << 20, timeout=25))
+    assert hungry[0][1] == "error" and "MiB" in hungry[0][2] and "over budget" in hungry[0][2]
+    assert parse_bytes("1.5GiB") == 3 << 29 and parse_bytes("512M") == 512 << 20
+
+
+def test_sqlite_budget_interrupts_a_long_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress handler stops a query past its instruction budget: a listed error, not a hang."""
+    db = tmp_path / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INT, step INT, run_uuid TEXT, is_nan INT)")
+    con.executemany("INSERT INTO metrics VALUES ('loss', ?, ?, ?, 'r', 0)", [(1.0, s, s) for s in range(20000)])
+    con.commit()
+    con.close()
+    monkeypatch.setattr(mlflow_store, "SQL_STEPS_BASE", 200_000)
+    monkeypatch.setattr(mlflow_store, "SQL_STEPS_PER_BYTE", 0)
+    with pytest.raises(Exception, match="budget"):
+        mlflow_store.read(db, tmp_path)
+
+
+def test_atomic_write_leaves_no_cut_file_and_names_the_output(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails (a full disk) leaves the old file intact, no temporary, and the error names the output."""
+    target = tmp_path / "report.html"
+    atomic.write_text(target, "old")
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        atomic.write_text(target, "new" * 1000)
+    assert info.value.filename == str(target) and "No space" in str(info.value)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+    monkeypatch.undo()
+    threads = [threading.Thread(target=atomic.write_text, args=(target, str(i) * 100000)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    text = target.read_text()
+    assert len(set(text)) == 1 and len(text) == 100000  # one writer's whole file, never a mix
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_escaping_functions() -> None:
+    """One function per output: code spans cannot be closed, Markdown is inert, terminals get no sequence."""
+    span = escape.md_code("a``b`")
+    assert span.startswith("```") and span.endswith("```")
+    html = hg._md_html(f"x {escape.md_code('`<img src=x onerror=alert(1)>`')} {escape.md_text(hg.MD_INJECT)}")
+    assert "<img" not in html and "<script" not in html and "javascript:" not in html.replace("javascript:alert", "")
+    assert "href" not in html
+    assert escape.terminal_line("a\nb\x1b]52;c;x\x07") == "a\\x0ab\\x1b]52;c;x\\x07"
+    assert escape.html_text("run\u202eTNEM") == "run<U+202E>TNEM"
+    assert file_policy.display("bad\udcff\n.log") == "bad\\xff\\x0a.log"
+
+
+def test_cli_error_is_one_line_without_escapes(tmp_path: Path) -> None:
+    """A path with a newline and an escape sequence gives one error line with both shown, exit 2."""
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    bad = tmp_path / "x\nanalysis OK\x1b[2K"
+    res = CliRunner().invoke(main, ["analyze", str(bad), "-f", "json"])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "\\x0aanalysis OK\\x1b[2K" in lines[0] and "\x1b" not in res.output
