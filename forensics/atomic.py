@@ -41,7 +41,7 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
-    """Write ``text`` to ``path`` atomically (unencodable lone surrogates written as ``\\udcff`` escapes).
+    r"""Write ``text`` to ``path`` atomically (unencodable lone surrogates written as ``\udcff`` escapes).
 
     Raises:
         OSError: Naming ``path`` (a full disk, a read-only folder).

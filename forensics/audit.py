@@ -351,9 +351,8 @@ def _write_outputs(result: AuditResult) -> None:
     import pyarrow.parquet as pq
 
     from forensics import SCHEMA_VERSION
-    from reports._common import environment
-
     from parsers.file_policy import display
+    from reports._common import environment
 
     # a folder name that is not UTF-8 stays readable (escaped) and cannot break the parquet or JSON writer
     rows = [{k: display(v) if isinstance(v, str) else v for k in COLUMNS for v in [r.get(k)]} for r in result.rows]

@@ -223,10 +223,10 @@ def sparse_problem(path: str | os.PathLike[str]) -> str | None:
 
 
 def display(name: str) -> str:
-    """A file name (or any text from a file) made safe to write anywhere, nothing lost.
+    r"""A file name (or any text from a file) made safe to write anywhere, nothing lost.
 
-    Bytes that were not UTF-8 (``surrogateescape``: U+DC80..U+DCFF) become ``\\xNN``; other lone
-    surrogates ``\\uNNNN``; control characters (newline, ESC, DEL, C1) ``\\xNN`` too; a backslash
+    Bytes that were not UTF-8 (``surrogateescape``: U+DC80..U+DCFF) become ``\xNN``; other lone
+    surrogates ``\uNNNN``; control characters (newline, ESC, DEL, C1) ``\xNN`` too; a backslash
     stays as it is. The result is valid UTF-8 on one line.
     """
     if name.isprintable() and not any("\ud800" <= c <= "\udfff" for c in name):
@@ -246,7 +246,7 @@ def display(name: str) -> str:
 
 
 def no_surrogates(text: str) -> str:
-    """``text`` with lone surrogates (a JSON ``"\\ud800"``) escaped as ``\\uXXXX``, everything else kept."""
+    r"""``text`` with lone surrogates (a JSON ``"\ud800"``) escaped as ``\uXXXX``, everything else kept."""
     if not any("\ud800" <= c <= "\udfff" for c in text):
         return text
     return "".join(f"\\u{ord(c):04x}" if "\ud800" <= c <= "\udfff" else c for c in text)

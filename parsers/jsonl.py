@@ -76,7 +76,7 @@ MAX_TAG_CHARS = 1000
 
 
 def _safe_tag(tag: str) -> str:
-    """A key as a metric name: lone surrogates (``"acc\\ud800"`` in valid JSON) escaped, overlong keys shortened."""
+    r"""A key as a metric name: lone surrogates (``"acc\ud800"`` in valid JSON) escaped, overlong keys shortened."""
     tag = no_surrogates(tag)
     if len(tag) > MAX_TAG_CHARS:
         digest = hashlib.sha1(tag.encode("utf-8", "surrogatepass")).hexdigest()[:10]

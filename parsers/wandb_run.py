@@ -20,11 +20,10 @@ from typing import Any
 
 import yaml
 
-from parsers import file_policy, safe_yaml
-
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import canonical_metric
+from parsers import file_policy, safe_yaml
 from parsers.lines import Rows, common
 from parsers.wandb_log import MAGIC, fields, items, msg, walk
 

@@ -1,11 +1,11 @@
-"""Text from run folders is data: one escaping function per output (issue 16).
+r"""Text from run folders is data: one escaping function per output (issue 16).
 
 Run names, file names, metric names, tensor names and messages come from untrusted files. Each
 output has exactly one function here, applied at its render boundary:
 
 - HTML (:func:`html_text`, the Jinja ``finalize`` of the HTML environment before autoescape):
   bidirectional controls (U+202E reverses the run name in a header) and other invisible format
-  characters are shown as ``<U+202E>``; control characters as ``\\xNN``; autoescape does the rest.
+  characters are shown as ``<U+202E>``; control characters as ``\xNN``; autoescape does the rest.
 - Markdown (:func:`md_text` for prose, :func:`md_code` for a code span): every ASCII punctuation
   character with a meaning in CommonMark or GFM is backslash-escaped, so no raw HTML (``<script>``,
   ``<img onerror>``), no link or image (``javascript:``, remote images) and no emphasis can come
@@ -57,9 +57,9 @@ def html_text(text: str) -> str:
 
 
 def terminal(text: str) -> str:
-    """Text safe to print on a terminal: no escape sequence, no carriage return, one line per newline given.
+    r"""Text safe to print on a terminal: no escape sequence, no carriage return, one line per newline given.
 
-    Control characters (C0 except newline and tab, DEL, C1) become ``\\xNN``; bidi and invisible
+    Control characters (C0 except newline and tab, DEL, C1) become ``\xNN``; bidi and invisible
     format characters ``<U+XXXX>``.
     """
     return text if _plain(text) else _visible(text, keep_newline=True)

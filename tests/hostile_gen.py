@@ -31,6 +31,8 @@ SECRET = "TOPSECRET-outside-the-run-7f3a"
 
 @dataclass
 class Attack:
+    """A hostile run folder, what must never appear in an output, and a skip that must be listed."""
+
     run: Path
     forbidden: list[str] = field(default_factory=list)
     expect_skip: str | None = None  # a fragment of the skipped reason (or path) that must be listed
@@ -105,8 +107,11 @@ def yaml_bomb(base: Path) -> Attack:
 
 
 def fifo_side(base: Path) -> Attack:
-    """FIFOs where side readers look (``checkpoint-N/trainer_state.json``, W&B ``run-*.wandb``,
-    MLflow ``meta.yaml``) and ``train.log -> /proc/self/environ`` (never ends / leaks the environment)."""
+    """FIFOs where side readers look, and links into ``/proc`` and ``/dev``.
+
+    ``checkpoint-N/trainer_state.json``, W&B ``run-*.wandb``, MLflow ``meta.yaml`` are FIFOs;
+    ``train.log -> /proc/self/environ`` (leaks the environment), ``zero.log -> /dev/zero`` (never ends).
+    """
     run = base / "run_fifo"
     _metrics(run)
     ck = run / "checkpoint-100"
@@ -142,7 +147,7 @@ def gzip_line(base: Path, line_bytes: int = 1 << 30) -> Attack:
 
 
 def bad_name(base: Path) -> Attack:
-    """A log named ``b"bad\\xff.log"`` (not UTF-8) and one with a newline in its name."""
+    r"""A log named ``b"bad\xff.log"`` (not UTF-8) and one with a newline in its name."""
     run = base / "run_badname"
     _metrics(run)
     body = "".join(f"step {s} loss {3 - s * 0.004:.4f}\n" for s in range(100))
@@ -166,7 +171,7 @@ def surrogates(base: Path) -> Attack:
 
 
 def mathtext(base: Path) -> Attack:
-    """A metric named ``attn_logit_max/$\\x$`` (mathtext that does not parse) with a spike to chart."""
+    r"""A metric named ``attn_logit_max/$\x$`` (mathtext that does not parse) with a spike to chart."""
     run = base / "run_mathtext"
     run.mkdir(parents=True)
     with open(run / "metrics.jsonl", "w") as fh:
@@ -279,6 +284,8 @@ ATTACKS = {
 
 @dataclass
 class Outcome:
+    """How a bounded subprocess ended: exit code (None: killed), seconds, peak tree RSS, output."""
+
     rc: int | None  # None: killed (time or memory)
     seconds: float
     peak_rss: int  # bytes, the largest sampled RSS of the process tree
@@ -387,12 +394,12 @@ def _measure(code_root: str, names: list[str], timeout: float, max_rss: int) -> 
             res = []
             for fmt in ("html", "markdown", "text"):
                 o = run_bounded([py, "-c", _CLI, "analyze", str(att.run), "-f", fmt, "-o", str(out / f"r.{fmt}")],
-                                timeout=timeout, max_rss=max_rss, env=env)
+                                timeout=timeout, max_rss=max_rss, env=env, cwd=tmp)  # cwd: not this checkout
                 res.append((fmt, o))
                 if o.killed:
                     break
             a = run_bounded([py, "-c", _CLI, "audit", str(att.run.parent), "-o", str(out / "audit"), "--no-cache"],
-                            timeout=timeout, max_rss=max_rss, env=env)
+                            timeout=timeout, max_rss=max_rss, env=env, cwd=tmp)
             res.append(("audit", a))
             bad = problems(out, b"".join(o.stdout + o.stderr for _, o in res))
             for what, o in res:

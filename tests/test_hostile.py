@@ -18,9 +18,9 @@ import sys
 import threading
 from pathlib import Path
 
+import hostile_gen as hg
 import pytest
 
-import hostile_gen as hg
 from forensics import atomic
 from parsers import file_policy, mlflow_store
 from reports import escape
@@ -98,7 +98,8 @@ def test_surrogates_keep_the_whole_file(tmp_path: Path) -> None:
     run = load_run(att.run)
     tags = set(run.metrics.filter(run.metrics["source"] == "metrics.jsonl")["tag"].to_list())
     assert {"loss", "lr", "grad_norm", "acc\\ud800"} <= tags
-    assert run.metrics.filter(run.metrics["source"] == "metrics.jsonl").height == 299 * 3 + 2  # line 150: loss and the odd key
+    jsonl = run.metrics.filter(run.metrics["source"] == "metrics.jsonl")
+    assert jsonl.height == 299 * 3 + 2  # line 150: loss and the odd key
     assert run.meta["config_files"]["config.json"]["name"] == "bad\\udc80value"
 
 

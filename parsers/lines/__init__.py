@@ -124,7 +124,7 @@ def _safe_text(text: str) -> str:
 
 
 def _strings(values: list[str]) -> pa.Array:
-    """A string column; names with lone surrogates (``"acc\\ud800"`` in JSON, a non-UTF-8 file name) kept escaped."""
+    r"""A string column; names with lone surrogates (``"acc\ud800"`` in JSON, a non-UTF-8 file name) kept escaped."""
     try:
         return pa.array(values, pa.string())
     except UnicodeEncodeError:
