@@ -7,10 +7,12 @@ parsers already treat as a truncated tail.
 
 from __future__ import annotations
 
+import contextvars
 import gzip
+import io
 import stat
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def logical_name(path: Path) -> str:
@@ -47,18 +49,124 @@ def gzip_problem(path: Path) -> str | None:
     return None if not head or head == GZIP_MAGIC else NOT_GZIP
 
 
-def open_binary(path: Path) -> IO[bytes]:
-    """Open for reading bytes, decompressing ``.gz`` files."""
+MAX_LINE_BYTES = 64 << 20
+r"""A line (up to ``\n`` or ``\r``) longer than this is dropped as it streams, before a gzip stream expands it
+in memory (a 1 MB ``.gz`` can hold one 1 GB line); real log lines are kilobytes, a tqdm bar ends in ``\r``."""
+
+
+DROPPED: contextvars.ContextVar[list[tuple[str, int, int]] | None] = contextvars.ContextVar(
+    "forensics_dropped_lines", default=None)
+"""Where :class:`BoundedLines` reports ``(path, line, bytes)`` of each dropped line (``parsers.discover``
+sets a list around each parser and lists them as skipped)."""
+
+
+class BoundedLines(io.RawIOBase):
+    r"""A byte stream that drops every line longer than ``max_line`` bytes (its newline is kept).
+
+    Memory: one pending line of at most ``max_line`` bytes plus a 1 MiB read, whatever the input.
+    ``dropped`` lists ``(line number, bytes)`` of the lines dropped (numbered by ``\n``).
+    """
+
+    _CHUNK = 1 << 20
+
+    def __init__(self, raw: IO[bytes], max_line: int = MAX_LINE_BYTES, path: str = "") -> None:
+        super().__init__()
+        self.raw, self.max_line, self.path = raw, max_line, path
+        self._sink = DROPPED.get()
+        self.pending = bytearray()  # the current line, not yet known to end within max_line
+        self.out = bytearray()  # bytes ready to hand out
+        self.dropping = 0  # > 0: bytes of an overlong line dropped so far (until its end)
+        self.eof = False
+        self.lines = 0  # "\n" handed out so far
+        self.dropped: list[tuple[int, int]] = []
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        try:
+            self.raw.close()
+        finally:
+            super().close()
+
+    def readinto(self, b: Any) -> int:
+        while not self.out and not self.eof:
+            self._fill()
+        n = min(len(b), len(self.out))
+        b[:n] = self.out[:n]
+        del self.out[:n]
+        return n
+
+    def _emit(self, data: bytes | bytearray) -> None:
+        self.lines += data.count(b"\n")
+        self.out += data
+
+    def _drop(self, n: int) -> None:
+        self.dropping += n
+
+    def _note(self, line: int, n: int) -> None:
+        self.dropped.append((line, n))
+        if self._sink is not None and len(self._sink) < 1000:
+            self._sink.append((self.path, line, n))
+
+    def _fill(self) -> None:
+        chunk = self.raw.read(self._CHUNK)
+        if not chunk:
+            self.eof = True
+            if self.dropping:
+                self._note(self.lines + 1, self.dropping)
+                self.dropping = 0
+            self._emit(self.pending)
+            self.pending = bytearray()
+            return
+        last = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+        if last < 0:  # no line end in this chunk: the current line goes on
+            if self.dropping:
+                self._drop(len(chunk))
+            elif len(self.pending) + len(chunk) > self.max_line:
+                self._drop(len(self.pending) + len(chunk))
+                self.pending = bytearray()
+            else:
+                self.pending += chunk
+            return
+        first = min(i for i in (chunk.find(b"\n"), chunk.find(b"\r")) if i >= 0)
+        if self.dropping or len(self.pending) + first > self.max_line:
+            self._note(self.lines + 1, self.dropping + len(self.pending) + first)
+            self.dropping, self.pending = 0, bytearray()
+            self._emit(chunk[first:last + 1])  # the overlong line's end: its newline keeps the numbering
+        else:
+            self._emit(self.pending)
+            self._emit(chunk[:last + 1])
+            self.pending = bytearray()
+        self.pending += chunk[last + 1:]
+
+
+def open_binary(path: Path, *, bounded: bool = True) -> IO[bytes]:
+    """Open for reading bytes, decompressing ``.gz`` files, through the file-access policy.
+
+    Args:
+        path: The file.
+        bounded: Drop lines longer than :data:`MAX_LINE_BYTES` as they stream (:class:`BoundedLines`);
+            a reader with its own line budget (``parsers.jsonl``) passes False.
+
+    Raises:
+        OSError: :class:`parsers.file_policy.Refused` when the policy does not allow the file.
+    """
+    from parsers.file_policy import open_file
+
+    fh: IO[bytes] = open_file(path)
     if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        gz = gzip.GzipFile(fileobj=fh, mode="rb")
+        gz.myfileobj = fh  # closed with it (GzipFile closes only a file it opened itself)
+        fh = gz  # type: ignore[assignment]
+    if not bounded:
+        return fh
+    return io.BufferedReader(BoundedLines(fh, path=str(path)))  # type: ignore[return-value]
 
 
 def open_text(path: Path) -> IO[str]:
-    """Open for reading text as the parsers do, decompressing ``.gz`` files.
+    """Open for reading text as the parsers do, decompressing ``.gz`` files, lines bounded (:func:`open_binary`).
 
     UTF-8 with the BOM stripped, bad bytes replaced, no newline translation.
     """
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="")  # type: ignore[return-value]
-    return open(path, encoding="utf-8-sig", errors="replace", newline="")  # noqa: SIM115 - the caller closes it
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="replace", newline="")

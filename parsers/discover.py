@@ -37,7 +37,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
 from parsers import PARSER_MODULES, file_policy, safe_yaml
-from parsers._io import gzip_problem
+from parsers._io import DROPPED, MAX_LINE_BYTES, gzip_problem
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
                 ".txt.gz", ".out.gz", ".csv.gz")
@@ -398,6 +398,8 @@ def _load_run(run_dir: str | Path, root: Path) -> RunData:
     for path, mod in claims:
         rel = _rel(path, root)
         fmt = getattr(mod, "FORMAT", mod.__name__.rpartition(".")[2])
+        dropped: list[tuple[str, int, int]] = []
+        token = DROPPED.set(dropped)  # overlong lines the bounded reader dropped (parsers._io)
         try:
             pr = mod.read(path, root)
         except ParseError as exc:
@@ -407,6 +409,10 @@ def _load_run(run_dir: str | Path, root: Path) -> RunData:
             why = _one_line(f"the {fmt} parser failed: {type(exc).__name__}: {exc}")
             failures.append(Skip(rel, why))
             continue
+        finally:
+            DROPPED.reset(token)
+            skipped.extend(Skip(f"{rel}:{line}", f"line of {n} bytes (more than {MAX_LINE_BYTES}): not read")
+                           for p, line, n in dict.fromkeys(dropped) if p == str(path))
         results.append((rel, pr, _bounds(pr)))
         skipped.extend(pr.skipped)
     if not results:

@@ -801,7 +801,7 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
     st = _State(rel)
     skipped: list[Skip] = []
     try:
-        fh = open_binary(path)
+        fh = open_binary(path, bounded=False)  # its own line budget (MAX_LINE_BYTES), listed
     except OSError as exc:
         fh = None
         skipped.append(Skip(f"{rel}:0", f"file ends abruptly ({exc}); earlier lines kept"))

@@ -146,6 +146,21 @@ def gzip_line(base: Path, line_bytes: int = 1 << 30) -> Attack:
     return Attack(run, expect_skip="big.jsonl.gz")
 
 
+def gzip_line_text(base: Path, line_bytes: int = 1 << 30) -> Attack:
+    """The same bomb as a stdout log (``train.log.gz``) and a CSV export (``history.csv.gz``)."""
+    run = base / "run_gzline_text"
+    _metrics(run)
+    for name, head in (("train.log.gz", b"step 1 loss "), ("history.csv.gz", b"_step,loss\n1,")):
+        comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+        with open(run / name, "wb") as fh:
+            fh.write(comp.compress(head))
+            for _ in range(line_bytes // (1 << 20)):
+                fh.write(comp.compress(b"1" * (1 << 20)))
+            fh.write(comp.compress(b"\n"))
+            fh.write(comp.flush())
+    return Attack(run, expect_skip="train.log.gz:1")
+
+
 def bad_name(base: Path) -> Attack:
     r"""A log named ``b"bad\xff.log"`` (not UTF-8) and one with a newline in its name."""
     run = base / "run_badname"
@@ -276,7 +291,8 @@ def hungry(nbytes: int) -> int:
 
 ATTACKS = {
     "pickle_dag": pickle_dag, "pickle_memo": pickle_memo, "sqlite_view": sqlite_view, "yaml_bomb": yaml_bomb,
-    "fifo_side": fifo_side, "gzip_line": gzip_line, "bad_name": bad_name, "surrogates": surrogates,
+    "fifo_side": fifo_side, "gzip_line": gzip_line, "gzip_line_text": gzip_line_text, "bad_name": bad_name,
+    "surrogates": surrogates,
     "mathtext": mathtext, "inject": inject, "symlink_out": symlink_out, "sparse_events": sparse_events,
     "gzip_names": gzip_names, "shard_index": shard_index, "big_textlog": big_textlog,
 }

@@ -52,6 +52,7 @@ _KINDS = {
     "yaml_bomb": hg.yaml_bomb,
     "fifo_side": hg.fifo_side,
     "gzip_line": lambda b: hg.gzip_line(b, 1 << 28),
+    "gzip_line_text": lambda b: hg.gzip_line_text(b, 1 << 27),
     "bad_name": hg.bad_name,
     "surrogates": hg.surrogates,
     "mathtext": hg.mathtext,
@@ -231,3 +232,24 @@ def test_cli_error_is_one_line_without_escapes(tmp_path: Path) -> None:
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "\\x0aanalysis OK\\x1b[2K" in lines[0] and "\x1b" not in res.output
+
+
+def test_bounded_lines_drop_only_overlong_lines() -> None:
+    """The open-level line budget: every line up to the limit passes byte for byte, longer ones leave their newline."""
+    import io
+    import random
+
+    from parsers._io import BoundedLines
+
+    rng = random.Random(16)
+    for _ in range(500):
+        data = b"".join(b"a" * rng.choice([0, 1, 5, 50, 200, 3000]) + rng.choice([b"\n", b"\r", b"\r\n"])
+                        for _ in range(rng.randint(0, 30))) + b"tail" * rng.randint(0, 300)
+        max_line = rng.choice([10, 100, 1000, 10**6])
+        raw = BoundedLines(io.BytesIO(data), max_line)
+        raw._CHUNK = min(max_line, rng.choice([1, 3, 7, 64, 4096]))  # the reader's chunk is below its limit
+        got = io.BufferedReader(raw).read()
+        parts = re.findall(rb"[^\r\n]*(?:\r|\n)|[^\r\n]+$", data)
+        want = b"".join(p if len(p.rstrip(b"\r\n")) <= max_line else p[len(p.rstrip(b"\r\n")):] for p in parts)
+        assert got == want
+        assert len(raw.dropped) == sum(len(p.rstrip(b"\r\n")) > max_line for p in parts)
