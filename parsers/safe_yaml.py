@@ -30,6 +30,9 @@ def load(text: str, limit: int = MAX_NODES) -> Any:
         TooLarge: The document expands past ``limit`` nodes (an alias bomb) or nests too deep.
     """
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    obj = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+    try:
+        obj = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+    except RecursionError:
+        raise TooLarge("nested too deeply to load") from None
     expanded_size(obj, limit)
     return obj
