@@ -71,13 +71,13 @@ def main() -> None:
 def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool, follow_symlinks: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
     fmt, output = _format_and_output(fmt, output)
-    if follow_symlinks:
-        os.environ["FORENSICS_FOLLOW_SYMLINKS"] = "1"
     with _errors(run_dir):
         from forensics.api import analyze_run, load
+        from parsers.file_policy import follow_symlinks as following
         from reports import ReportFormat, render
 
-        run = load(run_dir)
+        with following(True if follow_symlinks else None):
+            run = load(run_dir)
         if strict and run.skipped:
             _fail(f"{run_dir}: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
                   f"{run.skipped[0].what}: {run.skipped[0].reason}")
@@ -185,11 +185,16 @@ def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: P
         memory = parse_bytes(run_memory)
     except ValueError:
         raise click.BadParameter(f"not a size: {run_memory!r}", param_hint="--run-memory") from None
+    before = os.environ.get("FORENSICS_FOLLOW_SYMLINKS")
     if follow_symlinks:
         os.environ["FORENSICS_FOLLOW_SYMLINKS"] = "1"  # inherited by the worker processes
-    with _errors(root):
-        res = run_audit(root, output, jobs=jobs, scheduler=scheduler, baseline=baseline,
-                        use_cache=not no_cache, progress=True, run_timeout=run_timeout, run_memory=memory)
+    try:
+        with _errors(root):
+            res = run_audit(root, output, jobs=jobs, scheduler=scheduler, baseline=baseline,
+                            use_cache=not no_cache, progress=True, run_timeout=run_timeout, run_memory=memory)
+    finally:
+        if follow_symlinks and before is None:
+            os.environ.pop("FORENSICS_FOLLOW_SYMLINKS", None)
     bad = sum(r["verdict"] == "anomaly" for r in res.rows)
     new = sum(r["verdict"] == "anomaly" and r["status"] == "new" for r in res.rows)
     click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "

@@ -53,8 +53,8 @@ def following() -> bool:
 
 
 @contextlib.contextmanager
-def follow_symlinks(on: bool = True) -> Iterator[None]:
-    """Follow (or not) symlinks that lead out of the run folder, within this block."""
+def follow_symlinks(on: bool | None = True) -> Iterator[None]:
+    """Follow (or not) symlinks that lead out of the run folder, within this block (None: the environment decides)."""
     tok = _FOLLOW.set(on)
     try:
         yield

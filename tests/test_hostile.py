@@ -253,3 +253,22 @@ def test_bounded_lines_drop_only_overlong_lines() -> None:
         want = b"".join(p if len(p.rstrip(b"\r\n")) <= max_line else p[len(p.rstrip(b"\r\n")):] for p in parts)
         assert got == want
         assert len(raw.dropped) == sum(len(p.rstrip(b"\r\n")) > max_line for p in parts)
+
+
+def test_cli_follow_symlinks_flag(tmp_path: Path) -> None:
+    """``analyze`` lists links out of the run; with ``--follow-symlinks`` it reads what they lead to."""
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    att = hg.symlink_out(tmp_path / "runs")
+    (att.run / "root").unlink()  # a followed link to / would walk the machine: the user's call, not this test's
+    plain = CliRunner().invoke(main, ["analyze", str(att.run), "-f", "json", "-o", str(tmp_path / "a.json")])
+    followed = CliRunner().invoke(main, ["analyze", str(att.run), "-f", "json", "-o", str(tmp_path / "b.json"),
+                                         "--follow-symlinks"])
+    assert plain.exit_code in (0, 1) and followed.exit_code in (0, 1)
+    a = json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))
+    b = json.loads((tmp_path / "b.json").read_text(encoding="utf-8"))
+    assert {"data", "config.yaml"} <= {s["what"] for s in a["skipped"]}
+    assert "data/train.log" not in json.dumps(a["sources"]) and "data/train.log" in json.dumps(b["sources"])
+    assert "FORENSICS_FOLLOW_SYMLINKS" not in os.environ
