@@ -129,6 +129,17 @@ def items(b: bytes, a: int, e: int, keys: dict, item_fields: tuple[int, ...]) ->
     return out
 
 
+def _zeros_to_end(data: Any, pos: int, n: int, step: int = 1 << 20) -> bool:
+    """True when every byte from ``pos`` to ``n`` is zero (read 1 MiB at a time: ``data`` may be an mmap)."""
+    zero = bytes(step)
+    while pos < n:
+        piece = data[pos:min(n, pos + step)]
+        if piece != zero[:len(piece)]:
+            return False
+        pos += len(piece)
+    return True
+
+
 def walk(data: bytes, rel: str, on_record: Callable[[bytes], None], skipped: list[Skip]) -> int:
     """Walk the blocks and chunks of a whole file, calling ``on_record`` with each reassembled record.
 
@@ -162,7 +173,7 @@ def walk(data: bytes, rel: str, on_record: Callable[[bytes], None], skipped: lis
         if end > n and length <= left - size and typ in _TYPE_CRC:
             tail = (pos, f"truncated chunk at end of file ({n - pos} of {end - pos} bytes)")
             break
-        if crc == length == typ == 0 and data.count(0, pos) == n - pos:
+        if crc == length == typ == 0 and _zeros_to_end(data, pos, n):
             tail = (pos, f"zero bytes from here to the end of file ({n - pos}; preallocated, never written)")
             break
         why = (f"bad chunk header (type {typ}, length {length})" if typ not in _TYPE_CRC or length > left - size

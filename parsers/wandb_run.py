@@ -14,6 +14,8 @@ and W&B's own ``debug*.log`` are claimed here (empty result) so that no other pa
 from __future__ import annotations
 
 import json
+import mmap
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -323,15 +325,19 @@ def read(path: Path, root: Path) -> ParseResult:
     sparse = file_policy.sparse_problem(path)
     if sparse:
         raise ParseError(rel, sparse)
-    try:
-        data = path.read_bytes()
+    st, skipped = _State(rel), []
+    try:  # memory-mapped, never read whole into memory: pages are the page cache's, evicted under pressure
+        with file_policy.open_file(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise ParseError(rel, "empty .wandb file (the run wrote nothing)")
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[:len(MAGIC)] != MAGIC:
+                    raise ParseError(rel, f"not a W&B transaction log: header {data[:len(MAGIC)]!r}, "
+                                          f"expected {MAGIC!r}")
+                damaged = walk(data, rel, st.record, skipped)
     except OSError as exc:
         raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from exc
-    if data[:len(MAGIC)] != MAGIC:
-        raise ParseError(rel, "empty .wandb file (the run wrote nothing)" if not data else
-                         f"not a W&B transaction log: header {data[:len(MAGIC)]!r}, expected {MAGIC!r}")
-    st, skipped = _State(rel), []
-    damaged = walk(data, rel, st.record, skipped)
     if not st.counts:
         raise ParseError(rel, "no readable record" + (f" ({skipped[0].reason})" if skipped else ""))
     config, summary = _side_files(path.parent / "files", root, st, skipped)
