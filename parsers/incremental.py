@@ -8,7 +8,7 @@ costs only its new lines per update (plus concatenating the Arrow tables already
 
 Record boundaries (what "complete" means), per format:
 
-- ``jsonl`` and ``textlog``: the last ``\\n`` in the file; a half-written last line waits for the
+- ``jsonl`` and ``textlog``: the last newline in the file; a half-written last line waits for the
   next call (never parsed, never reported as damage).
 - ``tensorboard``: TFRecord framing (8-byte length, 4-byte length CRC, payload, 4-byte payload CRC):
   the end of the last frame that is wholly on disk. A length that cannot be a record (damage) makes
@@ -99,7 +99,7 @@ def _head(path: Path, n: int) -> str:
 
 
 def line_boundary(path: Path, start: int, end: int) -> int:
-    """The offset just after the last ``\\n`` in ``path[start:end]`` (``start`` when there is none).
+    """The offset just after the last newline in ``path[start:end]`` (``start`` when there is none).
 
     Reads backwards in 64 KiB blocks, so a long record costs only its own bytes.
     """
