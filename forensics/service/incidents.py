@@ -9,6 +9,14 @@ An analysis (the JSON contract) yields alerts (:func:`alerts_of`):
   collapse (``OV01``). Onset = the finding's step.
 - ``unreadable``: the run could not be read or analysed (the error's one line is the summary).
 
+Confirmation (:class:`Confirmer`): on a live run the analysis sees only a prefix, and a trend detector
+can place an "onset" just behind the end of the data that moves forward as the data grows (on the
+healthy sample run, an ``update_scale_growth`` onset at 50, 51, 52, ... 91 while steps 55-120 arrive,
+gone afterwards). A real departure stays where it is. So an alert is raised only once the same cause
+has kept its onset within :data:`ONSET_TOLERANCE` steps while at least :data:`CONFIRM_STEPS` new steps
+arrived, except when the analysis holds a ``critical`` finding (non-finite loss or state, an fp16
+overflow): that evidence does not depend on what comes next, and the alert is raised at once.
+
 Fingerprint = (run, cause or kind, onset). :func:`record` opens an incident for a new fingerprint,
 unless the run already has an unresolved incident for the same cause: a live run's onset estimate can
 move by a few steps as data arrives, and that is the same incident (its ``onset_latest`` is updated and
@@ -32,6 +40,11 @@ PRECURSOR_CONFIDENCE = 0.5
 """Confidence at which an ``update_scale_growth`` finding is a precursor (as ``forensics.api``'s growth_precursor)."""
 EARLY_CODES = ("OV01",)
 """Finding codes that are an early warning by themselves (loss-scale collapse beginning)."""
+CONFIRM_STEPS = 32
+"""New steps an onset must survive before a non-critical alert is raised (a quarter of the engine's 128-point
+trailing window: enough for a trend fit to see the data past the onset)."""
+ONSET_TOLERANCE = 2
+"""Steps an onset may move while it is being confirmed (grad norm leads the loss by 1-4 steps, DESIGN.md section 4)."""
 _NODE_KEYS = ("node", "host", "hostname", "rank", "gpu", "device")
 _SHARD_KEYS = ("shard", "data_shard", "data_file", "dataset_file")
 
@@ -101,6 +114,35 @@ def alerts_of(body: dict[str, Any]) -> list[Alert]:
     msg = f"early warning: {f.get('code')} {f.get('name')} at step {f['step']}: {f.get('message', '')}".strip()
     return [Alert("early_warning", cause, f.get("mechanism"), int(f["step"]), f.get("segment"), msg[:500],
                   node=_find(f, _NODE_KEYS), shard=_find(f, _SHARD_KEYS))]
+
+
+class Confirmer:
+    """Raises an alert once its onset is stable (module docstring); one instance follows many runs."""
+
+    def __init__(self, confirm_steps: int = CONFIRM_STEPS, tolerance: int = ONSET_TOLERANCE) -> None:
+        self.confirm_steps, self.tolerance = confirm_steps, tolerance
+        self._cand: dict[tuple[str, str], tuple[int | None, int | None, int]] = {}  # -> (segment, onset, since)
+
+    def update(self, run: str, alerts: list[Alert], body: dict[str, Any], last_step: int | None) -> list[Alert]:
+        """The alerts of this analysis that are confirmed now (or were, and still are)."""
+        critical = any(f.get("severity") == "critical" for f in body.get("findings") or [])
+        out, live = [], set()
+        for a in alerts:
+            key = (run, a.cause or a.kind)
+            live.add(key)
+            if critical or a.kind == "unreadable" or last_step is None:
+                out.append(a)
+                continue
+            cand = self._cand.get(key)
+            if (cand is None or cand[0] != a.onset_segment or a.onset_step is None or cand[1] is None
+                    or abs(a.onset_step - cand[1]) > self.tolerance):
+                self._cand[key] = (a.onset_segment, a.onset_step, last_step)
+                continue
+            if last_step - cand[2] >= self.confirm_steps:
+                out.append(a)
+        for key in [k for k in self._cand if k[0] == run and k not in live]:
+            del self._cand[key]
+        return out
 
 
 def unreadable(message: str) -> Alert:

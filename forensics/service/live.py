@@ -4,7 +4,7 @@ The loop reads the run incrementally (:class:`parsers.incremental.IncrementalRea
 after each change, prints each new alert (:func:`forensics.service.incidents.alerts_of`) once with its
 onset and the last step read, posts it to the webhooks, and ends:
 
-- exit 1 as soon as the verdict is ``anomaly``;
+- exit 1 as soon as the verdict is ``anomaly`` and its alert is confirmed (``incidents.Confirmer``);
 - exit 0 when the run *ends* without one: its last step reaches the final step (``--final-step``, or
   the run's own configuration: ``max_steps``, ``total_steps``, ``train_iters``, ``num_train_steps``,
   ``steps``), or no new record arrived for ``--idle-timeout`` seconds;
@@ -51,6 +51,7 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
     from reports import render
 
     reader = IncrementalReader()
+    confirmer = inc.Confirmer()
     seen: set[str] = set()
     last_records, last_change, start = -1, time.monotonic(), time.monotonic()
     body: dict[str, Any] | None = None
@@ -69,7 +70,7 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
                 analysis = analyze_run(run)
                 body = json.loads(render(analysis, None, "json"))
                 last_step = int(run.metrics["step"].max()) if run.metrics.height else None
-                for a in inc.alerts_of(body):
+                for a in confirmer.update(str(run_dir), inc.alerts_of(body), body, last_step):
                     key = a.cause or a.kind
                     if key in seen:
                         continue
@@ -78,7 +79,7 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
                     echo(f"ALERT {a.kind}: {a.cause} ({a.mechanism or '-'}), {onset} (segment {a.onset_segment}); "
                          f"alerted with step {last_step} read: {a.summary}")
                     _post(hooks, a, body, run_dir, last_step, echo)
-                if body.get("verdict") == "anomaly":
+                if body.get("verdict") == "anomaly" and seen:
                     echo(body.get("summary", "anomaly"))
                     return 1
                 end = final_step or final_step_of(run.meta)

@@ -102,6 +102,7 @@ class Service:
         self._tasks: list[asyncio.Task] = []
         self._sem: asyncio.Semaphore | None = None
         self.analyses_done = 0
+        self.confirmer = inc.Confirmer()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -138,7 +139,8 @@ class Service:
         self._loop.call_soon_threadsafe(self._mark, root, path)
 
     def _mark(self, root: str, path: str) -> None:
-        self._dirty[path] = (root, time.monotonic())
+        # the first unprocessed change counts: a run written to without pause is still analysed every debounce_s
+        self._dirty.setdefault(path, (root, time.monotonic()))
         self._wake.set()
 
     async def _schedule(self) -> None:
@@ -198,7 +200,7 @@ class Service:
         if result.get("ok"):
             body = json.loads(result["json"])
             aid = self.db.store_analysis(run_id, body, result["json"], result.get("last_step"), result["duration_s"])
-            alerts = inc.alerts_of(body)
+            alerts = self.confirmer.update(path, inc.alerts_of(body), body, result.get("last_step"))
             mt = result.get("max_mtime")
             if mt is not None and mt > self.started and mt > self._last_mtime.get(path, 0.0):
                 self.metrics.watcher_lag.observe(max(0.0, time.time() - mt))
