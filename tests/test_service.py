@@ -1,5 +1,7 @@
-"""The service end to end: a real ``forensics serve`` on loopback (uvicorn, in a subprocess), an httpx
-client, a real webhook receiver on loopback, a real browser (Playwright on the Debian Chromium).
+"""The service end to end: a real server, an httpx client, a webhook receiver, a real browser.
+
+``forensics serve`` runs on loopback (uvicorn, in a subprocess); the webhook receiver is a real HTTP
+server on loopback; the browser is Playwright driving the Debian Chromium.
 
 A faulty sample run (``data_batch``: a fully padded batch at step 250) is replayed step by step into a
 temporary root while the service watches it; a healthy one beside it. The tests run in file order
@@ -26,6 +28,7 @@ BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """The server, its root with a replayed faulty run, a healthy run, a broken run, a symlink out, receivers."""
     base = tmp_path_factory.mktemp("service")
     root = base / "root"
     root.mkdir()
@@ -53,6 +56,7 @@ def env(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 def _runs(srv: Server) -> dict[str, dict]:
+    """The server, its root with a replayed faulty run, a healthy run, a broken run, a symlink out, receivers."""
     return {r["name"].rpartition("/")[2]: r for r in srv.client.get("/api/runs").json()}
 
 
@@ -66,6 +70,7 @@ def _settled(srv: Server) -> dict[str, dict]:
 
 
 def test_incident_opens_once_with_cause_and_onset(env: dict) -> None:
+    """The live faulty run opens one incident with the right cause and onset; healthy opens none."""
     srv = env["srv"]
     runs = _settled(srv)
     assert runs["data_batch"]["verdict"] == "anomaly" and runs["data_batch"]["cause"] == "data_batch"
@@ -86,6 +91,7 @@ def test_incident_opens_once_with_cause_and_onset(env: dict) -> None:
 
 
 def test_unreadable_run_is_an_incident(env: dict) -> None:
+    """A run no parser can read is an ``unreadable`` incident and an error contract, not a crash."""
     srv = env["srv"]
     runs = _settled(srv)
     broken = [i for i in srv.client.get("/api/incidents").json() if i["run_id"] == runs["broken_run"]["id"]]
@@ -96,6 +102,7 @@ def test_unreadable_run_is_an_incident(env: dict) -> None:
 
 
 def test_webhook_gets_one_body_per_incident(env: dict) -> None:
+    """Each receiver gets exactly one body per incident, after a retry of a 500."""
     srv, hook, slack = env["srv"], env["hook"], env["slack"]
     _settled(srv)
     n_incidents = len(srv.client.get("/api/incidents").json())
@@ -112,6 +119,7 @@ def test_webhook_gets_one_body_per_incident(env: dict) -> None:
 
 
 def test_refusals(env: dict) -> None:
+    """Missing or wrong token, paths outside the roots, '..', a symlink out and a huge body are refused."""
     srv, outside = env["srv"], env["outside"]
     c = srv.client
     assert c.post("/api/incidents/1/ack").status_code == 401                                     # no token
@@ -127,6 +135,7 @@ def test_refusals(env: dict) -> None:
 
 
 def test_metrics_parse(env: dict) -> None:
+    """``/metrics`` parses with prometheus_client's parser; OpenAPI lists the API."""
     srv = env["srv"]
     _settled(srv)
     text = srv.client.get("/metrics").text
@@ -145,6 +154,7 @@ def test_metrics_parse(env: dict) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's chromium)")
 def test_ui_shows_incident_and_ack_works(env: dict) -> None:
+    """The incidents page shows the incident; after logging in, the Ack button acknowledges it."""
     playwright = pytest.importorskip("playwright.sync_api")
     srv = env["srv"]
     runs = _settled(srv)
@@ -167,13 +177,15 @@ def test_ui_shows_incident_and_ack_works(env: dict) -> None:
             page.goto(srv.url + f"/runs/{runs['data_batch']['id']}")
             assert "anomaly" in page.locator("#verdict").inner_text()
             page.goto(srv.url + "/runs?verdict=healthy")
-            assert "healthy" in page.locator("#runs").inner_text() and "data_batch" not in page.locator("#runs").inner_text()
+            table = page.locator("#runs").inner_text()
+            assert "healthy" in table and "data_batch" not in table
         finally:
             browser.close()
     assert srv.client.get(f"/api/incidents/{inc['id']}").json()["status"] == "acked"
 
 
 def test_escaped_rendering(env: dict, tmp_path: Path) -> None:
+    """A run name with markup is rendered escaped."""
     srv, root = env["srv"], env["root"]
     evil = root / "<script>alert(1)<"
     shutil.copytree(SAMPLES / "healthy", evil, ignore=shutil.ignore_patterns("expected.json", "events.*"))
@@ -184,6 +196,7 @@ def test_escaped_rendering(env: dict, tmp_path: Path) -> None:
 
 
 def test_restart_keeps_state_and_sends_nothing_twice(env: dict) -> None:
+    """After a restart on the same database: same incidents, same acks, nothing sent again."""
     srv, hook, slack = env["srv"], env["hook"], env["slack"]
     before = srv.client.get("/api/incidents").json()
     wait_for(lambda: len(hook.bodies) >= len(before), timeout=30, what="deliveries before the restart")

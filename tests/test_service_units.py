@@ -120,7 +120,8 @@ def test_confirmer_waits_for_a_stable_onset() -> None:
     moving = [c.update("r", [Alert("anomaly", "update_scale_growth", None, s - 8, 0, "")], body, s)
               for s in range(55, 121, 5)]
     assert not any(moving)
-    stable = [c.update("s", [Alert("anomaly", "update_scale_growth", None, 10, 0, "")], body, s) for s in range(10, 60, 5)]
+    stable = [c.update("s", [Alert("anomaly", "update_scale_growth", None, 10, 0, "")], body, s)
+              for s in range(10, 60, 5)]
     first = next(i for i, got in enumerate(stable) if got)
     assert 10 + 5 * first >= 42
     crit = {"findings": [{"severity": "critical"}]}

@@ -32,11 +32,12 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+import reports
 from forensics.service import incidents as inc
 from forensics.service.scheduler import Service, ServiceConfig
 from forensics.service.worker import JobError, compare_job, report_job
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "reports" / "templates" / "service"
+TEMPLATES = Path(reports.__file__).resolve().parent / "templates" / "service"
 COOKIE = "forensics_session"
 _CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
         "img-src 'self' data:; frame-src 'self'; frame-ancestors 'self'; form-action 'self'; base-uri 'none'")
