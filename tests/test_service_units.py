@@ -182,3 +182,29 @@ def test_watch_exits_1_at_the_onset_and_0_when_healthy(tmp_path: Path) -> None:
     p = _watch(empty, "--idle-timeout", "0.5")
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "forensics: error:" in err and "Traceback" not in err
+
+
+def test_non_loopback_bind_needs_the_token(tmp_path: Path) -> None:
+    """The CLI refuses a non-loopback bind without a token; with one, every route but /healthz needs it."""
+    import asyncio
+
+    import httpx
+
+    from forensics.service.app import create_app
+    from forensics.service.scheduler import ServiceConfig
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("FORENSICS_TOKEN", None)
+    p = subprocess.run([sys.executable, "-c", "from forensics.cli import main; main()", "serve", str(tmp_path),
+                        "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "needs --token" in p.stderr and "Traceback" not in p.stderr
+    app = create_app(ServiceConfig(roots=[tmp_path], host="0.0.0.0", db=tmp_path / "s.db", token="t0ken"))
+
+    async def go() -> tuple[int, int, int, int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            return ((await c.get("/api/runs")).status_code, (await c.get("/")).status_code,
+                    (await c.get("/api/runs", headers={"Authorization": "Bearer t0ken"})).status_code,
+                    (await c.get("/healthz")).status_code)
+
+    assert asyncio.run(go()) == (401, 401, 200, 200)

@@ -222,8 +222,10 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         except JobError as exc:
             raise HTTPException(503, str(exc)) from None
 
-        def keep() -> None:
+        def keep() -> None:  # only the latest analysis's reports are kept per run
             with svc.db.tx() as c:
+                c.execute("DELETE FROM reports WHERE analysis_id IN (SELECT id FROM analyses WHERE run_id = ? "
+                          "AND id != ?)", (run_id, key[0]))
                 c.execute("INSERT OR REPLACE INTO reports VALUES (?, ?, ?)", (*key, text))
         await asyncio.to_thread(keep)
         return text

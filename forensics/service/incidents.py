@@ -30,7 +30,9 @@ cause + mechanism. Incidents of two or more runs with the same key are one recur
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,11 +153,21 @@ def unreadable(message: str) -> Alert:
 
 
 def record(db: Database, run_id: int, run_path: str, alerts: list[Alert], analysis_id: int | None,
-           seen_step: int | None) -> list[int]:
+           seen_step: int | None, on_open: Callable[[sqlite3.Connection, int], None] | None = None) -> list[int]:
     """Open the incidents of new fingerprints and attach the analysis to the run's unresolved ones.
 
+    Args:
+        db: The database.
+        run_id: The run's id.
+        run_path: The run's real path (part of the fingerprint).
+        alerts: The confirmed alerts of this analysis.
+        analysis_id: The analysis to attach (None for an unreadable run).
+        seen_step: The last step read (kept: the step at which the alert was raised).
+        on_open: Called as ``on_open(connection, incident_id)`` inside the same transaction for each
+            incident opened (the outbox rows: an incident and its webhook rows commit together).
+
     Returns:
-        The ids of the incidents opened now (the ones to send to the webhooks).
+        The ids of the incidents opened now.
     """
     opened: list[int] = []
     now = time.time()
@@ -177,6 +189,8 @@ def record(db: Database, run_id: int, run_path: str, alerts: list[Alert], analys
                     (fp, run_id, a.kind, a.cause, a.mechanism, a.onset_step, a.onset_segment, seen_step, a.summary,
                      now, analysis_id, a.group_key(), a.node, a.shard, a.onset_step))
                 opened.append(int(cur.lastrowid))  # type: ignore[arg-type]
+                if on_open is not None:
+                    on_open(c, opened[-1])
         if analysis_id is not None:
             c.execute("INSERT OR IGNORE INTO incident_analyses SELECT id, ? FROM incidents "
                       "WHERE run_id = ? AND status != 'resolved'", (analysis_id, run_id))
@@ -200,8 +214,11 @@ _SELECT = ("SELECT i.*, r.path AS run_path, r.name AS run_name, r.root AS run_ro
            "FROM incidents i JOIN runs r ON r.id = i.run_id")
 
 
-def get(db: Database, incident_id: int) -> dict[str, Any] | None:
-    """One incident with its run's path and group size."""
+def get(db: Database, incident_id: int, conn: sqlite3.Connection | None = None) -> dict[str, Any] | None:
+    """One incident with its run's path and group size (through ``conn`` inside a transaction)."""
+    if conn is not None:
+        row = conn.execute(_SELECT + " WHERE i.id = ?", (incident_id,)).fetchone()
+        return dict(row) if row is not None else None
     return db.one(_SELECT + " WHERE i.id = ?", (incident_id,))
 
 

@@ -4,8 +4,9 @@
 - ``forensics_incidents_open{kind}``: incidents not resolved, by kind.
 - ``forensics_outbox{status}``: webhook bodies pending, sent, failed.
 - ``forensics_analysis_seconds``: analysis latency (load + analyse in the worker), histogram.
-- ``forensics_watcher_lag_seconds``: from a log file's last write to the end of the analysis that
-  read it, histogram (only for files written while the service runs).
+- ``forensics_watcher_lag_seconds``: from the first change of a run not yet analysed (as the watcher
+  noticed it) to the end of the analysis that read it, histogram (only for data written while the
+  service runs).
 - ``forensics_analyses_total{outcome}``: analyses done (``ok``, ``error``).
 """
 
@@ -51,7 +52,7 @@ class ServiceMetrics:
         self.analysis_seconds = Histogram("forensics_analysis_seconds", "Analysis latency (load + analyse).",
                                           buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.watcher_lag = Histogram("forensics_watcher_lag_seconds",
-                                     "From a log file's last write to the end of the analysis that read it.",
+                                     "From the first unanalysed change of a run to the end of the analysis that read it.",
                                      buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.analyses = Counter("forensics_analyses", "Analyses done.", ["outcome"], registry=self.registry)
 

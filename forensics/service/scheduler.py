@@ -92,7 +92,7 @@ class Service:
         self.started = time.time()
         self.pool: WorkerPool | None = None
         self.watcher: Watcher | None = None
-        self._dirty: dict[str, tuple[str, float]] = {}
+        self._dirty: dict[str, tuple[str, float, float]] = {}  # path -> (root, monotonic, wall) of the first change
         self._inflight: set[str] = set()
         self._last_mtime: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,7 +140,7 @@ class Service:
 
     def _mark(self, root: str, path: str) -> None:
         # the first unprocessed change counts: a run written to without pause is still analysed every debounce_s
-        self._dirty.setdefault(path, (root, time.monotonic()))
+        self._dirty.setdefault(path, (root, time.monotonic(), time.time()))
         self._wake.set()
 
     async def _schedule(self) -> None:
@@ -151,18 +151,18 @@ class Service:
                 pass
             self._wake.clear()
             now = time.monotonic()
-            for path, (root, t) in list(self._dirty.items()):
+            for path, (root, t, wall) in list(self._dirty.items()):
                 if path in self._inflight or now - t < self.cfg.debounce_s:
                     continue
                 del self._dirty[path]
                 self._inflight.add(path)
-                asyncio.create_task(self._analyze_task(root, path))
+                asyncio.create_task(self._analyze_task(root, path, wall))
 
-    async def _analyze_task(self, root: str, path: str) -> None:
+    async def _analyze_task(self, root: str, path: str, changed_at: float) -> None:
         try:
             assert self._sem is not None
             async with self._sem:
-                await self.analyze(root, path)
+                await self.analyze(root, path, changed_at)
         except Exception:  # noqa: BLE001, S110 - the next change retries
             pass
         finally:
@@ -177,8 +177,15 @@ class Service:
                 return r
         return None
 
-    async def analyze(self, root: str, path: str) -> dict[str, Any]:
-        """Analyse one run now in its worker and record the result; returns the run's row."""
+    async def analyze(self, root: str, path: str, changed_at: float | None = None) -> dict[str, Any]:
+        """Analyse one run now in its worker and record the result; returns the run's row.
+
+        Args:
+            root: The configured root that holds the run.
+            path: The run's real path.
+            changed_at: When the first change not yet analysed was noticed (wall clock); the watcher lag
+                observed is from then, or from the file's write when that is later, to the end of this analysis.
+        """
         assert self.pool is not None
         t0 = time.perf_counter()
         try:
@@ -186,11 +193,12 @@ class Service:
         except JobError as exc:
             result = {"ok": False, "error": str(exc)}
         elapsed = time.perf_counter() - t0
-        row = await asyncio.to_thread(self._record, root, path, result, elapsed)
+        row = await asyncio.to_thread(self._record, root, path, result, elapsed, changed_at)
         self._deliver_wake.set()
         return row
 
-    def _record(self, root: str, path: str, result: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    def _record(self, root: str, path: str, result: dict[str, Any], elapsed: float,
+                changed_at: float | None) -> dict[str, Any]:
         name = Path(path).relative_to(Path(root).parent).as_posix() if Path(path) != Path(root) else Path(path).name
         run_id = self.db.upsert_run(root, path, name)
         self.metrics.analysis_seconds.observe(elapsed)
@@ -202,8 +210,10 @@ class Service:
             aid = self.db.store_analysis(run_id, body, result["json"], result.get("last_step"), result["duration_s"])
             alerts = self.confirmer.update(path, inc.alerts_of(body), body, result.get("last_step"))
             mt = result.get("max_mtime")
-            if mt is not None and mt > self.started and mt > self._last_mtime.get(path, 0.0):
-                self.metrics.watcher_lag.observe(max(0.0, time.time() - mt))
+            if (changed_at is not None and mt is not None and mt > self.started
+                    and mt > self._last_mtime.get(path, 0.0)):
+                # new data: from the first unanalysed change (noticed, or written if the notice came first)
+                self.metrics.watcher_lag.observe(max(0.0, time.time() - changed_at))
             if mt is not None:
                 self._last_mtime[path] = mt
         else:
@@ -218,9 +228,10 @@ class Service:
                 if self._loop is not None:  # look again once the grace period is over
                     self._loop.call_soon_threadsafe(
                         self._loop.call_later, self.cfg.unreadable_grace_s - age + 0.1, self._mark, root, path)
-        opened = inc.record(self.db, run_id, path, alerts, aid, result.get("last_step"))
-        for iid in opened:
-            incident = inc.get(self.db, iid)
+        def outbox(conn: Any, iid: int) -> None:
+            incident = inc.get(self.db, iid, conn)
             if incident is not None and self.cfg.webhooks:
-                webhooks.enqueue(self.db, incident, body, self.cfg.base_url or "", self.cfg.webhooks)
+                webhooks.enqueue(conn, incident, body, self.cfg.base_url or "", self.cfg.webhooks)
+
+        inc.record(self.db, run_id, path, alerts, aid, result.get("last_step"), on_open=outbox)
         return self.db.one("SELECT * FROM runs WHERE id = ?", (run_id,)) or {}

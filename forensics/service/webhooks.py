@@ -5,7 +5,7 @@ Each ``--webhook URL`` receives one body per incident: the generic JSON body (``
 given as ``slack:https://...`` or one on ``hooks.slack.com``, a Slack-compatible body (``text`` plus
 ``blocks`` with a link; Slack's incoming-webhook format).
 
-Delivery goes through the ``outbox`` table: the rows are written in the same transaction order as the
+Delivery goes through the ``outbox`` table: the rows are written in the same transaction as the
 incident (one per incident, URL and body kind, a UNIQUE key), and a row is marked ``sent`` when the
 receiver answers 2xx. A restart sends only what is still ``pending``, so nothing is sent twice (the
 ``Idempotency-Key`` header carries the incident fingerprint for a receiver that wants to dedupe a
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sqlite3
 import time
 from typing import Any
 
@@ -61,19 +62,22 @@ def slack_body(incident: dict[str, Any], link: str) -> dict[str, Any]:
     ]}
 
 
-def enqueue(db: Database, incident: dict[str, Any], analysis: dict[str, Any] | None, base_url: str,
+def enqueue(conn: sqlite3.Connection, incident: dict[str, Any], analysis: dict[str, Any] | None, base_url: str,
             webhooks: list[str]) -> int:
-    """Write one outbox row per webhook for a newly opened incident; returns the rows added."""
+    """Write one outbox row per webhook for a newly opened incident (inside the caller's transaction).
+
+    Returns:
+        The rows added.
+    """
     link = f"{base_url.rstrip('/')}/runs/{incident['run_id']}#incident-{incident['id']}"
     added = 0
-    with db.tx() as c:
-        for raw in webhooks:
-            kind, url = body_kind(raw)
-            body = slack_body(incident, link) if kind == "slack" else generic_body(incident, analysis, link)
-            cur = c.execute("INSERT OR IGNORE INTO outbox (incident_id, url, body_kind, body, next_at) "
-                            "VALUES (?, ?, ?, ?, ?)", (incident["id"], url, kind, json.dumps(body, default=str),
-                                                       time.time()))
-            added += cur.rowcount
+    for raw in webhooks:
+        kind, url = body_kind(raw)
+        body = slack_body(incident, link) if kind == "slack" else generic_body(incident, analysis, link)
+        cur = conn.execute("INSERT OR IGNORE INTO outbox (incident_id, url, body_kind, body, next_at) "
+                           "VALUES (?, ?, ?, ?, ?)", (incident["id"], url, kind, json.dumps(body, default=str),
+                                                      time.time()))
+        added += cur.rowcount
     return added
 
 
