@@ -52,7 +52,7 @@ class ServiceMetrics:
         self.analysis_seconds = Histogram("forensics_analysis_seconds", "Analysis latency (load + analyse).",
                                           buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.watcher_lag = Histogram("forensics_watcher_lag_seconds",
-                                     "From the first unanalysed change of a run to the end of the analysis that read it.",
+                                     "From the first unanalysed change of a run to the end of its analysis.",
                                      buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.analyses = Counter("forensics_analyses", "Analyses done.", ["outcome"], registry=self.registry)
 
