@@ -134,7 +134,6 @@ def main() -> None:
     root = base / "root"
     root.mkdir()
     sources = _sources()
-    rng = random.Random(0)
     n_static = args.runs - args.appending
     for k in range(n_static):
         src = sources[k % len(sources)]
