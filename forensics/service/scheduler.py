@@ -100,6 +100,7 @@ class Service:
         self._deliver_wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._jobs: set[asyncio.Task] = set()  # running analyses (a reference keeps each task alive)
         self._sem: asyncio.Semaphore | None = None
         self.analyses_done = 0
         self.confirmer = inc.Confirmer()
@@ -156,7 +157,9 @@ class Service:
                     continue
                 del self._dirty[path]
                 self._inflight.add(path)
-                asyncio.create_task(self._analyze_task(root, path, wall))
+                job = asyncio.create_task(self._analyze_task(root, path, wall))
+                self._jobs.add(job)
+                job.add_done_callback(self._jobs.discard)
 
     async def _analyze_task(self, root: str, path: str, changed_at: float) -> None:
         try:
