@@ -26,6 +26,10 @@ _READER: Any = None
 _CACHE: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # path -> (RunData, Analysis)
 _CACHE_RUNS = 8
 """Loaded runs a worker keeps for report rendering (memory bound: the newest 8 per worker)."""
+_FOLLOWED: OrderedDict[str, None] = OrderedDict()
+_FOLLOW_RUNS = 64
+"""Runs whose incremental state (offsets and tables read so far) a worker keeps; the least recently
+analysed beyond these are forgotten and read in full at their next change (memory bound)."""
 
 
 class JobError(Exception):
@@ -83,6 +87,11 @@ def analyze_job(path: str, root: str) -> dict[str, Any]:
     _CACHE.move_to_end(path)
     while len(_CACHE) > _CACHE_RUNS:
         _CACHE.popitem(last=False)
+    _FOLLOWED[path] = None
+    _FOLLOWED.move_to_end(path)
+    while len(_FOLLOWED) > _FOLLOW_RUNS:
+        old, _ = _FOLLOWED.popitem(last=False)
+        _reader().forget(old)
     last_step = int(run.metrics["step"].max()) if run.metrics.height else None
     mtimes = []
     for s in run.sources:
