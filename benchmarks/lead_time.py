@@ -11,7 +11,8 @@ Two modes:
   the last step the service had read when it opened the run's first incident (``seen_step``).
 - ``--mode stepwise``: no server and no clock; the run is analysed after every ``--every`` steps with
   the same incremental reader and the same alert confirmation (:class:`forensics.service.incidents.Confirmer`)
-  as the service. This gives the analyser's own lead time, independent of machine speed.
+  as the service (the last step counts as the run's end: its alerts are final). This gives the
+  analyser's own lead time, independent of machine speed.
 
 Failure step (from the labels): the first non-finite loss (``first_nonfinite_loss``,
 ``first_skipped_step_and_nan_loss``, ``all_padding_batch_nan_loss``) or the divergence
@@ -98,7 +99,7 @@ def stepwise_one(item: dict[str, Any], every: int) -> dict[str, Any]:
             body = json.loads(render(analyze_run(run), None, "json"))
             analyses += 1
             last = int(run.metrics["step"].max())
-            got = conf.update(str(dst), alerts_of(body), body, last)
+            got = conf.update(str(dst), alerts_of(body), body, last, final=k == len(steps) - 1)
             if got:
                 a = got[0]
                 first = {"alert_step": last, "alert_segment": until[0], "alert_kind": a.kind, "alert_cause": a.cause,
@@ -125,8 +126,9 @@ def run_service(items: list[dict[str, Any]], rate: float, concurrent: int, worke
     base = Path(tempfile.mkdtemp(prefix="lead-service-"))
     root = base / "root"
     root.mkdir()
+    settle = 5.0
     srv = Server([root], base / "svc.db", extra=("--workers", str(workers), "--rescan", "2", "--unreadable-grace",
-                                                 "60"))
+                                                 "60", "--settle", str(settle)))
     names = {it["run"]: it["run"].replace("/", "__") for it in items}
     try:
         pending = list(items)
@@ -142,7 +144,7 @@ def run_service(items: list[dict[str, Any]], rate: float, concurrent: int, worke
             active = [(t, it) for t, it in active if t.is_alive()]
         wait_for(lambda: all(r.get("last_analyzed") and r.get("last_step") is not None
                              for r in srv.client.get("/api/runs").json()), timeout=120, what="final analyses")
-        time.sleep(3)
+        time.sleep(settle + 3)  # runs that stopped are final after the settle time
         runs = {r["path"].rpartition("/")[2]: r for r in srv.client.get("/api/runs").json()}
         incidents = srv.client.get("/api/incidents").json()
     finally:

@@ -250,9 +250,11 @@ def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None)
 @click.option("--no-events", is_flag=True, help="Rescans only (no filesystem events).")
 @click.option("--unreadable-grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds a new run may stay unreadable before it is an incident.")
+@click.option("--settle", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds without a change after which a run's alerts are final (no onset confirmation).")
 def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[str, ...], token: str | None,
           public_url: str | None, workers: int, analysis_timeout: float, rescan: float, no_events: bool,
-          unreadable_grace: float) -> None:
+          unreadable_grace: float, settle: float) -> None:
     """Watch ROOT... for runs, alert at the onset, keep every incident, serve API, UI and reports."""
     with _errors(roots[0]):
         import uvicorn
@@ -262,7 +264,8 @@ def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[
 
         cfg = ServiceConfig(roots=list(roots), host=host, port=port, db=db, webhooks=list(hooks), token=token,
                             base_url=public_url, workers=workers, analysis_timeout_s=analysis_timeout,
-                            rescan_s=rescan, events=not no_events, unreadable_grace_s=unreadable_grace)
+                            rescan_s=rescan, events=not no_events, unreadable_grace_s=unreadable_grace,
+                            settle_s=settle)
         if not cfg.loopback and token is None:
             _fail(f"{host}: a non-loopback bind needs --token (or FORENSICS_TOKEN)")
         app = create_app(cfg)

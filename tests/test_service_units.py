@@ -124,6 +124,7 @@ def test_confirmer_waits_for_a_stable_onset() -> None:
               for s in range(10, 60, 5)]
     first = next(i for i, got in enumerate(stable) if got)
     assert 10 + 5 * first >= 42
+    assert c.update("u", [Alert("anomaly", "update_scale_growth", None, 90, 0, "")], body, 120, final=True)
     crit = {"findings": [{"severity": "critical"}]}
     assert c.update("t", [Alert("anomaly", "data_batch", None, 250, 0, "")], crit, 250)
 

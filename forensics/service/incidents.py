@@ -15,7 +15,10 @@ healthy sample run, an ``update_scale_growth`` onset at 50, 51, 52, ... 91 while
 gone afterwards). A real departure stays where it is. So an alert is raised only once the same cause
 has kept its onset within :data:`ONSET_TOLERANCE` steps while at least :data:`CONFIRM_STEPS` new steps
 arrived, except when the analysis holds a ``critical`` finding (non-finite loss or state, an fp16
-overflow): that evidence does not depend on what comes next, and the alert is raised at once.
+overflow): that evidence does not depend on what comes next, and the alert is raised at once. A run
+that has stopped changing (its newest log older than the settle time, ``--settle``: a finished run
+seen for the first time, or a live run that stopped after the onset) is final: its alerts are raised
+as they stand, as ``forensics analyze`` would report them.
 
 Fingerprint = (run, cause or kind, onset). :func:`record` opens an incident for a new fingerprint,
 unless the run already has an unresolved incident for the same cause: a live run's onset estimate can
@@ -125,9 +128,18 @@ class Confirmer:
         self.confirm_steps, self.tolerance = confirm_steps, tolerance
         self._cand: dict[tuple[str, str], tuple[int | None, int | None, int]] = {}  # -> (segment, onset, since)
 
-    def update(self, run: str, alerts: list[Alert], body: dict[str, Any], last_step: int | None) -> list[Alert]:
-        """The alerts of this analysis that are confirmed now (or were, and still are)."""
-        critical = any(f.get("severity") == "critical" for f in body.get("findings") or [])
+    def update(self, run: str, alerts: list[Alert], body: dict[str, Any], last_step: int | None,
+               final: bool = False) -> list[Alert]:
+        """The alerts of this analysis that are confirmed now (or were, and still are).
+
+        Args:
+            run: The run's key.
+            alerts: :func:`alerts_of` this analysis.
+            body: The analysis (the JSON contract).
+            last_step: The last step read.
+            final: The run has stopped changing: every alert stands as it is.
+        """
+        critical = final or any(f.get("severity") == "critical" for f in body.get("findings") or [])
         out, live = [], set()
         for a in alerts:
             key = (run, a.cause or a.kind)
@@ -142,9 +154,13 @@ class Confirmer:
                 continue
             if last_step - cand[2] >= self.confirm_steps:
                 out.append(a)
-        for key in [k for k in self._cand if k[0] == run and k not in live]:
+        for key in [k for k in self._cand if k[0] == run and (k not in live or critical)]:
             del self._cand[key]
         return out
+
+    def pending(self, run: str) -> bool:
+        """True while an alert of ``run`` waits for confirmation."""
+        return any(k[0] == run for k in self._cand)
 
 
 def unreadable(message: str) -> Alert:

@@ -5,9 +5,10 @@ after each change, prints each new alert (:func:`forensics.service.incidents.ale
 onset and the last step read, posts it to the webhooks, and ends:
 
 - exit 1 as soon as the verdict is ``anomaly`` and its alert is confirmed (``incidents.Confirmer``);
-- exit 0 when the run *ends* without one: its last step reaches the final step (``--final-step``, or
-  the run's own configuration: ``max_steps``, ``total_steps``, ``train_iters``, ``num_train_steps``,
-  ``steps``), or no new record arrived for ``--idle-timeout`` seconds;
+- when the run *ends* (its last step reaches the final step: ``--final-step``, or the run's own
+  configuration: ``max_steps``, ``total_steps``, ``train_iters``, ``num_train_steps``, ``steps``; or no
+  new record arrived for ``--idle-timeout`` seconds) its alerts are final: exit 1 when the verdict is
+  ``anomaly``, else 0;
 - exit 2 when the folder never yields a readable record within ``--idle-timeout``.
 """
 
@@ -65,35 +66,45 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
                     return 2
                 time.sleep(interval_s)
                 continue
+            ended = None
             if run.metrics.height != last_records:
                 last_records, last_change = run.metrics.height, time.monotonic()
-                analysis = analyze_run(run)
-                body = json.loads(render(analysis, None, "json"))
+                body = json.loads(render(analyze_run(run), None, "json"))
                 last_step = int(run.metrics["step"].max()) if run.metrics.height else None
-                for a in confirmer.update(str(run_dir), inc.alerts_of(body), body, last_step):
-                    key = a.cause or a.kind
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    onset = f"onset at step {a.onset_step}" if a.onset_step is not None else "no onset"
-                    echo(f"ALERT {a.kind}: {a.cause} ({a.mechanism or '-'}), {onset} (segment {a.onset_segment}); "
-                         f"alerted with step {last_step} read: {a.summary}")
-                    _post(hooks, a, body, run_dir, last_step, echo)
+                end = final_step or final_step_of(run.meta)
+                if end is not None and last_step is not None and last_step >= end:
+                    ended = f"the run reached its final step {end}"
+                _alert(confirmer.update(str(run_dir), inc.alerts_of(body), body, last_step, final=ended is not None),
+                       seen, body, run_dir, last_step, hooks, echo)
                 if body.get("verdict") == "anomaly" and seen:
                     echo(body.get("summary", "anomaly"))
                     return 1
-                end = final_step or final_step_of(run.meta)
-                if end is not None and last_step is not None and last_step >= end:
-                    echo(f"run reached its final step {end}: {body.get('summary')}")
-                    return 0
             elif time.monotonic() - last_change > idle_timeout_s:
+                ended = f"no new record for {idle_timeout_s:g} s; the run has ended"
+                _alert(confirmer.update(str(run_dir), inc.alerts_of(body or {}), body or {}, None, final=True),
+                       seen, body or {}, run_dir, None, hooks, echo)
+            if ended is not None:
                 verdict = (body or {}).get("verdict")
-                echo(f"no new record for {idle_timeout_s:g} s; the run has ended: "
-                     f"{(body or {}).get('summary', verdict)}")
+                echo(f"{ended}: {(body or {}).get('summary', verdict)}")
                 return 1 if verdict == "anomaly" else 0
             time.sleep(interval_s)
     finally:
         reader.close()
+
+
+def _alert(alerts: list[inc.Alert], seen: set[str], body: dict[str, Any], run_dir: Path, last_step: int | None,
+           hooks: tuple[str, ...], echo: Callable[[str], None]) -> None:
+    """Print and post each alert not printed before."""
+    for a in alerts:
+        key = a.cause or a.kind
+        if key in seen:
+            continue
+        seen.add(key)
+        onset = f"onset at step {a.onset_step}" if a.onset_step is not None else "no onset"
+        read = f"alerted with step {last_step} read" if last_step is not None else "alerted after the run ended"
+        echo(f"ALERT {a.kind}: {a.cause} ({a.mechanism or '-'}), {onset} (segment {a.onset_segment}); {read}: "
+             f"{a.summary}")
+        _post(hooks, a, body, run_dir, last_step, echo)
 
 
 def _post(hooks: tuple[str, ...], a: inc.Alert, body: dict[str, Any], run_dir: Path, last_step: int | None,

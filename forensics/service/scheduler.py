@@ -48,6 +48,9 @@ class ServiceConfig:
         unreadable_grace_s: A run that cannot be read is an ``unreadable`` incident only once it has
             existed this long (a live run's first seconds may hold no complete record yet).
         max_body_bytes: Largest request body accepted.
+        settle_s: A run whose newest log is older than this has stopped changing: its alerts are final
+            (:class:`forensics.service.incidents.Confirmer`); a run with an alert still waiting for
+            confirmation is looked at again once this long has passed without a change.
     """
 
     roots: list[Path]
@@ -64,6 +67,7 @@ class ServiceConfig:
     debounce_s: float = 0.3
     unreadable_grace_s: float = 30.0
     max_body_bytes: int = 64 * 1024
+    settle_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.roots = [Path(r).expanduser().resolve() for r in self.roots]
@@ -211,8 +215,12 @@ class Service:
         if result.get("ok"):
             body = json.loads(result["json"])
             aid = self.db.store_analysis(run_id, body, result["json"], result.get("last_step"), result["duration_s"])
-            alerts = self.confirmer.update(path, inc.alerts_of(body), body, result.get("last_step"))
             mt = result.get("max_mtime")
+            final = mt is None or time.time() - mt >= self.cfg.settle_s
+            alerts = self.confirmer.update(path, inc.alerts_of(body), body, result.get("last_step"), final=final)
+            if self.confirmer.pending(path) and self._loop is not None and mt is not None:
+                wait = max(0.1, self.cfg.settle_s - (time.time() - mt) + 0.1)  # final by then, unless it changes
+                self._loop.call_soon_threadsafe(self._loop.call_later, wait, self._mark, root, path)
             if (changed_at is not None and mt is not None and mt > self.started
                     and mt > self._last_mtime.get(path, 0.0)):
                 # new data: from the first unanalysed change (noticed, or written if the notice came first)
