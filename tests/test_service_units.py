@@ -172,17 +172,18 @@ def test_watch_exits_1_at_the_onset_and_0_when_healthy(tmp_path: Path) -> None:
     t.join()
     assert p.returncode == 1, err
     assert "ALERT anomaly: data_batch" in out and "onset at step 250" in out
+    from forensics.service.live import watch
+
     healthy = tmp_path / "healthy"
     replay(SAMPLES / "healthy", healthy, steps_per_tick=1000, tick_s=0)
-    p = _watch(healthy, "--idle-timeout", "1")
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 0, out + err
-    assert "final step 400" in err and "healthy" in err
+    lines: list[str] = []
+    assert watch(healthy, interval_s=0.1, idle_timeout_s=5, echo=lines.append) == 0
+    assert any("final step 400" in ln and "healthy" in ln for ln in lines), lines
     empty = tmp_path / "empty"
     empty.mkdir()
-    p = _watch(empty, "--idle-timeout", "0.5")
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 2 and "forensics: error:" in err and "Traceback" not in err
+    lines.clear()
+    assert watch(empty, interval_s=0.1, idle_timeout_s=0.3, echo=lines.append) == 2
+    assert lines[-1].startswith("forensics: error:") and str(empty) in lines[-1]
 
 
 def test_non_loopback_bind_needs_the_token(tmp_path: Path) -> None:
@@ -190,16 +191,15 @@ def test_non_loopback_bind_needs_the_token(tmp_path: Path) -> None:
     import asyncio
 
     import httpx
+    from click.testing import CliRunner
 
+    from forensics.cli import main
     from forensics.service.app import create_app
     from forensics.service.scheduler import ServiceConfig
 
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("FORENSICS_TOKEN", None)
-    p = subprocess.run([sys.executable, "-c", "from forensics.cli import main; main()", "serve", str(tmp_path),
-                        "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")], env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert p.returncode == 2 and "needs --token" in p.stderr and "Traceback" not in p.stderr
+    res = CliRunner().invoke(main, ["serve", str(tmp_path), "--host", "0.0.0.0", "--db", str(tmp_path / "x.db")],
+                             env={"FORENSICS_TOKEN": None})
+    assert res.exit_code == 2 and "needs --token" in res.output and "Traceback" not in res.output
     app = create_app(ServiceConfig(roots=[tmp_path], host="0.0.0.0", db=tmp_path / "s.db", token="t0ken"))
 
     async def go() -> tuple[int, int, int, int]:
