@@ -209,3 +209,17 @@ def test_non_loopback_bind_needs_the_token(tmp_path: Path) -> None:
                     (await c.get("/healthz")).status_code)
 
     assert asyncio.run(go()) == (401, 401, 200, 200)
+
+
+def test_history_keeps_rows_and_drops_repeated_bodies(tmp_path: Path) -> None:
+    """A repeated (verdict, cause, onset) keeps its history row but not its body; a change keeps both."""
+    db = sdb.Database(tmp_path / "h.db")
+    rid = db.upsert_run("/r", "/r/a", "a")
+    same = {"verdict": "healthy", "cause": None, "onset": None}
+    ids = [db.store_analysis(rid, same, f'{{"v": {k}}}', k, 0.1) for k in range(3)]
+    changed = {"verdict": "anomaly", "cause": "overflow", "onset": {"step": 9, "segment": 0}}
+    ids.append(db.store_analysis(rid, changed, '{"v": 3}', 3, 0.1))
+    bodies = [db.one("SELECT body FROM analyses WHERE id = ?", (i,))["body"] for i in ids]
+    assert bodies == ["", "", '{"v": 2}', '{"v": 3}']
+    assert db.one("SELECT analysis_id FROM runs")["analysis_id"] == ids[-1]
+    db.close()

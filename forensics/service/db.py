@@ -9,7 +9,10 @@ each, so an older database is upgraded in place on start.
 Tables:
 
 - ``runs``: one row per run folder found under a root (``path`` unique), with its latest verdict.
-- ``analyses``: every analysis of a run (the JSON contract of DESIGN.md section 7, as text).
+- ``analyses``: every analysis of a run (when, verdict, cause, onset, last step) with its body (the
+  JSON contract of DESIGN.md section 7, as text); a body is dropped when the next analysis of the run
+  says the same (verdict, cause, onset) and no incident was opened on it, so a live run's history
+  costs a row per analysis, not a report per analysis.
 - ``incidents``: one row per fingerprint (run, cause, onset), its kind (``anomaly``, ``early_warning``,
   ``unreadable``), status (``open``, ``acked``, ``resolved``) and the group key of recurring incidents.
 - ``incident_analyses``: every later analysis of the run while the incident exists.
@@ -234,6 +237,13 @@ class Database:
         onset = body.get("onset") or {}
         now = time.time()
         with self.tx() as c:
+            prev = c.execute("SELECT a.id, a.verdict, a.cause, a.onset_step FROM runs r JOIN analyses a "
+                             "ON a.id = r.analysis_id WHERE r.id = ?", (run_id,)).fetchone()
+            if (prev is not None and (prev["verdict"], prev["cause"], prev["onset_step"])
+                    == (body.get("verdict"), body.get("cause"), onset.get("step"))
+                    and not c.execute("SELECT 1 FROM incidents WHERE analysis_id = ?", (prev["id"],)).fetchone()):
+                # the same finding again on more data: keep the row (history), drop the superseded body
+                c.execute("UPDATE analyses SET body = '' WHERE id = ?", (prev["id"],))
             cur = c.execute(
                 "INSERT INTO analyses (run_id, at, verdict, cause, onset_step, last_step, duration_s, body) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
