@@ -184,6 +184,16 @@ def test_ui_shows_incident_and_ack_works(env: dict) -> None:
     assert srv.client.get(f"/api/incidents/{inc['id']}").json()["status"] == "acked"
 
 
+def test_compare_two_runs(env: dict) -> None:
+    """The compare page serves ``forensics compare``'s report of two runs."""
+    srv = env["srv"]
+    runs = _settled(srv)
+    r = srv.client.get("/api/compare.html", params={"a": runs["healthy"]["id"], "b": runs["data_batch"]["id"]})
+    assert r.status_code == 200 and "<html" in r.text.lower() and "data_batch" in r.text
+    page = srv.client.get("/compare", params={"a": runs["healthy"]["id"], "b": runs["data_batch"]["id"]}).text
+    assert "/api/compare.html?a=" in page
+
+
 def test_escaped_rendering(env: dict, tmp_path: Path) -> None:
     """A run name with markup is rendered escaped."""
     srv, root = env["srv"], env["root"]

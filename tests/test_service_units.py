@@ -223,3 +223,21 @@ def test_history_keeps_rows_and_drops_repeated_bodies(tmp_path: Path) -> None:
     assert bodies == ["", "", '{"v": 2}', '{"v": 3}']
     assert db.one("SELECT analysis_id FROM runs")["analysis_id"] == ids[-1]
     db.close()
+
+
+def test_worker_time_limit_kills_and_replaces_the_worker() -> None:
+    """A job past its time limit is a JobError; the worker is killed and a fresh one answers the next job."""
+    import time
+
+    from forensics.service.worker import JobError, WorkerPool
+
+    pool = WorkerPool(1, timeout_s=60)
+    try:
+        first = pool.run("run", os.getpid)
+        t0 = time.monotonic()
+        with pytest.raises(JobError, match="time limit"):
+            pool.run("run", time.sleep, 30, timeout_s=1.0)
+        assert time.monotonic() - t0 < 15
+        assert pool.run("run", os.getpid) != first
+    finally:
+        pool.close()

@@ -322,7 +322,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         ra, rb = await asyncio.to_thread(_run_or_404, a), await asyncio.to_thread(_run_or_404, b)
         try:
             assert svc.pool is not None
-            text = await asyncio.to_thread(svc.pool.run, rb["path"], compare_job, ra["path"], rb["path"])
+            text = await asyncio.to_thread(svc.pool.run, rb["path"], compare_job, ra["path"], ra["root"], rb["path"],
+                                           rb["root"])
         except JobError as exc:
             raise HTTPException(503, str(exc)) from None
         return HTMLResponse(text)

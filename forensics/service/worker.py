@@ -124,11 +124,23 @@ def report_job(path: str, root: str, fmt: str, link: str | None = None) -> str:
     return render(analysis, None, "markdown", html_path=link)
 
 
-def compare_job(proxy: str, target: str) -> str:
-    """The compare report (HTML) of two runs (``forensics compare`` through its public functions)."""
+def compare_job(proxy: str, proxy_root: str, target: str, target_root: str) -> str:
+    """The compare report (HTML) of two runs (``forensics compare`` through its public functions).
+
+    ``forensics.compare`` reads the runs itself, so a run holding a symlink out of its root is refused first.
+
+    Raises:
+        forensics.errors.InputError: A file of either run leaves its root.
+    """
     from forensics.compare import compare
+    from forensics.errors import InputError
     from reports.compare_report import render_html
 
+    for run, root in ((proxy, proxy_root), (target, target_root)):
+        real_root = Path(root).resolve()
+        for p in Path(run).rglob("*"):
+            if p.is_symlink() and not p.resolve().is_relative_to(real_root):
+                raise InputError(p, "symlink out of the watched root: not compared")
     return render_html(compare(proxy, target))
 
 
