@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import canonical_metric
@@ -38,6 +40,7 @@ from parsers.lines import (
     fairseq,
     generic,
     hf_stdout,
+    kv,
     megatron,
     nanogpt,
     nemo,
@@ -47,7 +50,8 @@ from parsers.lines.pyrepr import flatten
 
 FORMAT = "textlog"
 HEAD_BYTES = 64 * 1024
-_MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic)
+_MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic, kv)
+_TRAPS = _MODULES[:-1]  # the framework modules, each kept for a trap; kv (the general reader) always goes last
 _LOG_NAMES = ("log", "stdout", "stderr", "output")
 _PRECISION = {"megatron": "%.6E", "fairseq": "%.3f", "metaseq": "%.3f", "hf_trainer_stdout": "float64",
               "imagenet": "%.4f", "torchtitan": "%.4f", "nemo": "%.4g",
@@ -57,6 +61,8 @@ _QUIET_META = {"step_source", "value_format", "loss_scale_zero_means_small", "ba
 _ERROR_KINDS = {"error", "hardware_error", "oom"}
 _MAX_DAMAGED = 20
 _TB = "Traceback (most recent call last)"
+_BAR = re.compile(r"\d%\|")
+_TRACEBACK = object()  # asm.line's answer for a line inside a traceback
 _TQDM = re.compile(r"^[^{|]{0,80}\d+%\|[^|]{0,200}\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
@@ -71,10 +77,38 @@ def _recognised(text: str) -> bool:
     return False
 
 
+_SCAN_BYTES = 64 << 20  # how far sniff looks for metric lines (after a script dump, a banner, a traceback)
+_CAND = re.compile(kv.CANDIDATE)
+
+
+def _metric_lines_later(path: Path) -> bool:
+    """True when a general metric line with a step appears anywhere in the first 64 MiB (read in 1 MiB pieces)."""
+    seen = 0
+    tail = b""
+    with open_binary(path) as fh:
+        while seen < _SCAN_BYTES:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                return False
+            if b"\0" in chunk:
+                return False
+            seen += len(chunk)
+            data = tail + chunk
+            cut = data.rfind(b"\n")
+            data, tail = (data, b"") if cut < 0 else (data[:cut], data[cut + 1:])
+            for line in data.decode("utf-8", errors="replace").splitlines():
+                if _CAND.search(line):
+                    r = kv.parse_line(common.clean(line), {})
+                    if r is not None and r.step is not None:
+                        return True
+    return False
+
+
 def sniff(path: Path) -> bool:
     """True for text logs: ``*.log|out|err``, ``stdout*``, log-like ``*.txt``, or any text with a metric line.
 
-    Never raises.
+    The metric line may come after 64 KiB of other text (a script that prints its own source first):
+    the first 64 MiB are searched. Never raises.
     """
     try:
         if not path.is_file():
@@ -88,8 +122,8 @@ def sniff(path: Path) -> bool:
             return True
         text = head.decode("utf-8", errors="replace")
         if suffix == ".txt":
-            return any(k in name for k in _LOG_NAMES) or _recognised(text)
-        return suffix == "" and _recognised(text)
+            return any(k in name for k in _LOG_NAMES) or _recognised(text) or _metric_lines_later(path)
+        return suffix == "" and (_recognised(text) or _metric_lines_later(path))
     except (OSError, ValueError, EOFError):
         return False
 
@@ -120,6 +154,11 @@ class _Assembler:
         self.tb: list[str] | None = None
         self.order = list(_MODULES)
         self.skipped: list[Skip] = []
+        self.skip_counts: Counter[str] = Counter()
+        self.rank: int | None = None
+        self.ranks: Counter[int] = Counter()
+        self.rank_last: dict[int, int] = {}
+        self.rank_seen: set[tuple[int, int, str]] = set()
 
     # -- segments and events -------------------------------------------------------------------
     def brk(self) -> None:
@@ -127,6 +166,7 @@ class _Assembler:
             self.segment += 1
             self.seg_rows = 0
             self.last_step = None
+            self.rank_last = {}
             self.scale = None
 
     def event(self, kind: str, message: str, step: int | None) -> None:
@@ -223,13 +263,46 @@ class _Assembler:
         if r.metrics:
             self.metrics(r)
 
+    def rank_rows(self, step: int, metrics: list) -> list:
+        """The metrics of a rank-prefixed line that no rank logged yet at this (segment, step).
+
+        Interleaved ranks (``[rank3]:``, ``3: ``) are one run: a value that several ranks print is kept
+        once (the first rank's), a step that only one rank printed is kept, and the rank is counted in
+        ``meta["ranks"]``; a rank's step never goes back because another rank is behind.
+        """
+        if self.rank is None:
+            return metrics
+        self.ranks[self.rank] += 1
+        out = []
+        for m in metrics:
+            key = (self.segment, step, m[0])
+            if key not in self.rank_seen:
+                self.rank_seen.add(key)
+                out.append(m)
+        if len(out) < len(metrics):
+            self.skip_counts["values another rank already logged"] += len(metrics) - len(out)
+        return out
+
+    def went_back(self, step: int) -> bool:
+        """True when the current rank's step goes back (a restart), per rank when lines carry one."""
+        last = self.last_step if self.rank is None else self.rank_last.get(self.rank)
+        return last is not None and step < last
+
+    def set_last(self, step: int) -> None:
+        self.last_step = step
+        if self.rank is not None:
+            self.rank_last[self.rank] = step
+
     def metrics(self, r: LineRecord) -> None:
         step = r.step if r.step is not None else self.any_step
         if step is None:
+            self.skip_counts["metric line before any step"] += 1
             return
-        if r.step is not None and self.last_step is not None and r.step < self.last_step:
+        if r.step is not None and self.went_back(r.step):
             self.brk()
-        metrics = dedupe_canonical(r.metrics)
+        metrics = self.rank_rows(step, dedupe_canonical(r.metrics))
+        if not metrics:
+            return
         if r.agg_last:
             for name, tag, value in metrics:
                 key = (self.segment, step, name)
@@ -250,45 +323,89 @@ class _Assembler:
         if r.has_loss is not None:
             self.loss_lines.append((self.segment, step, r.has_loss, r.wall_time))
         if r.step is not None:
-            self.last_step = step
+            self.set_last(step)
         self.any_step = step
         self.activity = True
         self.launch_open = False
         self.block_kinds.clear()
         self.last_ckpt = None
 
+    def bulk(self, lines: list[tuple[int | None, list, float | None, int | None]]) -> None:
+        """Metric lines read by the general reader (:mod:`parsers.lines.kv`) in bulk, in file order.
+
+        Each item is ``(step or None, [(metric, tag, value)], wall_time, rank)``; the rules are those of
+        :meth:`metrics` for a general line (a step that goes back opens a segment; a line without a step
+        belongs to the last step seen; another rank's lines are counted, not kept).
+        """
+        rows = self.rows
+        for step, mets, wall, rank in lines:
+            self.rank = rank
+            explicit = step is not None
+            if step is None:
+                step = self.any_step
+                if step is None:
+                    self.skip_counts["metric line before any step"] += 1
+                    continue
+            if explicit and self.went_back(step):
+                self.brk()
+            mets = self.rank_rows(step, dedupe_canonical(mets))
+            if not mets:
+                continue
+            rows.extend(self.segment, step, mets, wall)
+            self.frameworks["generic"] += len(mets)
+            self.seg_rows += len(mets)
+            if explicit:
+                self.set_last(step)
+            self.any_step = step
+        if lines:
+            self.activity = True
+            self.launch_open = False
+            self.block_kinds.clear()
+            self.last_ckpt = None
+
     # -- one line --------------------------------------------------------------------------------
-    def line(self, line: str, lineno: int) -> None:
+    def line(self, line: str, lineno: int) -> Any:
+        """Handle one cleaned line; returns the module that read it (``None``: nobody, or inside a traceback)."""
         if self.tb is not None:
             if not line or line[0] in " \t" or line.startswith(("File ", "During handling", "The above")):
-                return
+                self.skip_counts["traceback"] += 1
+                return _TRACEBACK
             m = common.EXC_LINE.match(line.strip())
             self.tb = None
             if m:
                 self.event(common.error_kind(line), line.strip()[:500], None)
-                return
+                return _TRACEBACK
             self.event("error", f"line {lineno}: traceback without an exception line", None)
         if line.startswith(_TB) or line.endswith(_TB + ":"):  # after a tqdm bar drawn without a newline too
             self.end_dump(lineno)
             self.tb = []
-            return
+            return _TRACEBACK
         if not line.strip() or (_TQDM.match(line) and "=" not in line):  # NeMo bars carry metrics after '='
-            return
+            self.skip_counts["blank or progress bar"] += 1
+            return None
         for mod in self.order:
+            if mod is kv:  # checkpoint, resume, configuration and job-end lines are events, not metric lines
+                r = common.parse_line(line, self.state, nan_text=False)
+                if r is not None:
+                    self.record(r, lineno)
+                    return common
+                if "%|" in line and _BAR.search(line):  # a progress bar repeats stale values: the NeMo
+                    break                                  # module's trap; a bar it refused is not read
             r = mod.parse_line(line, self.state)
             if r is not None:
-                if r.metrics and mod is not self.order[0]:  # the framework that logs metrics goes first
-                    self.order.remove(mod)
-                    self.order.insert(0, mod)
+                if r.metrics and mod is not self.order[0] and mod is not kv:  # the framework that logs
+                    self.order.remove(mod)                                     # metrics goes first; the
+                    self.order.insert(0, mod)                                  # general reader stays last
                 self.record(r, lineno)
-                return
+                return mod
         r = common.parse_line(line, self.state)
         if r is not None:
             self.record(r, lineno)
-            return
+            return common
         self.end_dump(lineno)
         if common.is_error_line(line):
             self.event(common.error_kind(line), line.strip()[:500], None)
+        return None
 
     # -- end of file -----------------------------------------------------------------------------
     def finish(self, lineno: int) -> tuple[list[bool] | None, dict[str, Any]]:
@@ -339,11 +456,133 @@ class _Assembler:
             self.meta["args_history"] = self.history
         self.meta["lines"] = lineno
         self.meta["segments"] = self.segment + 1
+        for k, v in kv.meta_of(self.state).items():
+            self.meta.setdefault(k, v)
+        if self.ranks:
+            self.meta["ranks"] = {"metric_lines_per_rank": dict(sorted(self.ranks.items())),
+                                  "why": "interleaved rank-prefixed lines are one run: a value several ranks print "
+                                         "is kept once, a rank's step never reads as a restart of another's"}
+        if self.skip_counts:
+            self.meta["skipped_lines"] = dict(self.skip_counts)
         return keep, self.meta
 
 
 def _both_nan(a: Any, b: Any) -> bool:
     return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
+_BLOCK = 1 << 16  # lines per block: memory stays bounded, polars' kernels stay busy
+_RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
+_RANK_NUM = r"^(\d{1,5}):\s"
+_ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_DIGITS = r"[0-9]+"
+_ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
+
+
+def _clean_block(pieces: list[str]) -> tuple[pl.Series, list[int | None]]:
+    """:func:`parsers.lines.common.clean` over many lines at once, with each line's rank prefix.
+
+    Returns:
+        The cleaned lines and, per line, the rank of a ``[rankN]:``/``[defaultN]:``/``N: `` prefix (or None).
+    """
+    t = pl.Series("t", pieces, dtype=pl.Utf8)
+    if t.str.contains("\x1b", literal=True).any():
+        t = t.str.replace_all(_ANSI, "")
+    df = pl.DataFrame({"t": t}).select(
+        "t",
+        pl.col("t").str.extract(_RANK_BRACKET, 1).cast(pl.Int64, strict=False).alias("r1"),
+        pl.col("t").str.extract(_RANK_NUM, 1).cast(pl.Int64, strict=False).alias("r2"),
+    ).select(
+        "t", "r1", "r2",
+        pl.col("t").str.replace(_RANK_BRACKET, "").alias("c1"),
+        pl.col("t").str.replace(_RANK_NUM, "").alias("c2"),
+    ).select(
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("c1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("c2"))
+        .otherwise(pl.col("t")).str.strip_chars_end().alias("line"),
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("r1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("r2"))
+        .alias("rank"),
+    )
+    return df.get_column("line"), df.get_column("rank").to_list()
+
+
+def _wall_times(lines: pl.Series) -> list[float | None]:
+    """:func:`parsers.lines.common.wall_time` over many lines (ISO timestamps vectorised; others per line)."""
+    head = lines.str.slice(0, 64)
+    g = pl.DataFrame({"h": head}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
+    g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
+    stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
+                           pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
+    out = g.select(
+        (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
+         .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
+         .fill_null(0.0)).alias("w"),
+        pl.col("y").is_null().alias("none"),
+    )
+    walls = out.get_column("w").to_list()
+    missing = out.get_column("none").to_list()
+    hl = head.to_list()
+    for i, miss in enumerate(missing):
+        if miss and "/" in hl[i]:
+            walls[i] = common.wall_time(hl[i])
+    return walls
+
+
+class _Reader:
+    """Feeds blocks of lines to the assembler: the general reader's lines in bulk, the rest one by one.
+
+    A line that may be a metric line (:data:`parsers.lines.kv.CANDIDATE`) is reduced to its *shape* (digits
+    replaced). The first line of each shape goes through the framework modules and the general reader
+    one by one; when the general reader took it, every later line of that shape is read in bulk by
+    :func:`parsers.lines.kv.parse_block` (a framework module's trap is never bypassed: its shapes are
+    never bulk-read).
+    """
+
+    def __init__(self, asm: _Assembler) -> None:
+        self.asm = asm
+        self.owned: dict[str, bool] = {}
+
+    def block(self, pieces: list[str], lineno: int) -> int:
+        if not pieces:
+            return lineno
+        linenos = []
+        for p in pieces:
+            linenos.append(lineno)
+            lineno += p.endswith("\n")
+        lines, ranks = _clean_block(pieces)
+        cand_mask = lines.str.contains(kv.CANDIDATE)
+        cand_idx = cand_mask.arg_true().to_list()
+        parsed: dict[int, tuple[int | None, list]] = {}
+        shapes: dict[int, str] = {}
+        walls: dict[int, float | None] = {}
+        if cand_idx:
+            cl = lines.gather(cand_idx)
+            for pos, step, mets in kv.lines_of(kv.parse_block(cl), self.asm.state):
+                parsed[cand_idx[pos]] = (step, mets)
+            shapes = dict(zip(cand_idx, cl.str.replace_all(_DIGITS, "#").to_list(), strict=True))
+            walls = dict(zip(cand_idx, _wall_times(cl), strict=True))
+        text = lines.to_list()
+        asm, owned = self.asm, self.owned
+        pending: list[tuple[int | None, list, float | None, int | None]] = []
+        for i, line in enumerate(text):
+            sh = shapes.get(i)
+            if sh is not None and owned.get(sh) and asm.tb is None and i in parsed:
+                if not pending and asm.dump is not None:
+                    asm.end_dump(linenos[i])
+                step, mets = parsed[i]
+                pending.append((step, mets, walls[i], ranks[i]))
+                continue
+            if pending:
+                asm.bulk(pending)
+                pending = []
+            asm.rank = ranks[i]
+            mod = asm.line(line, linenos[i])
+            if sh is not None and sh not in owned:
+                owned[sh] = mod is kv
+        if pending:
+            asm.bulk(pending)
+        return lineno
 
 
 def read(path: Path, root: Path) -> ParseResult:
@@ -362,27 +601,30 @@ def read(path: Path, root: Path) -> ParseResult:
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     skipped: list[Skip] = []
     asm = _Assembler(rel)
+    reader = _Reader(asm)
     lineno = 1
-    pending: str | None = None
+    buf: list[str] = []
     try:
         with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
             for piece in fh:
-                if pending is not None:
-                    asm.line(common.clean(pending), lineno)
-                    lineno += pending.endswith("\n")
-                pending = piece
+                buf.append(piece)
+                if len(buf) > _BLOCK:
+                    last = buf.pop()  # the newest piece waits: it may be the unterminated last line
+                    lineno = reader.block(buf, lineno)
+                    buf = [last]
     except (OSError, EOFError) as exc:
-        if lineno == 1 and pending is None:
+        if lineno == 1 and not buf:
             raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
         why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
-        skipped.append(Skip(f"{rel}:{lineno}", why))
-    if pending is not None:
-        if pending.endswith(("\n", "\r")):
-            asm.line(common.clean(pending), lineno)
-            lineno += pending.endswith("\n")
-        elif pending.strip():
+        skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
+    if buf and not buf[-1].endswith(("\n", "\r")):
+        last = buf.pop()
+        lineno = reader.block(buf, lineno)
+        if last.strip():
             skipped.append(Skip(f"{rel}:{lineno}", "unterminated last line (the writer was killed mid-line); "
                                                    "not parsed"))
+    else:
+        lineno = reader.block(buf, lineno)
     lines = lineno - 1
     keep, meta = asm.finish(lines)
     skipped[:0] = asm.skipped

@@ -113,12 +113,14 @@ def is_error_line(text: str) -> bool:
     return bool(HARDWARE.search(s) or OOM.search(s) or _ERRORISH.match(s) or EXC_LINE.match(s))
 
 
-def parse_line(line: str, state: dict) -> LineRecord | None:
+def parse_line(line: str, state: dict, *, nan_text: bool = True) -> LineRecord | None:
     """Framework-neutral lines: checkpoint load/save, resume, NaN notices, job end, versions.
 
     Args:
         line: A cleaned line.
         state: Per-file state (unused).
+        nan_text: Whether to take a line that says the loss is NaN (``False``: leave it to the metric
+            readers first, so that ``step 5 | loss nan`` keeps its row).
 
     Returns:
         A record, or ``None``.
@@ -139,7 +141,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return LineRecord("common", events=[("checkpoint_saved", s[:300], step_in(s))])
     if _JOB_END.search(s):
         return LineRecord("common", events=[("job_end", s[:300], None)])
-    if _NAN_TEXT.search(s):
+    if nan_text and _NAN_TEXT.search(s):
         return LineRecord("common", events=[("nan_detected", s[:300], step_in(s))])
     if "==" in s and _VERSIONS_LINE.match(s):
         return LineRecord("common", meta={"versions": dict(_VERSIONS.findall(s))})
