@@ -1,6 +1,7 @@
 """The ``forensics`` command line (click group).
 
-Exit codes: 0 nothing at or above ``--fail-on``; 1 findings; 2 usage or input error.
+Exit codes: 0 nothing at or above ``--fail-on``; 1 findings; 2 usage or input error; 3 inconclusive
+(the training objective was not found: map it with ``--metric loss=COLUMN``).
 Payload to stdout or ``-o``; the summary and progress to stderr.
 """
 
@@ -20,6 +21,8 @@ from forensics.errors import ForensicsError
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
+EXIT_INCONCLUSIVE = 3
+"""The verdict is ``inconclusive``: the training objective was not found (not an error, not healthy)."""
 
 _FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown
 
@@ -93,6 +96,8 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
         if output is not None:
             click.echo(f"report written to {output}", err=True)
+    if analysis.verdict == "inconclusive":
+        sys.exit(EXIT_INCONCLUSIVE)
     levels = {"healthy": 0, "transient": 1, "anomaly": 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)

@@ -551,7 +551,7 @@ class _Reader:
             linenos.append(lineno)
             lineno += p.endswith("\n")
         lines, ranks = _clean_block(pieces)
-        cand_mask = lines.str.contains(kv.CANDIDATE)
+        cand_mask = lines.str.contains(kv.CANDIDATE) & ~lines.str.contains(kv.CODE)
         cand_idx = cand_mask.arg_true().to_list()
         parsed: dict[int, tuple[int | None, list]] = {}
         shapes: dict[int, str] = {}

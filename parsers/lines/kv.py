@@ -38,7 +38,7 @@ import polars as pl
 from parsers.lines import LineRecord, metric
 
 STEP_KEYS = frozenset({
-    "step", "steps", "global_step", "global step", "globalstep", "iteration", "iter", "it", "iters",
+    "step", "global_step", "global step", "globalstep", "iteration", "iter", "it",
     "num_updates", "update", "updates", "current_steps", "current_step", "_step", "s", "train_step",
     "trainer/global_step", "batch", "optimizer_step",
 })
@@ -48,6 +48,10 @@ NOT_METRICS = frozenset({"rank", "local_rank", "global_rank", "pid", "gpu", "dev
                          "line", "port", "seed"})
 """Keys dropped from a metric line: identifiers, not measurements."""
 _LOSSY = re.compile(r"(?i)loss|ppl|perplexity")
+CODE = (r"^\s*(?:def |class |if |elif |else:|for |while |return |import |from \S+ import |print\(|#|@\w|with |"
+        r"assert |raise |try:|except|lambda )|^\s+[A-Za-z_][\w.\[\]]*\s*[-+*/]?=\s|^\s*[\w.]+\s*:\s*\w+\s*=")
+"""Python source (a script that printed itself before training): never a metric line."""
+_CODE = re.compile(CODE)
 
 _NUM = (r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?"
         r"|(?i:nan|inf(?:inity)?))")
@@ -108,6 +112,8 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         A record with the step (``None``: the last step seen) and the metric pairs, or ``None`` when the
         line is not a metric line.
     """
+    if _CODE.search(line):
+        return None
     step: int | None = None
     epoch: float | None = None
     out = []

@@ -1,0 +1,125 @@
+"""Which series is the run's training objective, and how each raw name was mapped (DESIGN.md section 2).
+
+Runs log their objective under many names (``train/loss``, ``total_loss``, ``train_loss_step``, only
+components such as ``box_loss``, only an evaluation loss or a perplexity). :func:`resolve` looks at the
+whole run and picks, in rank order:
+
+1. ``loss``: the training objective read directly (a name mapped to ``loss`` by
+   :func:`forensics.schema.canonical_metric`), unless it is constant zero (a placeholder, not a loss);
+2. the sum of the training loss components ``loss/<part>`` (YOLOv5 ``box+obj+cls``, detectron2 parts,
+   DeepSpeed-Chat ``act+cri``) at the steps where they all were logged, constant-zero components left out;
+   the rows are added as ``loss`` with the tag ``sum(...)``;
+3. ``eval_loss``, then ``ppl`` / ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
+   ``meta["objective"]["kind"]`` says ``evaluation``).
+
+A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none of them
+the verdict is ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from forensics.schema import explain_metric
+
+_EVAL_OBJECTIVES = ("eval_loss", "ppl", "eval_ppl")
+
+
+def _constant_zero(df: pl.DataFrame) -> bool:
+    v = df.get_column("value").drop_nulls().drop_nans()
+    return v.len() > 0 and bool((v == 0.0).all())
+
+
+def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Rename series as the user said: ``{canonical: raw tag or metric}`` (``--metric loss=COLUMN``).
+
+    Returns:
+        The metrics and ``{raw: why}`` for every mapping applied.
+    """
+    why: dict[str, str] = {}
+    for canon, raw in mapping.items():
+        hit = (pl.col("tag") == raw) | (pl.col("metric") == raw)
+        if metrics.filter(hit).height == 0:
+            why[raw] = f"user mapping {canon}={raw}: no series named {raw!r} was found"
+            continue
+        metrics = metrics.with_columns(
+            pl.when(pl.col("metric") == canon).then(pl.col("tag")).otherwise(pl.col("metric")).alias("metric"))
+        metrics = metrics.with_columns(pl.when(hit).then(pl.lit(canon)).otherwise(pl.col("metric")).alias("metric"))
+        why[raw] = f"user mapping: {raw!r} is {canon!r} (--metric or forensics.toml)"
+    return metrics, why
+
+
+def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None, dict[str, Any]]:
+    """Find the objective; returns the metrics (maybe with added ``loss`` rows), the objective, and the names.
+
+    Returns:
+        ``(metrics, objective, names)``: ``objective`` is ``{"metric", "tags", "kind", "why"}`` or ``None``;
+        ``names`` maps each raw tag to ``{"metric", "why"}`` (only tags whose name changed, plus demotions).
+    """
+    names: dict[str, Any] = {}
+    if metrics.height == 0:
+        return metrics, None, names
+    pairs = metrics.select("tag", "metric").unique().sort("tag").iter_rows()
+    for tag, metric in pairs:
+        if tag != metric:
+            canon, why = explain_metric(tag)
+            if canon != metric:
+                why = "named by its reader (a format-specific rule)"
+            names[tag] = {"metric": metric, "why": why}
+    loss = metrics.filter(pl.col("metric") == "loss")
+    if loss.height and _constant_zero(loss):
+        tags = sorted(set(loss.get_column("tag").to_list()))
+        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.col("tag"))
+                                       .otherwise(pl.col("metric")).alias("metric"))
+        for t in tags:
+            names[t] = {"metric": t, "why": "constant zero on every row: not the loss (a placeholder)"}
+        loss = metrics.filter(pl.col("metric") == "loss")
+    if loss.height:
+        tags = sorted(set(loss.get_column("tag").to_list()))
+        return metrics, {"metric": "loss", "tags": tags, "kind": "training",
+                         "why": "the training objective, read directly: " + ", ".join(tags)}, names
+    parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
+    if parts.height:
+        keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
+        keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
+        zero = sorted(set(parts.get_column("metric").unique().to_list()) - set(keep))
+        if keep:
+            sub = parts.filter(pl.col("metric").is_in(keep))
+            # per (source, segment, step): the sum over the parts, only where every part was logged
+            agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
+                   .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
+                   .filter(pl.col("n") == len(keep)))
+            if agg.height:
+                tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
+                rows = agg.select(
+                    "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64), pl.lit("loss").alias("metric"),
+                    pl.col("value").cast(pl.Float64), pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"),
+                    "source")
+                metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+                why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
+                       f"{agg.height} steps where all were logged (the objective of detection and RLHF "
+                       f"trainers is their sum)")
+                if zero:
+                    why += f"; constant-zero component(s) left out: {', '.join(zero)}"
+                return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)",
+                                 "why": why}, names
+    for m in _EVAL_OBJECTIVES:
+        df = metrics.filter(pl.col("metric") == m)
+        if df.height and not _constant_zero(df):
+            tags = sorted(set(df.get_column("tag").to_list()))
+            return metrics, {"metric": m, "tags": tags, "kind": "evaluation",
+                             "why": f"no training loss was logged; the evaluation objective {m} ({', '.join(tags)}) "
+                                    "is the only objective read"}, names
+    return metrics, None, names
+
+
+def how_to_map(metrics: pl.DataFrame, limit: int = 12) -> str:
+    """A sentence for an inconclusive verdict: what was found and how to name the objective."""
+    found = sorted(set(metrics.get_column("tag").unique().to_list())) if metrics.height else []
+    shown = ", ".join(found[:limit]) + (f" (+{len(found) - limit} more)" if len(found) > limit else "")
+    example = next((t for t in found if "loss" in t.lower()), found[0] if found else "COLUMN")
+    return (f"no training objective (a loss) was found among the series read: {shown or 'none'}; "
+            f"if one of them is the objective, say so: forensics analyze RUN --metric loss={example} "
+            f"(or aliases in a forensics.toml)")
