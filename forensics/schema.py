@@ -124,7 +124,7 @@ _EVAL = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "
 _WRAP = frozenset({"train", "training", "sft", "trainer", "metrics", "metric", "optim", "train_inner", "step",
                    "avg", "mean", "global", "total", "reduced", "running", "smoothed", "lm", "ce", "nll", "objective",
                    "loss_metrics", "losses", "value", "main", "overall", "final", "batch", "iter", "cur", "current",
-                   "loss"})
+                   "loss", "with", "at", "of", "is", "the", "a", "an", "in", "on", "for", "and", "mean_of"})
 _AGGREGATE = frozenset({"epoch", "ema", "min", "max", "std", "sum", "count", "best"})
 _SHORT = {"trl": ("loss", "abbreviation of train loss"), "tl": ("loss", "abbreviation of train loss"),
           "tel": ("eval_loss", "abbreviation of test/eval loss"), "vl": ("eval_loss", "abbreviation of val loss")}
