@@ -94,9 +94,9 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
             if agg.height:
                 tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
                 rows = agg.select(
-                    "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64), pl.lit("loss").alias("metric"),
-                    pl.col("value").cast(pl.Float64), pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"),
-                    "source")
+                    "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
+                    pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
+                    pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
                 metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
                 why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
                        f"{agg.height} steps where all were logged (the objective of detection and RLHF "

@@ -195,6 +195,7 @@ def lines_of(pairs: pl.DataFrame, state: dict) -> list[tuple[int, int | None, li
         return []
     keys = pairs.get_column("key").unique().to_list()
     kinds = {k: classify(k) for k in keys}
+    lossy_key = {k: bool(_LOSSY.search(k)) for k in keys}
     out: list[tuple[int, int | None, list[tuple[str, str, float]]]] = []
     cur = -1
     step: int | None = None
@@ -233,7 +234,7 @@ def lines_of(pairs: pl.DataFrame, state: dict) -> list[tuple[int, int | None, li
             continue
         if unit in _UNITS:
             units[key] = unit
-        lossy = lossy or bool(_LOSSY.search(key))
+        lossy = lossy or lossy_key[key]
         mets.append((name, key, v))
     close()
     if not units:
