@@ -25,11 +25,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from forensics.schema import canonical_metric
+from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import logical_name, logical_suffix, open_binary, open_text
 from parsers.lines import (
     LineRecord,
@@ -363,6 +365,76 @@ class _Assembler:
             self.block_kinds.clear()
             self.last_ckpt = None
 
+    def bulk_frame(self, lines: pl.DataFrame, mets: pl.DataFrame, walls: pl.DataFrame) -> bool:
+        """A long run of general metric lines without rank prefixes, as tables (the rules of :meth:`bulk`).
+
+        Args:
+            lines: ``line``, ``step`` (null: the last step seen) per metric line, in order.
+            mets: ``line``, ``metric``, ``tag``, ``value`` per metric.
+            walls: ``line``, ``wall_time`` per line of the run.
+
+        Returns:
+            False (nothing done) when a line names one metric twice: :meth:`bulk` then handles the run.
+        """
+        if lines.height == 0:
+            return True
+        if mets.select(pl.struct("line", "metric").is_duplicated().any()).item():
+            return False
+        start_any = self.any_step
+        st = lines.get_column("step")
+        explicit = st.is_not_null()
+        exp_steps = st.filter(explicit)
+        prev = exp_steps.shift(1, fill_value=self.last_step if self.last_step is not None else -(1 << 62))
+        brk_exp = (exp_steps < prev).to_list()
+        brk = [False] * lines.height
+        idx = explicit.arg_true().to_list()
+        for k, b in zip(idx, brk_exp, strict=True):
+            brk[k] = b
+        filled = st.fill_null(strategy="forward")
+        if start_any is not None:
+            filled = filled.fill_null(start_any)
+        df = lines.with_columns(pl.Series("step", filled), pl.Series("brk", brk))
+        if not self.seg_rows and df.height and df.get_column("brk")[0]:
+            df = df.with_columns(pl.Series("brk", [False] + brk[1:]))
+        skipped_before = df.get_column("step").null_count()
+        if skipped_before:
+            self.skip_counts["metric line before any step"] += skipped_before
+        df = df.with_columns((pl.col("brk").cum_sum() + self.segment).cast(pl.Int32).alias("segment"))
+        df = df.filter(pl.col("step").is_not_null())
+        if df.height == 0:
+            return True
+        rows = (mets.join(df.select("line", "segment", "step"), on="line", how="inner", maintain_order="left")
+                .join(walls, on="line", how="left", maintain_order="left"))
+        src = self.rows.source
+        table = pa.table({
+            "run": pa.array([""] * rows.height, pa.string()),
+            "segment": rows.get_column("segment").to_arrow().cast(pa.int32()),
+            "step": rows.get_column("step").to_arrow().cast(pa.int64()),
+            "metric": rows.get_column("metric").to_arrow().cast(pa.string()),
+            "value": rows.get_column("value").to_arrow().cast(pa.float64()),
+            "wall_time": rows.get_column("wall_time").to_arrow().cast(pa.float64()),
+            "tag": rows.get_column("tag").to_arrow().cast(pa.string()),
+            "source": pa.array([src] * rows.height, pa.string()),
+        }).cast(METRICS_SCHEMA)
+        self.rows.add_chunk(table)
+        n_brk = int(df.get_column("brk").sum())
+        self.segment += n_brk
+        seg_counts = rows.filter(pl.col("segment") == self.segment).height
+        self.seg_rows = seg_counts if n_brk else self.seg_rows + rows.height
+        last_exp = df.join(lines.filter(explicit).select("line"), on="line", how="semi", maintain_order="left")
+        if last_exp.height:
+            self.last_step = int(last_exp.get_column("step")[-1])
+        elif n_brk:
+            self.last_step = None
+        self.rank_last = {}
+        self.any_step = int(df.get_column("step")[-1])
+        self.frameworks["generic"] += rows.height
+        self.activity = True
+        self.launch_open = False
+        self.block_kinds.clear()
+        self.last_ckpt = None
+        return True
+
     # -- one line --------------------------------------------------------------------------------
     def line(self, line: str, lineno: int) -> Any:
         """Handle one cleaned line; returns the module that read it (``None``: nobody, or inside a traceback)."""
@@ -384,13 +456,18 @@ class _Assembler:
             self.skip_counts["blank or progress bar"] += 1
             return None
         for mod in self.order:
-            if mod is kv:  # checkpoint, resume, configuration and job-end lines are events, not metric lines
-                r = common.parse_line(line, self.state, nan_text=False)
-                if r is not None:
-                    self.record(r, lineno)
-                    return common
+            if mod is kv:
                 if "%|" in line and _BAR.search(line):  # a progress bar repeats stale values: the NeMo
                     break                                  # module's trap; a bar it refused is not read
+                r = kv.parse_line(line, self.state)
+                if r is None:
+                    break
+                c = common.parse_line(line, self.state, nan_text=False)
+                if c is not None:  # checkpoint, resume, configuration and job-end lines are events
+                    self.record(c, lineno)
+                    return common
+                self.record(r, lineno)
+                return kv
             r = mod.parse_line(line, self.state)
             if r is not None:
                 if r.metrics and mod is not self.order[0] and mod is not kv:  # the framework that logs
@@ -474,8 +551,10 @@ def _both_nan(a: Any, b: Any) -> bool:
 _BLOCK = 1 << 16  # lines per block: memory stays bounded, polars' kernels stay busy
 _RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
 _RANK_NUM = r"^(\d{1,5}):\s"
+_RANK_ANY = r"^(?:\[(?:rank|default|Rank)|[0-9]{1,5}:\s)"
 _ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _DIGITS = r"[0-9]+"
+_US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
 _ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
 
 
@@ -488,44 +567,51 @@ def _clean_block(pieces: list[str]) -> tuple[pl.Series, list[int | None]]:
     t = pl.Series("t", pieces, dtype=pl.Utf8)
     if t.str.contains("\x1b", literal=True).any():
         t = t.str.replace_all(_ANSI, "")
-    df = pl.DataFrame({"t": t}).select(
+    t = t.str.strip_chars_end()
+    ranks: list[int | None] = [None] * t.len()
+    has = t.str.contains(_RANK_ANY).arg_true()
+    if has.len() == 0:
+        return t, ranks
+    sub = t.gather(has)
+    df = pl.DataFrame({"t": sub}).select(
         "t",
         pl.col("t").str.extract(_RANK_BRACKET, 1).cast(pl.Int64, strict=False).alias("r1"),
         pl.col("t").str.extract(_RANK_NUM, 1).cast(pl.Int64, strict=False).alias("r2"),
-    ).select(
-        "t", "r1", "r2",
         pl.col("t").str.replace(_RANK_BRACKET, "").alias("c1"),
         pl.col("t").str.replace(_RANK_NUM, "").alias("c2"),
     ).select(
         pl.when(pl.col("r1").is_not_null()).then(pl.col("c1"))
         .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("c2"))
-        .otherwise(pl.col("t")).str.strip_chars_end().alias("line"),
+        .otherwise(pl.col("t")).alias("line"),
         pl.when(pl.col("r1").is_not_null()).then(pl.col("r1"))
         .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("r2"))
         .alias("rank"),
     )
-    return df.get_column("line"), df.get_column("rank").to_list()
+    t = t.scatter(has, df.get_column("line"))
+    for i, r in zip(has.to_list(), df.get_column("rank").to_list(), strict=True):
+        ranks[i] = r
+    return t, ranks
 
 
 def _wall_times(lines: pl.Series) -> list[float | None]:
     """:func:`parsers.lines.common.wall_time` over many lines (ISO timestamps vectorised; others per line)."""
     head = lines.str.slice(0, 64)
-    g = pl.DataFrame({"h": head}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
-    g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
-    stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
-                           pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
-    out = g.select(
-        (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
-         .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
-         .fill_null(0.0)).alias("w"),
-        pl.col("y").is_null().alias("none"),
-    )
-    walls = out.get_column("w").to_list()
-    missing = out.get_column("none").to_list()
-    hl = head.to_list()
-    for i, miss in enumerate(missing):
-        if miss and "/" in hl[i]:
-            walls[i] = common.wall_time(hl[i])
+    walls: list[float | None] = [None] * head.len()
+    iso = head.str.contains(_ISO).arg_true()
+    if iso.len():
+        g = pl.DataFrame({"h": head.gather(iso)}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
+        g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
+        stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
+                               pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
+        w = g.select(
+            (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
+             .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
+             .fill_null(0.0)).alias("w")).get_column("w").to_list()
+        for i, v in zip(iso.to_list(), w, strict=True):
+            walls[i] = v
+    for i in head.str.contains(_US).arg_true().to_list():
+        if walls[i] is None:
+            walls[i] = common.wall_time(head[i])
     return walls
 
 
@@ -536,14 +622,19 @@ class _Reader:
     replaced). The first line of each shape goes through the framework modules and the general reader
     one by one; when the general reader took it, every later line of that shape is read in bulk by
     :func:`parsers.lines.kv.parse_block` (a framework module's trap is never bypassed: its shapes are
-    never bulk-read).
+    never bulk-read). A long run of such lines becomes rows without a Python loop over them
+    (:meth:`_Assembler.bulk_frame`); a short run, or one with rank prefixes, goes through
+    :meth:`_Assembler.bulk`.
     """
+
+    LONG_RUN = 48
 
     def __init__(self, asm: _Assembler) -> None:
         self.asm = asm
         self.owned: dict[str, bool] = {}
 
     def block(self, pieces: list[str], lineno: int) -> int:
+        """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
         if not pieces:
             return lineno
         linenos = []
@@ -551,38 +642,106 @@ class _Reader:
             linenos.append(lineno)
             lineno += p.endswith("\n")
         lines, ranks = _clean_block(pieces)
-        cand_mask = lines.str.contains(kv.CANDIDATE) & ~lines.str.contains(kv.CODE)
-        cand_idx = cand_mask.arg_true().to_list()
-        parsed: dict[int, tuple[int | None, list]] = {}
-        shapes: dict[int, str] = {}
-        walls: dict[int, float | None] = {}
-        if cand_idx:
-            cl = lines.gather(cand_idx)
-            for pos, step, mets in kv.lines_of(kv.parse_block(cl), self.asm.state):
-                parsed[cand_idx[pos]] = (step, mets)
-            shapes = dict(zip(cand_idx, cl.str.replace_all(_DIGITS, "#").to_list(), strict=True))
-            walls = dict(zip(cand_idx, _wall_times(cl), strict=True))
-        text = lines.to_list()
+        n = lines.len()
+        code = lines.str.contains(kv.CODE)
+        cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
+        cand_idx = cand_mask.arg_true()
         asm, owned = self.asm, self.owned
-        pending: list[tuple[int | None, list, float | None, int | None]] = []
-        for i, line in enumerate(text):
-            sh = shapes.get(i)
-            if sh is not None and owned.get(sh) and asm.tb is None and i in parsed:
-                if not pending and asm.dump is not None:
-                    asm.end_dump(linenos[i])
-                step, mets = parsed[i]
-                pending.append((step, mets, walls[i], ranks[i]))
-                continue
-            if pending:
-                asm.bulk(pending)
-                pending = []
-            asm.rank = ranks[i]
-            mod = asm.line(line, linenos[i])
-            if sh is not None and sh not in owned:
-                owned[sh] = mod is kv
-        if pending:
-            asm.bulk(pending)
+        text = lines.to_list()
+        skip_code = (code & ~cand_mask).to_numpy()
+        if cand_idx.len() == 0:
+            for i, line in enumerate(text):
+                if skip_code[i] and asm.tb is None and asm.dump is None:
+                    asm.skip_counts["script source"] += 1
+                    continue
+                asm.rank = ranks[i]
+                asm.line(line, linenos[i])
+            return lineno
+        cl = lines.gather(cand_idx)
+        shape_s = cl.str.replace_all(_DIGITS, "#")
+        uniq = shape_s.unique(maintain_order=True)
+        codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
+        uniq_list = uniq.to_list()
+        own = np.array([(1 if owned[u] else 0) if u in owned else -1 for u in uniq_list], dtype=np.int8)
+        cand_np = cand_idx.to_numpy().astype(np.int64)
+        pos_arr = np.full(n, -1, dtype=np.int64)
+        pos_arr[cand_np] = np.arange(cand_np.shape[0])
+        first_pos = np.unique(codes, return_index=True)[1]
+        first_pos = first_pos[own[codes[first_pos]] == -1]
+        per_line = np.ones(n, dtype=bool)
+        per_line[cand_np] = False
+        per_line[cand_np[first_pos]] = True
+        per_idx = np.flatnonzero(per_line).tolist()
+        line_df, met_df = kv.frames_of(kv.parse_block(cl, shape_s), asm.state)
+        gl = pl.Series(cand_np, dtype=pl.UInt32)  # positions in ``cl`` -> indices in the block
+        line_df = line_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
+        met_df = met_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
+        walls = np.full(n, np.nan)
+        wl = np.array(_wall_times(cl), dtype=np.float64)
+        walls[cand_np] = wl
+        self._ctx = (text, linenos, ranks, walls, line_df, met_df)
+        self._steps: dict[int, int | None] | None = None
+        self._grouped: dict[int, list] | None = None
+        pos = 0
+        for j in [*per_idx, n]:
+            if j > pos:
+                ok = own[codes[pos_arr[pos:j]]] == 1
+                self.gap(pos, j, ok)
+            if j < n:
+                if skip_code[j] and asm.tb is None and asm.dump is None:
+                    asm.skip_counts["script source"] += 1
+                    pos = j + 1
+                    continue
+                asm.rank = ranks[j]
+                mod = asm.line(text[j], linenos[j])
+                k = pos_arr[j]
+                if k >= 0 and own[codes[k]] == -1:
+                    own[codes[k]] = 1 if mod is kv else 0
+                    owned[uniq_list[codes[k]]] = mod is kv
+            pos = j + 1
         return lineno
+
+    def _items(self, lo: int, hi: int) -> list:
+        text, linenos, ranks, walls, line_df, met_df = self._ctx
+        if self._steps is None:
+            self._steps = dict(zip(line_df.get_column("line").to_list(), line_df.get_column("step").to_list(),
+                                   strict=True))
+            g = met_df.group_by("line", maintain_order=True).agg("metric", "tag", "value")
+            self._grouped = {ln: list(zip(m, t, v, strict=True)) for ln, m, t, v in g.iter_rows()}
+        steps, grouped = self._steps, self._grouped
+        assert grouped is not None
+        out = []
+        for x in range(lo, hi):
+            if x in steps:
+                w = walls[x]
+                out.append((steps[x], grouped.get(x, []), None if w != w else float(w), ranks[x]))
+        return out
+
+    def gap(self, a: int, b: int, ok: np.ndarray) -> None:
+        """Lines ``a..b-1``: candidates whose shape was seen before; bulk where the general reader owns it."""
+        asm = self.asm
+        text, linenos, ranks, walls, line_df, met_df = self._ctx
+        # runs of equal ``ok``
+        edges = np.flatnonzero(np.diff(ok.astype(np.int8))) + 1
+        starts = [0, *edges.tolist()]
+        ends = [*edges.tolist(), len(ok)]
+        for s0, e0 in zip(starts, ends, strict=True):
+            lo, hi = a + s0, a + e0
+            if not ok[s0] or asm.tb is not None:
+                for i in range(lo, hi):
+                    asm.rank = ranks[i]
+                    asm.line(text[i], linenos[i])
+                continue
+            if asm.dump is not None:
+                asm.end_dump(linenos[lo])
+            if hi - lo >= self.LONG_RUN and all(r is None for r in ranks[lo:hi]):
+                ld = line_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
+                md = met_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
+                w = pl.DataFrame({"line": pl.Series(np.arange(lo, hi), dtype=pl.UInt32),
+                                  "wall_time": pl.Series(walls[lo:hi], dtype=pl.Float64, nan_to_null=True)})
+                if asm.bulk_frame(ld, md, w):
+                    continue
+            asm.bulk(self._items(lo, hi))
 
 
 def read(path: Path, root: Path) -> ParseResult:

@@ -133,9 +133,17 @@ class Rows:
         self.wall: list[float | None] = []
         self.tag: list[str] = []
         self.events: list[dict[str, Any]] = []
+        self.chunks: list[pa.Table] = []
+        self.chunk_rows = 0
 
     def __len__(self) -> int:
-        return len(self.step)
+        return len(self.step) + self.chunk_rows
+
+    def add_chunk(self, table: pa.Table) -> None:
+        """Append rows read in bulk (a table with :data:`METRICS_SCHEMA`); they come after the list rows."""
+        if table.num_rows:
+            self.chunks.append(table)
+            self.chunk_rows += table.num_rows
 
     def add(self, segment: int, step: int, name: str, value: float | None, tag: str,
             wall_time: float | None = None) -> int:
@@ -169,8 +177,17 @@ class Rows:
                             "message": message, "source": self.source})
 
     def metrics_table(self, keep: list[bool] | None = None) -> pa.Table:
-        """The metrics table (:data:`METRICS_SCHEMA`), optionally only rows where ``keep`` is true."""
-        idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep) if k]
+        """The metrics table (:data:`METRICS_SCHEMA`), optionally only rows where ``keep`` is true.
+
+        ``keep`` covers the rows added one by one; rows added in bulk (:meth:`add_chunk`) are all kept.
+        """
+        table = self._list_table(keep)
+        if not self.chunks:
+            return table
+        return pa.concat_tables([table, *[c.replace_schema_metadata(None) for c in self.chunks]]).combine_chunks()
+
+    def _list_table(self, keep: list[bool] | None) -> pa.Table:
+        idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep[:len(self.step)]) if k]
         pick = (lambda col: [col[i] for i in idx]) if keep is not None else (lambda col: col)
         n = len(idx)
         return pa.Table.from_arrays(

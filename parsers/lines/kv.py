@@ -61,10 +61,12 @@ PAIR = (rf"['\"]?({_WORD}(?: {_WORD}){{0,3}})['\"]?(?:\s*\([^()]{{0,40}}\))?"
         r"(ms|s|%|GiB|GB|MiB|MB|KiB|KB|K|M|B|G|x|it/s|tok/s)?(?:[\s,|;:\])}'\"]|$)")
 """One pair; groups: key, value, fraction denominator, unit. Valid in Python ``re`` and Rust ``regex``."""
 _PAIR = re.compile(PAIR)
-CANDIDATE = (r"(?i)(?:^|[^A-Za-z0-9_])(?:global[ _]?step|step|steps|iter|iters|iteration|it|num_updates|update|updates"
-             r"|current_steps|_step|s|epoch|ep|batch)['\"]?\s*[:=#]?\s*['\"]?\d|(?:loss|ppl|perplexity)['\"]?"
-             r"(?:\s*\([^()]{0,40}\))?(?:\s*[:=]\s*|[ \t]+)['\"]?[-+]?(?:\d|\.\d|(?i:nan|inf))")
+CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
+             r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
+             r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
+             r"['\"]?[-+]?(?:[0-9]|\.[0-9]|nan|inf)")
 """A cheap prefilter: lines that may be metric lines (a step-like key before a number, or a loss pair)."""
+_CAND = re.compile(CANDIDATE)
 _MAGNITUDE = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 _UNITS = {"ms", "s", "%", "GiB", "GB", "MiB", "MB", "KiB", "KB", "x", "it/s", "tok/s"}
 
@@ -112,7 +114,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         A record with the step (``None``: the last step seen) and the metric pairs, or ``None`` when the
         line is not a metric line.
     """
-    if _CODE.search(line):
+    if not _CAND.search(line) or _CODE.search(line):
         return None
     step: int | None = None
     epoch: float | None = None
@@ -143,7 +145,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         lossy = lossy or bool(_LOSSY.search(key))
         out.append(metric(key, v, name))
     if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
-        if epoch == int(epoch):  # an epoch-indexed line (``Epoch 3 | loss 1.2``): the epoch is the step
+        if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
             step = int(epoch)
             state["kv_epoch_steps"] = True
     if not any(n != "epoch" for n, _, _ in out):
@@ -153,22 +155,44 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     return LineRecord("generic", step=step, metrics=out)
 
 
-def parse_block(lines: pl.Series) -> pl.DataFrame:
-    """Parse many lines at once with the grammar of :func:`parse_line`.
+_NUMTOK = re.compile(_NUM)
+TEMPLATE_MIN = 8
+"""A shape (the line with its digit runs replaced) that this many lines of a block share is read by template."""
+_SHAPE_DIGITS = re.compile(r"[0-9]+")
 
-    Args:
-        lines: Cleaned lines (Utf8), in file order; position ``i`` is line ``i`` of the block.
 
-    Returns:
-        One row per pair: ``line`` (u32 position), ``key`` (as logged), ``value`` (f64, magnitudes
-        multiplied out), ``frac`` (denominator of an ``N/M`` fraction or null), ``unit`` (or null).
-        Lines without a pair have no row. The step and metric roles are left to :func:`lines_of`.
+def _template(line: str) -> list[tuple[str, int, int | None, str | None]] | None:
+    """Where each pair's value sits among the line's number tokens: ``[(key, token, frac token, unit)]``.
+
+    Lines of one shape have their number tokens in the same places, so the template of one line reads them
+    all with a single number scan. ``None`` when a value is not one whole token (the regex path reads it).
     """
-    df = pl.DataFrame({"text": lines}).with_row_index("line")
+    toks = [(m.start(), m.end()) for m in _NUMTOK.finditer(line)]
+    at = {st: k for k, (st, _) in enumerate(toks)}
+    out = []
+    for m in _PAIR.finditer(line):
+        key, _, frac, unit = m.groups()
+        vs, ve = m.span(2)
+        k = at.get(vs)
+        if k is None or toks[k][1] != ve:
+            return None
+        f = None
+        if frac is not None:
+            fs, fe = m.span(3)
+            f = at.get(fs)
+            if f is None or toks[f][1] != fe:
+                return None
+        out.append((key, k, f, unit))
+    return out
+
+
+_EMPTY_PAIRS = {"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64, "unit": pl.Utf8}
+
+
+def _regex_pairs(df: pl.DataFrame) -> pl.DataFrame:
     df = df.select("line", pl.col("text").str.extract_all(PAIR).alias("m")).explode("m").drop_nulls("m")
     if df.height == 0:
-        return pl.DataFrame(schema={"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64,
-                                    "unit": pl.Utf8})
+        return pl.DataFrame(schema=_EMPTY_PAIRS)
     g = pl.col("m").str.extract_groups(PAIR)
     df = df.select("line", g.alias("g")).unnest("g")
     df.columns = ["line", "key", "raw", "frac", "unit"]
@@ -181,65 +205,112 @@ def parse_block(lines: pl.Series) -> pl.DataFrame:
     ).drop_nulls("value")
 
 
-def lines_of(pairs: pl.DataFrame, state: dict) -> list[tuple[int, int | None, list[tuple[str, str, float]]]]:
-    """Group the pairs of :func:`parse_block` into metric lines, with the rules of :func:`parse_line`.
+def _template_pairs(df: pl.DataFrame, tpl: list[tuple[str, int, int | None, str | None]]) -> pl.DataFrame:
+    toks = df.select("line", pl.col("text").str.extract_all(_NUM).alias("t"))
+    parts = []
+    for j, (key, k, f, unit) in enumerate(tpl):
+        mag = _MAGNITUDE.get(unit or "", 1.0)
+        val = pl.col("t").list.get(k, null_on_oob=True)
+        val = val.str.replace_all(",", "", literal=True)
+        val = val.str.to_lowercase().cast(pl.Float64, strict=False)
+        frac = (pl.col("t").list.get(f, null_on_oob=True).cast(pl.Int64, strict=False) if f is not None
+                else pl.lit(None, pl.Int64))
+        parts.append(toks.select("line", pl.lit(j, pl.UInt16).alias("j"), pl.lit(key, pl.Utf8).alias("key"),
+                                 (val * mag if mag != 1.0 else val).alias("value"), frac.alias("frac"),
+                                 pl.lit(unit, pl.Utf8).alias("unit")))
+    return pl.concat(parts).sort(["line", "j"]).drop("j").drop_nulls("value")
+
+
+def parse_block(lines: pl.Series, shapes: pl.Series | None = None) -> pl.DataFrame:
+    """Parse many lines at once with the grammar of :func:`parse_line`.
+
+    Lines whose shape (digit runs replaced) at least :data:`TEMPLATE_MIN` lines share are read by
+    template: the pairs of one of them are found once, and every line of the shape gives its values
+    by one scan for numbers (no capture groups, which are slow in Rust ``regex``). Other lines are
+    read by the pair pattern itself. Both give the pairs :func:`parse_line` finds.
+
+    Args:
+        lines: Cleaned lines (Utf8), in file order; position ``i`` is line ``i`` of the block.
+        shapes: The lines with ``[0-9]+`` replaced by ``#``, when the caller has them already.
+
+    Returns:
+        One row per pair: ``line`` (u32 position), ``key`` (as logged), ``value`` (f64, magnitudes
+        multiplied out), ``frac`` (denominator of an ``N/M`` fraction or null), ``unit`` (or null),
+        ordered by line, then by position in the line. The step and metric roles are left to
+        :func:`frames_of`.
+    """
+    if shapes is None:
+        shapes = lines.str.replace_all(r"[0-9]+", "#")
+    df = pl.DataFrame({"text": lines, "shape": shapes}).with_row_index("line")
+    counts = df.group_by("shape").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
+    parts = []
+    rest = []
+    for shape, n, example in counts.iter_rows():
+        tpl = _template(example) if n >= TEMPLATE_MIN and "#,#" not in shape else None
+        if tpl is None:
+            rest.append(shape)
+        elif tpl:
+            parts.append(_template_pairs(df.filter(pl.col("shape") == shape), tpl))
+    if rest:
+        sub = df if len(rest) == counts.height else df.filter(
+            pl.col("shape").is_in(pl.Series(rest, dtype=pl.Utf8).implode()))
+        parts.append(_regex_pairs(sub))
+    if not parts:
+        return pl.DataFrame(schema=_EMPTY_PAIRS)
+    return pl.concat([p.cast(_EMPTY_PAIRS) for p in parts]).sort("line", maintain_order=True)
+
+
+def frames_of(pairs: pl.DataFrame, state: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`lines_of` as two tables, without a Python loop over the pairs.
 
     Args:
         pairs: The output of :func:`parse_block`.
         state: Per-file state, as in :func:`parse_line`.
 
     Returns:
-        ``(line position, step or None, [(metric, tag, value), ...])`` for every metric line, in order.
+        ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null);
+        ``metrics`` one row per metric of those lines (``line``, ``metric``, ``tag``, ``value``), in order.
     """
+    empty_lines = pl.DataFrame(schema={"line": pl.UInt32, "step": pl.Int64})
+    empty_mets = pl.DataFrame(schema={"line": pl.UInt32, "metric": pl.Utf8, "tag": pl.Utf8, "value": pl.Float64})
     if pairs.height == 0:
-        return []
+        return empty_lines, empty_mets
     keys = pairs.get_column("key").unique().to_list()
     kinds = {k: classify(k) for k in keys}
-    lossy_key = {k: bool(_LOSSY.search(k)) for k in keys}
-    out: list[tuple[int, int | None, list[tuple[str, str, float]]]] = []
-    cur = -1
-    step: int | None = None
-    epoch: float | None = None
-    mets: list[tuple[str, str, float]] = []
-    lossy = False
-
-    def close() -> None:
-        nonlocal step
-        if cur < 0:
-            return
-        if step is None and epoch is not None and epoch == int(epoch) and any(n != "epoch" for n, _, _ in mets):
-            step = int(epoch)
-            state["kv_epoch_steps"] = True
-        if any(n != "epoch" for n, _, _ in mets) and (step is not None or lossy):
-            out.append((cur, step, mets))
-
-    units = state.setdefault("kv_units", {})
-    for line, key, v, frac, unit in pairs.iter_rows():
-        if line != cur:
-            close()
-            cur, step, epoch, mets, lossy = line, None, None, [], False
-        kind, name = kinds[key]
-        if kind == "step":
-            if step is None and v == v and abs(v) != math.inf and v == int(v) and v >= 0:
-                step = int(v)
-                if frac is not None:
-                    state["kv_total_steps"] = int(frac)
-            continue
-        if kind == "epoch":
-            if epoch is None:
-                epoch = v
-            mets.append(("epoch", key, v))
-            continue
-        if kind == "drop":
-            continue
-        if unit in _UNITS:
-            units[key] = unit
-        lossy = lossy or lossy_key[key]
-        mets.append((name, key, v))
-    close()
-    if not units:
-        state.pop("kv_units", None)
-    return out
+    table = pl.DataFrame({"key": keys, "kind": [kinds[k][0] for k in keys],
+                          "metric": ["epoch" if kinds[k][0] == "epoch" else kinds[k][1] for k in keys],
+                          "lossy": [bool(_LOSSY.search(k)) for k in keys]},
+                         schema={"key": pl.Utf8, "kind": pl.Utf8, "metric": pl.Utf8, "lossy": pl.Boolean})
+    df = pairs.join(table, on="key", how="left", maintain_order="left")
+    is_step = (pl.col("kind") == "step") & pl.col("value").is_finite() & (pl.col("value") >= 0) & (
+        pl.col("value") == pl.col("value").floor())
+    per = df.group_by("line", maintain_order=True).agg(
+        pl.col("value").filter(is_step).first().alias("step"),
+        pl.col("frac").filter(is_step).first().alias("frac"),
+        pl.col("value").filter(pl.col("kind") == "epoch").first().alias("epoch"),
+        ((pl.col("kind") == "metric") & pl.col("lossy")).any().alias("lossy"),
+        (pl.col("kind") == "metric").any().alias("has_metric"),
+    )
+    ep_step = (pl.col("step").is_null() & pl.col("epoch").is_not_null()
+               & (pl.col("epoch") == pl.col("epoch").floor()) & pl.col("epoch").is_finite())
+    per = per.with_columns(
+        pl.when(ep_step).then(pl.col("epoch")).otherwise(pl.col("step")).cast(pl.Int64).alias("step"),
+        ep_step.alias("ep_step"),
+    )
+    frac = per.get_column("frac").drop_nulls()
+    if frac.len():
+        state["kv_total_steps"] = int(frac[-1])
+    per = per.filter(pl.col("has_metric") & (pl.col("step").is_not_null() | pl.col("lossy")))
+    if per.height == 0:
+        return empty_lines, empty_mets
+    if per.get_column("ep_step").any():
+        state["kv_epoch_steps"] = True
+    units = df.filter(pl.col("unit").is_in(list(_UNITS)) & (pl.col("kind") == "metric")).select("key", "unit")
+    if units.height:
+        state.setdefault("kv_units", {}).update(dict(units.unique(subset="key", keep="last").iter_rows()))
+    mets = df.filter(pl.col("kind").is_in(["metric", "epoch"])).join(per.select("line"), on="line", how="semi",
+                                                                     maintain_order="left")
+    return per.select("line", "step"), mets.select("line", "metric", pl.col("key").alias("tag"), "value")
 
 
 def meta_of(state: dict[str, Any]) -> dict[str, Any]:
