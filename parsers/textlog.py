@@ -158,6 +158,7 @@ class _Assembler:
         self.skipped: list[Skip] = []
         self.skip_counts: Counter[str] = Counter()
         self.rank: int | None = None
+        self.hint: tuple[bool, bool] | None = None  # (may be a general metric line, may be an event line)
         self.ranks: Counter[int] = Counter()
         self.rank_last: dict[int, int] = {}
         self.rank_seen: set[tuple[int, int, str]] = set()
@@ -459,7 +460,7 @@ class _Assembler:
             if mod is kv:
                 if "%|" in line and _BAR.search(line):  # a progress bar repeats stale values: the NeMo
                     break                                  # module's trap; a bar it refused is not read
-                r = kv.parse_line(line, self.state)
+                r = kv.parse_line(line, self.state) if self.hint is None or self.hint[0] else None
                 if r is None:
                     break
                 c = common.parse_line(line, self.state, nan_text=False)
@@ -475,6 +476,9 @@ class _Assembler:
                     self.order.insert(0, mod)                                  # general reader stays last
                 self.record(r, lineno)
                 return mod
+        if self.hint is not None and not self.hint[1]:  # the block's scan says: no event, no error
+            self.end_dump(lineno)
+            return None
         r = common.parse_line(line, self.state)
         if r is not None:
             self.record(r, lineno)
@@ -645,6 +649,7 @@ class _Reader:
         n = lines.len()
         code = lines.str.contains(kv.CODE)
         cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
+        eventish = lines.str.strip_chars().str.contains(common.EVENT_ANY).to_list()
         cand_idx = cand_mask.arg_true()
         asm, owned = self.asm, self.owned
         text = lines.to_list()
@@ -655,7 +660,9 @@ class _Reader:
                     asm.skip_counts["script source"] += 1
                     continue
                 asm.rank = ranks[i]
+                asm.hint = (False, eventish[i])
                 asm.line(line, linenos[i])
+            asm.hint = None
             return lineno
         cl = lines.gather(cand_idx)
         shape_s = cl.str.replace_all(_DIGITS, "#")
@@ -680,8 +687,8 @@ class _Reader:
         wl = np.array(_wall_times(cl), dtype=np.float64)
         walls[cand_np] = wl
         self._ctx = (text, linenos, ranks, walls, line_df, met_df)
+        self._eventish = eventish
         self._steps: dict[int, int | None] | None = None
-        self._grouped: dict[int, list] | None = None
         pos = 0
         for j in [*per_idx, n]:
             if j > pos:
@@ -693,28 +700,38 @@ class _Reader:
                     pos = j + 1
                     continue
                 asm.rank = ranks[j]
-                mod = asm.line(text[j], linenos[j])
                 k = pos_arr[j]
+                asm.hint = (bool(k >= 0), eventish[j])
+                mod = asm.line(text[j], linenos[j])
                 if k >= 0 and own[codes[k]] == -1:
                     own[codes[k]] = 1 if mod is kv else 0
                     owned[uniq_list[codes[k]]] = mod is kv
             pos = j + 1
+        asm.hint = None
         return lineno
 
     def _items(self, lo: int, hi: int) -> list:
+        """The metric lines ``lo..hi-1`` as :meth:`_Assembler.bulk` items."""
         text, linenos, ranks, walls, line_df, met_df = self._ctx
         if self._steps is None:
             self._steps = dict(zip(line_df.get_column("line").to_list(), line_df.get_column("step").to_list(),
                                    strict=True))
-            g = met_df.group_by("line", maintain_order=True).agg("metric", "tag", "value")
-            self._grouped = {ln: list(zip(m, t, v, strict=True)) for ln, m, t, v in g.iter_rows()}
-        steps, grouped = self._steps, self._grouped
-        assert grouped is not None
+            self._cols = (met_df.get_column("line").to_numpy(), met_df.get_column("metric").to_list(),
+                          met_df.get_column("tag").to_list(), met_df.get_column("value").to_list())
+        steps = self._steps
+        ml, mm, mt, mv = self._cols
+        a, b = np.searchsorted(ml, [lo, hi])
         out = []
+        k = int(a)
         for x in range(lo, hi):
-            if x in steps:
-                w = walls[x]
-                out.append((steps[x], grouped.get(x, []), None if w != w else float(w), ranks[x]))
+            if x not in steps:
+                continue
+            k0 = k
+            while k < b and ml[k] == x:
+                k += 1
+            w = walls[x]
+            out.append((steps[x], list(zip(mm[k0:k], mt[k0:k], mv[k0:k], strict=True)),
+                        None if w != w else float(w), ranks[x]))
         return out
 
     def gap(self, a: int, b: int, ok: np.ndarray) -> None:
@@ -730,6 +747,7 @@ class _Reader:
             if not ok[s0] or asm.tb is not None:
                 for i in range(lo, hi):
                     asm.rank = ranks[i]
+                    asm.hint = (True, self._eventish[i])
                     asm.line(text[i], linenos[i])
                 continue
             if asm.dump is not None:

@@ -52,6 +52,16 @@ _VERSIONS = re.compile(r"\b([A-Za-z][\w-]*)==(\d[\w.+-]*)")
 _VERSIONS_LINE = re.compile(r"^(?:[A-Za-z][\w-]*==\d[\w.+-]*[\s,]*)+$")
 
 
+def _scoped(pattern: str) -> str:
+    return f"(?i:{pattern[4:]})" if pattern.startswith("(?i)") else f"(?:{pattern})"
+
+
+EVENT_ANY = "|".join(_scoped(p.pattern) for p in (HARDWARE, OOM, _ERRORISH, EXC_LINE, _NAN_TEXT, _SAVE, _LOAD,
+                                                  _JOB_END)) + r"|Namespace\(|=="
+"""One pattern (Python ``re`` and Rust ``regex``) for a stripped line that :func:`parse_line` or
+:func:`is_error_line` may take: a line it does not match is neither (lets a block of lines skip both)."""
+
+
 def clean(line: str) -> str:
     """Remove ANSI escapes and one launcher prefix (``[rank0]:``, ``[default7]:``, ``0: ``)."""
     if "\x1b" in line:
