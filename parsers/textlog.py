@@ -46,6 +46,7 @@ from parsers.lines import (
     megatron,
     nanogpt,
     nemo,
+    repeat_string,
     torchtitan,
 )
 from parsers.lines.pyrepr import flatten
@@ -366,13 +367,14 @@ class _Assembler:
             self.block_kinds.clear()
             self.last_ckpt = None
 
-    def bulk_frame(self, lines: pl.DataFrame, mets: pl.DataFrame, walls: pl.DataFrame) -> bool:
-        """A long run of general metric lines without rank prefixes, as tables (the rules of :meth:`bulk`).
+    def bulk_frame(self, lines: pl.DataFrame, mets: pl.DataFrame, walls: np.ndarray, lo: int) -> bool:
+        """A long run of general metric lines without rank prefixes, as arrays (the rules of :meth:`bulk`).
 
         Args:
-            lines: ``line``, ``step`` (null: the last step seen) per metric line, in order.
-            mets: ``line``, ``metric``, ``tag``, ``value`` per metric.
-            walls: ``line``, ``wall_time`` per line of the run.
+            lines: ``line``, ``step`` (null: the last step seen) per metric line, in line order.
+            mets: ``line``, ``metric``, ``tag``, ``value`` per metric, in line order.
+            walls: Wall time (NaN: none) of every line of the run; ``walls[0]`` is line ``lo``.
+            lo: The run's first line.
 
         Returns:
             False (nothing done) when a line names one metric twice: :meth:`bulk` then handles the run.
@@ -381,55 +383,66 @@ class _Assembler:
             return True
         if mets.select(pl.struct("line", "metric").is_duplicated().any()).item():
             return False
-        start_any = self.any_step
+        line_no = lines.get_column("line").to_numpy().astype(np.int64)
         st = lines.get_column("step")
-        explicit = st.is_not_null()
-        exp_steps = st.filter(explicit)
-        prev = exp_steps.shift(1, fill_value=self.last_step if self.last_step is not None else -(1 << 62))
-        brk_exp = (exp_steps < prev).to_list()
-        brk = [False] * lines.height
-        idx = explicit.arg_true().to_list()
-        for k, b in zip(idx, brk_exp, strict=True):
-            brk[k] = b
-        filled = st.fill_null(strategy="forward")
-        if start_any is not None:
-            filled = filled.fill_null(start_any)
-        df = lines.with_columns(pl.Series("step", filled), pl.Series("brk", brk))
-        if not self.seg_rows and df.height and df.get_column("brk")[0]:
-            df = df.with_columns(pl.Series("brk", [False] + brk[1:]))
-        skipped_before = df.get_column("step").null_count()
-        if skipped_before:
-            self.skip_counts["metric line before any step"] += skipped_before
-        df = df.with_columns((pl.col("brk").cum_sum() + self.segment).cast(pl.Int32).alias("segment"))
-        df = df.filter(pl.col("step").is_not_null())
-        if df.height == 0:
-            return True
-        rows = (mets.join(df.select("line", "segment", "step"), on="line", how="inner", maintain_order="left")
-                .join(walls, on="line", how="left", maintain_order="left"))
+        explicit = st.is_not_null().to_numpy()
+        steps = st.fill_null(-1).to_numpy().astype(np.int64)
+        # a step below the previous explicit step opens a segment (the rule of ``metrics``)
+        exp_steps = steps[explicit]
+        prev = np.empty_like(exp_steps)
+        if exp_steps.size:
+            prev[0] = self.last_step if self.last_step is not None else np.iinfo(np.int64).min
+            prev[1:] = exp_steps[:-1]
+        brk = np.zeros(steps.shape[0], dtype=bool)
+        brk[np.flatnonzero(explicit)] = exp_steps < prev
+        # a line without a step belongs to the last step seen
+        idx = np.where(explicit, np.arange(steps.shape[0]), -1)
+        np.maximum.accumulate(idx, out=idx)
+        filled = np.where(idx >= 0, steps[np.maximum(idx, 0)], -1)
+        have = idx >= 0
+        if self.any_step is not None:
+            filled[~have] = self.any_step
+            have[:] = True
+        if not self.seg_rows and brk[0]:
+            brk[0] = False
+        n_skip = int((~have).sum())
+        if n_skip:
+            self.skip_counts["metric line before any step"] += n_skip
+            brk &= have
+        seg = (np.cumsum(brk) + self.segment).astype(np.int32)
+        # per metric row: the row of its line
+        ml = mets.get_column("line").to_numpy().astype(np.int64)
+        row = np.searchsorted(line_no, ml)
+        keep = have[row]
+        row = row[keep]
+        n = int(row.shape[0])
+        vals = mets.get_column("value").to_numpy()[keep]
+        wt = walls[ml[keep] - lo]
         src = self.rows.source
-        table = pa.table({
-            "run": pa.array([""] * rows.height, pa.string()),
-            "segment": rows.get_column("segment").to_arrow().cast(pa.int32()),
-            "step": rows.get_column("step").to_arrow().cast(pa.int64()),
-            "metric": rows.get_column("metric").to_arrow().cast(pa.string()),
-            "value": rows.get_column("value").to_arrow().cast(pa.float64()),
-            "wall_time": rows.get_column("wall_time").to_arrow().cast(pa.float64()),
-            "tag": rows.get_column("tag").to_arrow().cast(pa.string()),
-            "source": pa.array([src] * rows.height, pa.string()),
-        }).cast(METRICS_SCHEMA)
+        names = mets.get_column("metric").to_arrow().filter(pa.array(keep))
+        tags = mets.get_column("tag").to_arrow().filter(pa.array(keep))
+        table = pa.Table.from_arrays([
+            repeat_string("", n), pa.array(seg[row], pa.int32()), pa.array(filled[row], pa.int64()),
+            names.cast(pa.string()), pa.array(vals, pa.float64()),
+            pa.array(wt, pa.float64(), mask=np.isnan(wt)), tags.cast(pa.string()),
+            repeat_string(src, n)], schema=METRICS_SCHEMA)
         self.rows.add_chunk(table)
-        n_brk = int(df.get_column("brk").sum())
+        n_brk = int(brk.sum())
         self.segment += n_brk
-        seg_counts = rows.filter(pl.col("segment") == self.segment).height
-        self.seg_rows = seg_counts if n_brk else self.seg_rows + rows.height
-        last_exp = df.join(lines.filter(explicit).select("line"), on="line", how="semi", maintain_order="left")
-        if last_exp.height:
-            self.last_step = int(last_exp.get_column("step")[-1])
-        elif n_brk:
+        if n_brk:
+            self.seg_rows = int((seg[row] == self.segment).sum())
             self.last_step = None
+        else:
+            self.seg_rows += n
+        if exp_steps.size:
+            last_brk = np.flatnonzero(brk)
+            after = np.flatnonzero(explicit)
+            if not last_brk.size or after[-1] >= last_brk[-1]:
+                self.last_step = int(exp_steps[-1])
         self.rank_last = {}
-        self.any_step = int(df.get_column("step")[-1])
-        self.frameworks["generic"] += rows.height
+        if have.any():
+            self.any_step = int(filled[have][-1])
+        self.frameworks["generic"] += n
         self.activity = True
         self.launch_open = False
         self.block_kinds.clear()
@@ -755,9 +768,7 @@ class _Reader:
             if hi - lo >= self.LONG_RUN and all(r is None for r in ranks[lo:hi]):
                 ld = line_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
                 md = met_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
-                w = pl.DataFrame({"line": pl.Series(np.arange(lo, hi), dtype=pl.UInt32),
-                                  "wall_time": pl.Series(walls[lo:hi], dtype=pl.Float64, nan_to_null=True)})
-                if asm.bulk_frame(ld, md, w):
+                if asm.bulk_frame(ld, md, walls[lo:hi], lo):
                     continue
             asm.bulk(self._items(lo, hi))
 

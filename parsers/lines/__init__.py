@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
@@ -115,6 +116,13 @@ def dedupe_canonical(metrics: list[Metric]) -> list[Metric]:
     for i, (m, tag, v) in enumerate(metrics):
         out.append((m, tag, v) if winner[m] == i else (tag, tag, v))
     return out
+
+
+def repeat_string(value: str, n: int) -> pa.Array:
+    """``n`` copies of one string as an Arrow string array, built from buffers (no Python list of ``n``)."""
+    data = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
 
 
 class Rows:

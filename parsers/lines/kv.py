@@ -33,6 +33,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from parsers.lines import LineRecord, metric
@@ -207,18 +208,31 @@ def _regex_pairs(df: pl.DataFrame) -> pl.DataFrame:
 
 def _template_pairs(df: pl.DataFrame, tpl: list[tuple[str, int, int | None, str | None]]) -> pl.DataFrame:
     toks = df.select("line", pl.col("text").str.extract_all(_NUM).alias("t"))
-    parts = []
-    for j, (key, k, f, unit) in enumerate(tpl):
+    exprs = []
+    for j, (_, k, f, unit) in enumerate(tpl):
         mag = _MAGNITUDE.get(unit or "", 1.0)
-        val = pl.col("t").list.get(k, null_on_oob=True)
-        val = val.str.replace_all(",", "", literal=True)
-        val = val.str.to_lowercase().cast(pl.Float64, strict=False)
-        frac = (pl.col("t").list.get(f, null_on_oob=True).cast(pl.Int64, strict=False) if f is not None
-                else pl.lit(None, pl.Int64))
-        parts.append(toks.select("line", pl.lit(j, pl.UInt16).alias("j"), pl.lit(key, pl.Utf8).alias("key"),
-                                 (val * mag if mag != 1.0 else val).alias("value"), frac.alias("frac"),
-                                 pl.lit(unit, pl.Utf8).alias("unit")))
-    return pl.concat(parts).sort(["line", "j"]).drop("j").drop_nulls("value")
+        val = (pl.col("t").list.get(k, null_on_oob=True).str.replace_all(",", "", literal=True).str.to_lowercase()
+               .cast(pl.Float64, strict=False))
+        exprs.append((val * mag if mag != 1.0 else val).alias(f"v{j}"))
+        if f is not None:
+            exprs.append(pl.col("t").list.get(f, null_on_oob=True).cast(pl.Int64, strict=False).alias(f"f{j}"))
+    wide = toks.select(exprs)
+    p = len(tpl)
+    n = wide.height
+    values = np.column_stack([wide.get_column(f"v{j}").to_numpy() for j in range(p)]).ravel()  # line-major
+    bad = np.column_stack([wide.get_column(f"v{j}").is_null().to_numpy() for j in range(p)]).ravel()
+    fracs = np.full((n, p), np.nan)
+    for j, (_, _, f, _) in enumerate(tpl):
+        if f is not None:
+            fracs[:, j] = wide.get_column(f"f{j}").cast(pl.Float64).to_numpy()
+    lines = np.repeat(toks.get_column("line").to_numpy(), p)
+    keys = pl.Series("key", [t[0] for t in tpl] * n, dtype=pl.Utf8)
+    units = pl.Series("unit", [t[3] for t in tpl] * n, dtype=pl.Utf8)
+    out = pl.DataFrame({"line": pl.Series(lines, dtype=pl.UInt32), "key": keys,
+                        "value": pl.Series(values, dtype=pl.Float64, nan_to_null=False),
+                        "frac": pl.Series(fracs.ravel(), dtype=pl.Float64, nan_to_null=True).cast(pl.Int64),
+                        "unit": units})
+    return out.filter(pl.Series(~bad)) if bad.any() else out
 
 
 def parse_block(lines: pl.Series, shapes: pl.Series | None = None) -> pl.DataFrame:
@@ -277,11 +291,11 @@ def frames_of(pairs: pl.DataFrame, state: dict) -> tuple[pl.DataFrame, pl.DataFr
         return empty_lines, empty_mets
     keys = pairs.get_column("key").unique().to_list()
     kinds = {k: classify(k) for k in keys}
-    table = pl.DataFrame({"key": keys, "kind": [kinds[k][0] for k in keys],
-                          "metric": ["epoch" if kinds[k][0] == "epoch" else kinds[k][1] for k in keys],
-                          "lossy": [bool(_LOSSY.search(k)) for k in keys]},
-                         schema={"key": pl.Utf8, "kind": pl.Utf8, "metric": pl.Utf8, "lossy": pl.Boolean})
-    df = pairs.join(table, on="key", how="left", maintain_order="left")
+    code = pairs.get_column("key").replace_strict(keys, list(range(len(keys))), return_dtype=pl.UInt32)
+    kind = pl.Series([kinds[k][0] for k in keys], dtype=pl.Utf8).gather(code)
+    name = pl.Series(["epoch" if kinds[k][0] == "epoch" else kinds[k][1] for k in keys], dtype=pl.Utf8).gather(code)
+    lossy = pl.Series([bool(_LOSSY.search(k)) for k in keys], dtype=pl.Boolean).gather(code)
+    df = pairs.with_columns(kind.alias("kind"), name.alias("metric"), lossy.alias("lossy"))
     is_step = (pl.col("kind") == "step") & pl.col("value").is_finite() & (pl.col("value") >= 0) & (
         pl.col("value") == pl.col("value").floor())
     per = df.group_by("line", maintain_order=True).agg(
