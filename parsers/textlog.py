@@ -355,6 +355,9 @@ class _Assembler:
             mets = self.rank_rows(step, dedupe_canonical(mets))
             if not mets:
                 continue
+            for name, tag, v in mets:
+                if v is not None and not math.isfinite(v) and kv.is_objective(name):
+                    self.event("nan_detected", kv.nonfinite_message(tag, v), step)
             rows.extend(self.segment, step, mets, wall)
             self.frameworks["generic"] += len(mets)
             self.seg_rows += len(mets)
@@ -427,6 +430,15 @@ class _Assembler:
             pa.array(wt, pa.float64(), mask=np.isnan(wt)), tags.cast(pa.string()),
             repeat_string(src, n)], schema=METRICS_SCHEMA)
         self.rows.add_chunk(table)
+        bad = np.flatnonzero(~np.isfinite(vals))
+        if bad.size:
+            names_l, tags_l = names.to_pylist(), tags.to_pylist()
+            segs, stps = seg[row], filled[row]
+            for k in bad.tolist():
+                if kv.is_objective(names_l[k]):
+                    self.segment, seg_now = int(segs[k]), self.segment
+                    self.event("nan_detected", kv.nonfinite_message(tags_l[k], float(vals[k])), int(stps[k]))
+                    self.segment = seg_now
         n_brk = int(brk.sum())
         self.segment += n_brk
         if n_brk:

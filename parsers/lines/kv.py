@@ -153,7 +153,19 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return None
     if step is None and not lossy:
         return None
-    return LineRecord("generic", step=step, metrics=out)
+    events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
+              if v is not None and not math.isfinite(v) and is_objective(n)]
+    return LineRecord("generic", step=step, metrics=out, events=events)
+
+
+def is_objective(name: str) -> bool:
+    """True for a canonical loss-family name (``loss``, ``loss/<part>``, ``eval_loss``, ``ppl``...)."""
+    return name.split("/", 1)[0] in ("loss", "eval_loss", "ppl", "eval_ppl")
+
+
+def nonfinite_message(tag: str, value: float) -> str:
+    """The ``nan_detected`` message of a metric line whose loss is not finite."""
+    return f"{tag} = {value} on a metric line"
 
 
 _NUMTOK = re.compile(_NUM)
