@@ -1,5 +1,8 @@
-"""The general metric reader (parsers/lines/kv.py): its grammar, one line and a block giving the same rows,
-the bulk path of parsers.textlog giving the rows of the one-by-one path, ranks and script dumps."""
+"""The general metric reader (parsers/lines/kv.py).
+
+Its grammar, one line and a block giving the same rows, the bulk path of parsers.textlog giving the rows
+of the one-by-one path, ranks and script dumps.
+"""
 
 from __future__ import annotations
 
