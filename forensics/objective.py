@@ -25,6 +25,8 @@ import polars as pl
 from forensics.schema import explain_metric
 
 _EVAL_OBJECTIVES = ("eval_loss", "ppl", "eval_ppl")
+ZERO = "constant_zero:"
+"""Prefix of the name a constant-zero ``loss`` series is kept under (it is not the loss)."""
 
 
 def _constant_zero(df: pl.DataFrame) -> bool:
@@ -71,10 +73,10 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     loss = metrics.filter(pl.col("metric") == "loss")
     if loss.height and _constant_zero(loss):
         tags = sorted(set(loss.get_column("tag").to_list()))
-        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.col("tag"))
+        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
                                        .otherwise(pl.col("metric")).alias("metric"))
         for t in tags:
-            names[t] = {"metric": t, "why": "constant zero on every row: not the loss (a placeholder)"}
+            names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}
         loss = metrics.filter(pl.col("metric") == "loss")
     if loss.height:
         tags = sorted(set(loss.get_column("tag").to_list()))

@@ -11,7 +11,9 @@ files that are not gzip data.
 
 Global segments: the files of one *group* are put in time order, and a file whose first step is at
 or below the previous file's last step starts a new segment (a resume that went back); a file that
-continues forward stays in the segment. Groups: TensorBoard files of the whole run form chains of
+continues forward stays in the segment, except a text log: each stdout file is one launch, so a later one
+is a new segment even when its steps continue (with a ``restart`` event naming the file boundary). A Git
+LFS pointer file (the content never downloaded) is listed in ``skipped`` as one. Groups: TensorBoard files of the whole run form chains of
 files that follow one another in time (``version_0``, ``version_1``, ... of one job; writers running
 at the same time, like Keras ``train/`` and ``validation/``, are separate chains); W&B transaction logs
 are grouped by run id (each ``offline-run-*`` folder of the run, a resume, is a new segment); other
@@ -225,7 +227,25 @@ def _unreadable(path: Path) -> str | None:
         return None
     if not os.access(path, os.R_OK):
         return PERMISSION_DENIED
+    if _lfs_pointer(path):
+        return LFS_POINTER
     return gzip_problem(path)
+
+
+LFS_POINTER = ("a Git LFS pointer file, not the file itself (the content was never downloaded: run "
+               "`git lfs pull` in the repository); not read")
+_LFS_MAGIC = b"version https://git-lfs.github.com/spec/v1"
+
+
+def _lfs_pointer(path: Path) -> bool:
+    """True for a Git LFS pointer (a small text file that starts with the LFS spec line)."""
+    try:
+        if path.stat().st_size > 1024:
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(_LFS_MAGIC)) == _LFS_MAGIC
+    except OSError:
+        return False
 
 
 def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path], dict[str, str]]:
@@ -319,9 +339,16 @@ def _groups(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
     return out
 
 
-def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str]) -> dict[str, int]:
-    """Global segment offset of each source: local segment + offset = global segment."""
+def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str],
+             continued: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Global segment offset of each source: local segment + offset = global segment.
+
+    A text log that follows another one of its folder is a new launch, so a new segment, even when its
+    steps continue forward; such files are put in ``continued`` (rel -> (previous last step, first step))
+    and get a ``restart`` event.
+    """
     offsets: dict[str, int] = {}
+    continued.clear()
     state: dict[str, tuple[int, int]] = {}  # group -> (global segment of the last file's end, its last step)
     for rel, _, b in sorted(items, key=_order_key):
         g = groups[rel]
@@ -333,6 +360,10 @@ def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str])
             off = 0
         elif g.startswith("wandb:"):  # each W&B run folder of a run id is a new process (a resume)
             off = prev[0] + 1
+        elif g.startswith("textlog:"):  # each stdout file is one launch: a later file is a new segment
+            off = prev[0] + 1
+            if b["first_step"] is not None and b["first_step"] > prev[1]:
+                continued[rel] = (prev[1], b["first_step"])
         else:
             off = prev[0] + 1 if b["first_step"] is None or b["first_step"] <= prev[1] else prev[0]
         offsets[rel] = off
@@ -392,7 +423,8 @@ def load_run(run_dir: str | Path) -> RunData:
         raise InputError(root, _with_skips(NO_LOGS, skipped))
     skipped.extend(failures)
     groups = _groups(results)
-    offsets = _offsets(results, groups)
+    continued: dict[str, tuple[int, int]] = {}
+    offsets = _offsets(results, groups, continued)
     run = root.name
     metrics, events, sources = [], [], []
     meta: dict[str, Any] = {"run": run, "formats": sorted({pr.format for _, pr, _ in results}),
@@ -405,6 +437,13 @@ def load_run(run_dir: str | Path) -> RunData:
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as exc:
             skipped.append(Skip(rel, f"the {pr.format} parser returned a malformed table: {exc}"))
             continue
+        if rel in continued:
+            last, first = continued[rel]
+            e = pa.concat_tables([e, pa.table({
+                "run": [run], "segment": pa.array([offsets[rel]], pa.int32()), "step": pa.array([first], pa.int64()),
+                "kind": ["restart"], "message": [f"{rel}: a new log file (a new launch) continues at step {first} "
+                                                 f"after step {last} of the previous file"],
+                "source": [rel]}, schema=EVENTS_SCHEMA)])
         metrics.append(m)
         events.append(e)
         segs = pc.count_distinct(m.column("segment")).as_py() if m.num_rows else 0
