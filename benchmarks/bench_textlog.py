@@ -51,7 +51,8 @@ def make(path: Path, n: int) -> None:
                          f"lr: 0.00025  max_mem: 2500M\n")
             elif k == 3:  # mmengine
                 fh.write(f"2024/01/01 10:00:00 - mmengine - INFO - Iter(train) [{i}/{n}]  lr: 1.0000e-04  "
-                         f"eta: 1:00:00  time: 0.5012  data_time: 0.0103  memory: 5000  loss: {loss:.4f}  loss_cls: {loss / 2:.4f}\n")
+                         f"eta: 1:00:00  time: 0.5012  data_time: 0.0103  memory: 5000  loss: {loss:.4f}  "
+                         f"loss_cls: {loss / 2:.4f}\n")
             else:  # key=value scripts
                 fh.write(f"step={i} loss={loss:.5f} lr=3e-4 grad_norm={0.5 + i % 7 / 10:.3f} tokens_per_sec=1.2K\n")
 

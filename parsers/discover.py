@@ -9,16 +9,15 @@ parser may read are always listed in ``skipped`` and never reach a parser: FIFOs
 dangling symlinks (checked with ``os.stat``, never opened), files without read permission, ``*.gz``
 files that are not gzip data.
 
-Global segments: the files of one *group* are put in time order, and a file whose first step is at
-or below the previous file's last step starts a new segment (a resume that went back); a file that
-continues forward stays in the segment, except a text log: each stdout file is one launch, so a later one
-is a new segment even when its steps continue (with a ``restart`` event naming the file boundary). A Git
-LFS pointer file (the content never downloaded) is listed in ``skipped`` as one. Groups: TensorBoard
-files of the whole run form chains of files that follow one another in time (``version_0``,
-``version_1``, ... of one job; writers running at the same time, like Keras ``train/`` and ``validation/``, are separate chains); W&B transaction logs
-are grouped by run id (each ``offline-run-*`` folder of the run, a resume, is a new segment); other
-formats are grouped by (format, folder). Each group numbers its segments from 0.
-"""
+Global segments: the files of one *group* are put in time order, and a file whose first step is at or
+below the previous file's last step starts a new segment (a resume that went back); a file that continues
+forward stays in the segment, except a text log: each stdout file is one launch, so a later one is a new
+segment even when its steps continue (with a ``restart`` event naming the file boundary). A Git LFS
+pointer file (the content never downloaded) is listed in ``skipped`` as one. Groups: TensorBoard files of
+the whole run form chains of files that follow one another in time (``version_0``, ``version_1``, ... of
+one job; writers running at the same time, like Keras ``train/`` and ``validation/``, are separate
+chains); W&B transaction logs are grouped by run id (each ``offline-run-*`` folder of the run, a resume,
+is a new segment); other formats are grouped by (format, folder). Each group numbers its segments from 0."""
 
 from __future__ import annotations
 
