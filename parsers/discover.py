@@ -17,7 +17,8 @@ pointer file (the content never downloaded) is listed in ``skipped`` as one. Gro
 the whole run form chains of files that follow one another in time (``version_0``, ``version_1``, ... of
 one job; writers running at the same time, like Keras ``train/`` and ``validation/``, are separate
 chains); W&B transaction logs are grouped by run id (each ``offline-run-*`` folder of the run, a resume,
-is a new segment); other formats are grouped by (format, folder). Each group numbers its segments from 0."""
+is a new segment); other formats are grouped by (format, folder). Each group numbers its segments from 0.
+"""
 
 from __future__ import annotations
 
