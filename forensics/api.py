@@ -27,10 +27,15 @@ def load(path: str | Path, metric_map: dict[str, str] | None = None) -> RunData:
             its logs hold no metric record that could be read.
     """
     from forensics.errors import InputError
+    from forensics.userconfig import find
     from parsers.discover import load_run
 
-    run = load_run(path)
-    _resolve_objective(run, metric_map or {})
+    user = find(path) if Path(path).expanduser().is_dir() else None
+    run = load_run(path, ignore=user.ignore if user else (), step_key=user.step_key if user else None)
+    mapping = {**(user.aliases if user else {}), **(metric_map or {})}  # the command line wins
+    if user and user.path:
+        run.meta["user_config"] = user.as_meta()
+    _resolve_objective(run, mapping)
     if run.metrics.height == 0 and run.tensors.height == 0:
         n = len(run.sources)
         first = f"; first problem: {run.skipped[0].what}: {run.skipped[0].reason}" if run.skipped else ""

@@ -38,7 +38,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from parsers._io import logical_suffix, open_binary, open_text
+from parsers._io import STEP_KEY, logical_suffix, open_binary, open_text
 from parsers.lines import Rows, metric
 
 FORMAT = "csv"
@@ -79,8 +79,12 @@ _SKIP_COLS = {"_runtime", "_timestamp", "_wandb", "timestamp", "wall_time", "Wal
 def _step_column(header: list[str], *, row_index: bool = True) -> str | None:
     """The step column of a header by rule: a step name, else an epoch or sample count, else the row index.
 
-    The row index (:data:`ROW_INDEX`) is taken only when ``row_index`` and a column is a loss by name.
+    The row index (:data:`ROW_INDEX`) is taken only when ``row_index`` and a column is a loss by name. A
+    step column the user named (``forensics.toml`` ``step_key``) wins when the header has it.
     """
+    user = STEP_KEY.get()
+    if user and user in header:
+        return user
     for names in (STEP_COLUMNS, EPOCH_COLUMNS, SAMPLE_COLUMNS):
         for name in names:
             if name in header:

@@ -22,13 +22,14 @@ is a new segment); other formats are grouped by (format, folder). Each group num
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import math
 import os
 import re
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
@@ -39,7 +40,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
 from parsers import PARSER_MODULES
-from parsers._io import gzip_problem
+from parsers._io import STEP_KEY, gzip_problem
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
                 ".txt.gz", ".out.gz", ".csv.gz")
@@ -379,11 +380,14 @@ def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
 
 
-def load_run(run_dir: str | Path) -> RunData:
+def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | None = None) -> RunData:
     """Read every training log of a run folder into one :class:`RunData`.
 
     Args:
         run_dir: The run folder (a path to a folder, not a file).
+        ignore: Glob patterns (relative to the run folder) of files not to read (``forensics.toml``);
+            each file left out is listed in ``skipped``.
+        step_key: The step column of tables, when the user named one (``forensics.toml``).
 
     Returns:
         :class:`RunData` with ``metrics``/``events`` (polars; ``run`` = the folder name, ``segment``
@@ -400,6 +404,24 @@ def load_run(run_dir: str | Path) -> RunData:
     """
     root = _check_root(run_dir)
     claims, skipped, configs, unavailable = _discover(root)
+    if ignore:
+        kept = []
+        for path, mod in claims:
+            rel = path.relative_to(root).as_posix()
+            if any(PurePosixPath(rel).match(g) or fnmatch.fnmatch(rel, g) for g in ignore):
+                skipped.append(Skip(rel, "ignored (forensics.toml: ignore)"))
+            else:
+                kept.append((path, mod))
+        claims = kept
+    token = STEP_KEY.set(step_key)
+    try:
+        return _load(root, run_dir, claims, skipped, configs, unavailable)
+    finally:
+        STEP_KEY.reset(token)
+
+
+def _load(root: Path, run_dir: str | Path, claims: list, skipped: list[Skip], configs: list[Path],
+          unavailable: dict[str, str]) -> RunData:
     results: list[tuple[str, ParseResult, dict]] = []
     failures: list[Skip] = []
     for path, mod in claims:

@@ -58,3 +58,52 @@ def test_objective_by_rule(tmp_path, cols, objective):
                                           + "".join(",".join(f"{v:>15}" for v in r) + "\n" for r in rows))
     run = load(tmp_path)
     assert run.meta["objective"]["tags"] == [objective]
+
+
+def test_forensics_toml_aliases_ignore_step_key(tmp_path):
+    """A forensics.toml above the run folder: aliases map the objective, ignore drops files, step_key picks."""
+    run_dir = tmp_path / "runs" / "a"
+    run_dir.mkdir(parents=True)
+    (tmp_path / "runs" / "forensics.toml").write_text(
+        'aliases = { loss = "objective" }\nstep_key = "tick"\nignore = ["old/*"]\n')
+    (run_dir / "metrics.csv").write_text("step,tick,objective\n" + "".join(f"0,{i},{1 / (i + 1)}\n" for i in range(30)))
+    (run_dir / "old").mkdir()
+    (run_dir / "old" / "train.log").write_text("step 1 loss 9\n")
+    run = load(run_dir)
+    assert run.meta["objective"]["tags"] == ["objective"]
+    assert sorted(run.metrics.filter(pl.col("metric") == "loss")["step"].to_list()) == list(range(30))
+    assert ("old/train.log", "ignored (forensics.toml: ignore)") in [(s.what, s.reason) for s in run.skipped]
+    assert run.meta["user_config"]["path"].endswith("forensics.toml")
+
+
+def test_pyproject_tool_table_and_bad_toml(tmp_path):
+    """``[tool.forensics]`` in a pyproject.toml is read; a broken forensics.toml is an input error naming it."""
+    from forensics.errors import InputError
+
+    (tmp_path / "pyproject.toml").write_text('[tool.forensics]\naliases = { loss = "objective" }\n')
+    (tmp_path / "log.txt").write_text("".join(f"step {i} | objective {1 / (i + 1):.3f}\n" for i in range(40)))
+    assert load(tmp_path).meta["objective"]["tags"] == ["objective"]
+    (tmp_path / "forensics.toml").write_text("aliases = [")
+    with pytest.raises(InputError, match="forensics.toml"):
+        load(tmp_path)
+
+
+def test_cli_json_error_object_and_inconclusive_exit(tmp_path):
+    """``-f json`` prints one object on an input error (exit 2); an inconclusive verdict exits 3; ``--metric``."""
+    import json
+
+    from click.testing import CliRunner
+
+    from forensics.cli import EXIT_INCONCLUSIVE, main
+
+    r = CliRunner().invoke(main, ["analyze", str(tmp_path / "missing"), "-f", "json"])
+    obj = json.loads(r.stdout)
+    assert r.exit_code == 2 and set(obj) == {"schema_version", "error"}
+    assert obj["error"]["kind"] == "input" and obj["error"]["path"].endswith("missing")
+    (tmp_path / "log.txt").write_text("".join(f"step {i} | acc {i / 100:.2f}\n" for i in range(60)))
+    r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json"])
+    assert r.exit_code == EXIT_INCONCLUSIVE and json.loads(r.stdout)["verdict"] == "inconclusive"
+    r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json", "--metric", "loss=acc"])
+    assert json.loads(r.stdout)["verdict"] != "inconclusive"
+    r = CliRunner().invoke(main, ["ingest", str(tmp_path), "-o", str(tmp_path / "out"), "--explain"])
+    assert r.exit_code == 0 and "log.txt: read by textlog" in r.stdout and "objective: none found" in r.stdout
