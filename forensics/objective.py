@@ -18,6 +18,7 @@ the verdict is ``inconclusive``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import polars as pl
@@ -84,6 +85,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                          "why": "the training objective, read directly: " + ", ".join(tags)}, names
     parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
     if parts.height:
+        parts = parts.filter(~pl.col("metric").str.contains(_STAT))
         keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
         keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
         zero = sorted(set(parts.get_column("metric").unique().to_list()) - set(keep))
@@ -107,6 +109,20 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                     why += f"; constant-zero component(s) left out: {', '.join(zero)}"
                 return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)",
                                  "why": why}, names
+            top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
+            rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
+            metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+            why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
+                   f"same steps; the most logged one, {top}, is taken")
+            return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
+                             "kind": "training (one component)", "why": why}, names
+    promoted = _promote(metrics)
+    if promoted is not None:
+        tag, kind, why = promoted
+        metrics = metrics.with_columns(pl.when((pl.col("tag") == tag) & (pl.col("metric") == tag))
+                                       .then(pl.lit("loss")).otherwise(pl.col("metric")).alias("metric"))
+        names[tag] = {"metric": "loss", "why": why}
+        return metrics, {"metric": "loss", "tags": [tag], "kind": kind, "why": why}, names
     for m in _EVAL_OBJECTIVES:
         df = metrics.filter(pl.col("metric") == m)
         if df.height and not _constant_zero(df):
@@ -115,6 +131,34 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                              "why": f"no training loss was logged; the evaluation objective {m} ({', '.join(tags)}) "
                                     "is the only objective read"}, names
     return metrics, None, names
+
+
+_STAT = r"/(?:mean|num|std|min|max|count|sum)$"
+_LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
+                             "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})
+"""Names of loss functions that trainers log the objective under (CatBoost ``RMSE``, ``Logloss``, ...)."""
+_EVAL_WORDS = re.compile(r"(?i)(?:^|[/_ .-])(?:val|valid|validation|eval|test|dev)(?:$|[/_ .-])")
+
+
+def _promote(metrics: pl.DataFrame) -> tuple[str, str, str] | None:
+    """A raw series to take as the objective when no loss was named, or ``None``.
+
+    A per-epoch training loss first, else a loss function by name; ``(tag, kind, why)``. Eval-side names never
+    qualify.
+    """
+    raw = metrics.filter(pl.col("metric") == pl.col("tag"))
+    tags = raw.get_column("tag").unique(maintain_order=True).to_list() if raw.height else []
+    tags = [t for t in tags if not _EVAL_WORDS.search(t)]
+    for t in tags:
+        low = t.lower()
+        if "loss" in low and not _constant_zero(raw.filter(pl.col("tag") == t)):
+            return t, "training (an aggregate: per epoch)", (
+                f"no per-step training loss was logged; {t!r} is the training loss aggregated per epoch")
+    for t in tags:
+        if t.lower().replace(" ", "") in _LOSS_FUNCTIONS and not _constant_zero(raw.filter(pl.col("tag") == t)):
+            return t, "training (a loss function by name)", (
+                f"no series is named loss; {t!r} is a loss function's name and no eval word qualifies it")
+    return None
 
 
 def how_to_map(metrics: pl.DataFrame, limit: int = 12) -> str:

@@ -137,6 +137,8 @@ def sniff(path: Path) -> bool:
         suffix = logical_suffix(path)
         if suffix == ".json" and path.is_file():
             return path.name != "trainer_state.json" and _json_array_head(path)
+        if suffix in (".log", ".txt", ".out") and path.is_file():
+            return _table_in_text(path)
         if suffix in (".csv", ".tsv") and path.is_file():
             with open_text(path) as fh:
                 first = fh.readline()
@@ -153,6 +155,24 @@ def sniff(path: Path) -> bool:
     except (OSError, ValueError, StopIteration, ImportError, RuntimeError, EOFError):
         return False
     return False
+
+
+def _table_in_text(path: Path) -> bool:
+    """True for a text log that is a table (a script that prints a header, then its rows).
+
+    The first line is a tab- or comma-separated header with a step (or loss) column; the second a row of as
+    many numbers.
+    """
+    with open_text(path) as fh:
+        first, second = fh.readline(), fh.readline()
+    if not first.strip() or ("\t" not in first and "," not in first):
+        return False
+    delim = _delimiter(first, ".txt")
+    header = [h.strip() for h in first.rstrip("\r\n").split(delim)]
+    cells = [c.strip() for c in second.rstrip("\r\n").split(delim)]
+    if len(header) < 2 or len(cells) != len(header) or any(_to_float(h) is not None for h in header):
+        return False
+    return all(_to_float(c) is not None for c in cells) and _step_column(header) is not None
 
 
 def _delimiter(first_line: str, suffix: str) -> str:

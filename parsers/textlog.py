@@ -691,6 +691,7 @@ class _Reader:
             return lineno
         cl = lines.gather(cand_idx)
         shape_s = cl.str.replace_all(_DIGITS, "#")
+        cl = cl.str.replace(kv.LEAD, kv.LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in kv.parse_line)
         uniq = shape_s.unique(maintain_order=True)
         codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
         uniq_list = uniq.to_list()
@@ -829,5 +830,32 @@ def read(path: Path, root: Path) -> ParseResult:
     keep, meta = asm.finish(lines)
     skipped[:0] = asm.skipped
     precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
-    return ParseResult(format=FORMAT, path=rel, metrics=asm.rows.metrics_table(keep),
+    table = _terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta)
+    return ParseResult(format=FORMAT, path=rel, metrics=table,
                        events=asm.rows.events_table(), meta=meta, skipped=tuple(skipped), precision=precision)
+
+
+_NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",
+                        "step_time", "throughput", "tokens", "samples", "batch_size", "grad_norm", "loss_scale"})
+
+
+def _terms_of_a_loss_log(table: Any, path: Path, meta: dict[str, Any]) -> Any:
+    """Short keys named by their file: the unnamed terms of a file named for its losses are loss components.
+
+    CycleGAN's ``loss_log.txt`` prints ``D_A: x G_A: x cycle_A: x ...``: they become ``loss/<term>``, each with
+    why in ``meta["names_from_context"]``.
+    """
+    if "loss" not in path.name.lower() or table.num_rows == 0:
+        return table
+    df = pl.from_arrow(table)
+    names = df.get_column("metric").unique().to_list()
+    if any(n.split("/")[0] in ("loss", "eval_loss", "ppl", "eval_ppl") for n in names):
+        return table
+    terms = [n for n in names if n == canonical_metric(n) and n.lower() not in _NOT_TERMS]
+    if not terms:
+        return table
+    meta["names_from_context"] = {t: f"loss/{t}: a term of {path.name} (the file is named for its losses)"
+                                  for t in sorted(terms)}
+    df = df.with_columns(pl.when(pl.col("metric").is_in(terms)).then(pl.lit("loss/") + pl.col("metric"))
+                         .otherwise(pl.col("metric")).alias("metric"))
+    return df.to_arrow().cast(METRICS_SCHEMA)

@@ -83,8 +83,10 @@ def test_wandb_panel_export(tmp_path):
 def test_sniff_and_errors(tmp_path):
     """Sniff and errors."""
     (tmp_path / "a.csv").write_text("name,value\nx,1\n")
-    (tmp_path / "b.txt").write_text("step,loss\n1,2\n")
-    assert not csv_metrics.sniff(tmp_path / "a.csv") and not csv_metrics.sniff(tmp_path / "b.txt")
+    (tmp_path / "b.txt").write_text("step,loss\n1,2\n")  # a table printed to a text file is read as one
+    (tmp_path / "c.txt").write_text("step, then loss\nrun 1, fine\n")
+    assert not csv_metrics.sniff(tmp_path / "a.csv") and csv_metrics.sniff(tmp_path / "b.txt")
+    assert not csv_metrics.sniff(tmp_path / "c.txt")
     assert not csv_metrics.sniff(tmp_path / "missing.csv")
     with pytest.raises(ParseError):
         csv_metrics.read(tmp_path / "a.csv", tmp_path)

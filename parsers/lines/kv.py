@@ -11,7 +11,8 @@ A *pair* is a key, a separator and a number:
   (``step:12/6200``), and a unit (``ms``, ``s``, ``%``, ``GiB``...: the value is kept as logged, the
   unit recorded) or a magnitude (``K``, ``M``, ``B``: multiplied out);
 - the pairs of a line are separated by anything that is not a pair: ``|``, ``,``, ``;``, tabs, runs of
-  spaces, brackets.
+  spaces, brackets; a key may be followed directly by a bracket (``Step[0100/0196]``), and a line that
+  starts with a bare ``[N/M]`` has step N.
 
 A line is a *metric line* when one pair is a step (:data:`STEP_KEYS`, or a multi-word key ending in one:
 ``global step``, ``validate step``) and at least one other pair is a number; or, without a step, when it
@@ -58,10 +59,14 @@ _NUM = (r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.
         r"|(?i:nan|inf(?:inity)?))")
 _WORD = r"[A-Za-z_][A-Za-z0-9_./@-]*"
 PAIR = (rf"['\"]?({_WORD}(?: {_WORD}){{0,3}})['\"]?(?:\s*\([^()]{{0,40}}\))?"
-        rf"(?:\s*[:=]\s*|[ \t]+)\[?\s*['\"]?({_NUM})(?:\s*/\s*(\d+))?['\"]?"
+        rf"(?:\s*[:=]\s*\[?|[ \t]+\[?|\[)\s*['\"]?({_NUM})(?:\s*/\s*(\d+))?['\"]?"
         r"(ms|s|%|GiB|GB|MiB|MB|KiB|KB|K|M|B|G|x|it/s|tok/s)?(?:[\s,|;:\])}'\"]|$)")
 """One pair; groups: key, value, fraction denominator, unit. Valid in Python ``re`` and Rust ``regex``."""
 _PAIR = re.compile(PAIR)
+LEAD = r"^(\s*)\[(\d+)/(\d+)\]"
+"""A line that starts with a bare ``[N/M]`` (``[100/200000] Train loss: ...``): N is the step."""
+LEAD_REPL = ("\\1step \\2/\\3 ", "${1}step ${2}/${3} ")  # Python re, Rust regex
+_LEAD = re.compile(LEAD)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
              r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
@@ -117,6 +122,8 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     """
     if not _CAND.search(line) or _CODE.search(line):
         return None
+    if line.lstrip().startswith("["):
+        line = _LEAD.sub(LEAD_REPL[0], line, count=1)
     step: int | None = None
     epoch: float | None = None
     out = []
