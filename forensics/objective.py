@@ -79,12 +79,28 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
         for t in tags:
             names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}
         loss = metrics.filter(pl.col("metric") == "loss")
+    if not loss.height:  # the loss logged as a statistic over the interval: ``Loss/loss`` {mean, std, num}
+        for cand in ("loss/mean", "loss/loss", "loss/loss/mean"):
+            df = metrics.filter(pl.col("metric") == cand)
+            if df.height and not _constant_zero(df):
+                metrics = metrics.with_columns(pl.when(pl.col("metric") == cand).then(pl.lit("loss"))
+                                               .otherwise(pl.col("metric")).alias("metric"))
+                for t in sorted(set(df.get_column("tag").to_list())):
+                    names[t] = {"metric": "loss", "why": f"{cand}: the loss (its mean over each logging interval)"}
+                loss = metrics.filter(pl.col("metric") == "loss")
+                break
     if loss.height:
         tags = sorted(set(loss.get_column("tag").to_list()))
         return metrics, {"metric": "loss", "tags": tags, "kind": "training",
                          "why": "the training objective, read directly: " + ", ".join(tags)}, names
     parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
     if parts.height:
+        # a part logged as statistics (``loss/G/loss/mean``, ``/std``, ``/num``): its mean is the part
+        plain = set(parts.get_column("metric").unique().to_list())
+        parts = parts.with_columns(
+            pl.when(pl.col("metric").str.ends_with("/mean")
+                    & ~pl.col("metric").str.replace(r"/mean$", "").is_in(list(plain)))
+            .then(pl.col("metric").str.replace(r"/mean$", "")).otherwise(pl.col("metric")).alias("metric"))
         parts = parts.filter(~pl.col("metric").str.contains(_STAT))
         keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
         keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
