@@ -1,5 +1,8 @@
 r"""torchtitan stdout, reference/formats.md section 4.4.
 
+Why a module: lines cut by interleaved writes start like a metric line but must not be read in part
+(listed as damaged), and ``Training starts at step N`` says a resume without a checkpoint line.
+
 The logger is the root logger with the format ``[titan] %(asctime)s - %(name)s - %(levelname)s -
 %(message)s`` (``pytorch/torchtitan:torchtitan/tools/logging.py``); torchrun may put ``[rank0]:`` in
 front (removed by :func:`parsers.lines.common.clean`, as are the ANSI colours: ``Color`` in
