@@ -1,9 +1,12 @@
 r"""Trainer stdout and text logs: Megatron-LM, DeepSpeed, HF, fairseq/metaseq, torchtitan, NeMo, nanoGPT, scripts.
 
-Lines are split on ``\n`` and ``\r`` (tqdm), ANSI escapes and ``[rankN]:`` prefixes are removed,
-then each line goes to the framework modules of :mod:`parsers.lines` in turn (Megatron, DeepSpeed,
-fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT, generic), then to the framework-neutral ones
-(checkpoints, resumes, errors). This module assembles what they return: segments, events, configuration dumps and diffs,
+Lines are split on ``\n`` and ``\r`` (tqdm) and read in blocks of 65,536: ANSI escapes and rank prefixes
+(``[rankN]:``, ``N: ``, kept as the line's rank) are removed with polars; a line that may be a metric line
+is reduced to its shape, and the first line of each shape goes to the framework modules of
+:mod:`parsers.lines` in turn (Megatron, DeepSpeed, fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT,
+the ImageNet/non-finite traps), then to the general reader :mod:`parsers.lines.kv`, then to the
+framework-neutral rules (checkpoints, resumes, errors). Every later line of a shape the general reader
+took is read in bulk (:class:`_Reader`); printed script source is skipped and counted. This module assembles what they return: segments, events, configuration dumps and diffs,
 tracebacks, and the log-format traps of DESIGN.md section 4:
 
 - a Megatron iteration line without ``lm loss`` when other lines have it is a NaN average loss:

@@ -4,7 +4,9 @@ Each framework module exports ``parse_line(line, state) -> LineRecord | None``: 
 physical line already cleaned by :mod:`parsers.textlog` (ANSI escapes and ``[rankN]:`` prefixes
 removed, split on ``\r`` too), ``state`` a per-file dict the module may use for its own counters.
 A module returns ``None`` when the line is not one of its shapes; :mod:`parsers.textlog` then
-tries the next module. Modules never raise on odd input.
+tries the next module. Modules never raise on odd input. The general reader :mod:`parsers.lines.kv`
+reads any ``key value`` line and goes last; a framework module exists only for a trap of its
+framework, named in its docstring.
 
 :class:`Rows` collects metrics and events column-wise and builds the Arrow tables of
 :mod:`forensics.schema`; :mod:`parsers.hf_trainer` and :mod:`parsers.csv_metrics` use it too.
