@@ -6,7 +6,8 @@ is reduced to its shape, and the first line of each shape goes to the framework 
 :mod:`parsers.lines` in turn (Megatron, DeepSpeed, fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT,
 the ImageNet/non-finite traps), then to the general reader :mod:`parsers.lines.kv`, then to the
 framework-neutral rules (checkpoints, resumes, errors). Every later line of a shape the general reader
-took is read in bulk (:class:`_Reader`); printed script source is skipped and counted. This module assembles what they return: segments, events, configuration dumps and diffs,
+took is read in bulk (:class:`_Reader`); printed script source is skipped and counted. This module
+assembles what they return: segments, events, configuration dumps and diffs,
 tracebacks, and the log-format traps of DESIGN.md section 4:
 
 - a Megatron iteration line without ``lm loss`` when other lines have it is a NaN average loss:
