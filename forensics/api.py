@@ -45,13 +45,14 @@ def load(path: str | Path, metric_map: dict[str, str] | None = None) -> RunData:
 
 
 def _resolve_objective(run: RunData, metric_map: dict[str, str]) -> None:
-    from forensics.objective import apply_user_map, resolve
+    from forensics.objective import apply_user_map, per_step_counters, resolve
 
     metrics = run.metrics
     user: dict[str, str] = {}
     if metric_map and metrics.height:
         metrics, user = apply_user_map(metrics, metric_map)
     metrics, objective, names = resolve(metrics)
+    metrics = per_step_counters(metrics, names)
     for raw, why in user.items():
         names[raw] = {"metric": next((c for c, r in metric_map.items() if r == raw), raw), "why": why}
     if metrics is not run.metrics:

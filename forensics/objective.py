@@ -177,6 +177,40 @@ def _promote(metrics: pl.DataFrame) -> tuple[str, str, str] | None:
     return None
 
 
+COUNTERS = ("skipped_step", "nan_step")
+"""Canonical names that mean a count per step; a writer may print them as a running total."""
+
+
+def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+    """A running total logged under a per-step counter's name becomes the per-step count, with why.
+
+    A series is a running total when, within each (source, segment), its values are integers that never
+    go down and rise at least once over at least 3 rows (DeepSpeed's ``skipped=K``, a script's
+    ``skipped: 6``); its per-step value is the difference from the previous row (the first row keeps its
+    value). Readers that already convert (``parsers.lines.deepspeed``) log per-step counts, which go down,
+    so they are left alone.
+    """
+    for name in COUNTERS:
+        df = metrics.filter(pl.col("metric") == name)
+        if df.height < 3:
+            continue
+        v = df.get_column("value")
+        if v.null_count() or not bool((v == v.floor()).all()):
+            continue
+        g = df.with_row_index("_i").with_columns(
+            pl.col("value").diff().over(["source", "segment"]).alias("_d"))
+        d = g.get_column("_d").drop_nulls()
+        if d.len() == 0 or bool((d < 0).any()) or not bool((d > 0).any()):
+            continue
+        per_step = g.with_columns(pl.col("_d").fill_null(pl.col("value")).alias("value")).drop("_i", "_d")
+        metrics = pl.concat([metrics.filter(pl.col("metric") != name), per_step.select(metrics.columns)],
+                            how="vertical_relaxed")
+        for t in sorted(set(df.get_column("tag").to_list())):
+            names[t] = {"metric": name, "why": f"{t!r} is a running total (it never goes down): read as the "
+                                                "per-step count, the difference from the previous row"}
+    return metrics
+
+
 def how_to_map(metrics: pl.DataFrame, limit: int = 12) -> str:
     """A sentence for an inconclusive verdict: what was found and how to name the objective."""
     found = sorted(set(metrics.get_column("tag").unique().to_list())) if metrics.height else []

@@ -107,3 +107,13 @@ def test_cli_json_error_object_and_inconclusive_exit(tmp_path):
     assert json.loads(r.stdout)["verdict"] != "inconclusive"
     r = CliRunner().invoke(main, ["ingest", str(tmp_path), "-o", str(tmp_path / "out"), "--explain"])
     assert r.exit_code == 0 and "log.txt: read by textlog" in r.stdout and "objective: none found" in r.stdout
+
+
+def test_running_total_counter_becomes_per_step(tmp_path):
+    """``skipped: K`` printed as a running total is read as the per-step count, with why."""
+    lines = [f"step {i} | loss {2 - i / 100:.3f} | skipped {i // 10}" for i in range(40)]
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    run = load(tmp_path)
+    s = run.series("skipped_step")
+    assert s is not None and s.values.sum() == 3 and set(s.values.tolist()) == {0.0, 1.0}
+    assert "running total" in run.meta["names"]["skipped"]["why"]
