@@ -695,7 +695,6 @@ class _Reader:
             return lineno
         cl = lines.gather(cand_idx)
         shape_s = cl.str.replace_all(_DIGITS, "#")
-        cl = cl.str.replace(kv.LEAD, kv.LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in kv.parse_line)
         uniq = shape_s.unique(maintain_order=True)
         codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
         uniq_list = uniq.to_list()

@@ -57,6 +57,8 @@ def block(lines: list[str]):
     ("ppl: 2.0179834365844727", None, {"ppl": 2.0179834365844727}),
     ("Epoch 3 | train loss 1.20 | val loss 1.31", 3, {"epoch": 3.0, "loss": 1.2, "eval_loss": 1.31}),
     ("acc (higher is better) : 0.49, step 3", 3, {"acc": 0.49}),
+    ("[100/200000] Train loss: 0.00414, Valid loss: 0.00665", 100, {"loss": 0.00414, "eval_loss": 0.00665}),
+    ("Epoch[002/100], Step[0100/0196], Avg Loss: 0.9829", 2 * 196 + 100, {"epoch": 2.0, "loss": 0.9829}),
 ])
 def test_grammar(line, step, expect):
     """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""

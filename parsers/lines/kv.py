@@ -125,7 +125,9 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
     step: int | None = None
+    step_frac: int | None = None
     epoch: float | None = None
+    epoch_frac = False
     out = []
     lossy = False
     for m in _PAIR.finditer(line):
@@ -139,11 +141,13 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             if step is None and math.isfinite(v) and v == int(v) and v >= 0:
                 step = int(v)
                 if frac:
+                    step_frac = int(frac)
                     state["kv_total_steps"] = int(frac)
             continue
         if kind == "epoch":
             if epoch is None:
                 epoch = v
+                epoch_frac = frac is not None
             out.append(metric(key, v, "epoch"))
             continue
         if kind == "drop":
@@ -152,6 +156,10 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             state.setdefault("kv_units", {})[key] = unit
         lossy = lossy or bool(_LOSSY.search(key))
         out.append(metric(key, v, name))
+    if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
+            and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
+        step = int(epoch) * step_frac + step
+        state["kv_step_within_epoch"] = True
     if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
         if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
             step = int(epoch)
@@ -274,6 +282,7 @@ def parse_block(lines: pl.Series, shapes: pl.Series | None = None) -> pl.DataFra
     """
     if shapes is None:
         shapes = lines.str.replace_all(r"[0-9]+", "#")
+    lines = lines.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     df = pl.DataFrame({"text": lines, "shape": shapes}).with_row_index("line")
     counts = df.group_by("shape").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
     parts = []
@@ -321,11 +330,19 @@ def frames_of(pairs: pl.DataFrame, state: dict) -> tuple[pl.DataFrame, pl.DataFr
         pl.col("value").filter(is_step).first().alias("step"),
         pl.col("frac").filter(is_step).first().alias("frac"),
         pl.col("value").filter(pl.col("kind") == "epoch").first().alias("epoch"),
+        pl.col("frac").filter(pl.col("kind") == "epoch").first().is_not_null().alias("epoch_frac"),
         ((pl.col("kind") == "metric") & pl.col("lossy")).any().alias("lossy"),
         (pl.col("kind") == "metric").any().alias("has_metric"),
     )
     ep_step = (pl.col("step").is_null() & pl.col("epoch").is_not_null()
                & (pl.col("epoch") == pl.col("epoch").floor()) & pl.col("epoch").is_finite())
+    within = (pl.col("step").is_not_null() & pl.col("frac").is_not_null() & pl.col("frac").gt(0)
+              & pl.col("epoch_frac").fill_null(False) & pl.col("epoch").is_finite()
+              & (pl.col("epoch") == pl.col("epoch").floor()))
+    if per.select(within.any()).item():
+        state["kv_step_within_epoch"] = True
+    per = per.with_columns(pl.when(within).then(pl.col("epoch").cast(pl.Int64) * pl.col("frac") + pl.col("step"))
+                           .otherwise(pl.col("step")).alias("step"))
     per = per.with_columns(
         pl.when(ep_step).then(pl.col("epoch")).otherwise(pl.col("step")).cast(pl.Int64).alias("step"),
         ep_step.alias("ep_step"),
@@ -355,4 +372,6 @@ def meta_of(state: dict[str, Any]) -> dict[str, Any]:
         meta["total_steps"] = state["kv_total_steps"]
     if state.get("kv_epoch_steps"):
         meta["step_unit"] = "epoch"
+    if state.get("kv_step_within_epoch"):
+        meta["step_unit"] = "batch within epoch, numbered epoch x batches per epoch + batch"
     return meta
