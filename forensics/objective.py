@@ -30,6 +30,25 @@ ZERO = "constant_zero:"
 """Prefix of the name a constant-zero ``loss`` series is kept under (it is not the loss)."""
 
 
+def _single_eval_part(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+    """The only evaluation loss of a run, logged per dataset or split, is ``eval_loss`` (said in ``names``).
+
+    ``eval/paloma/c4_en/loss`` (named ``eval_loss/paloma_c4_en`` by rule) alone is the eval loss; several
+    per-dataset eval losses stay as parts.
+    """
+    present = metrics.get_column("metric").unique().to_list()
+    if "eval_loss" in present:
+        return metrics
+    parts = [m for m in present if m.startswith("eval_loss/") and not re.search(_STAT, m)]
+    if len(parts) != 1:
+        return metrics
+    part = parts[0]
+    for t in metrics.filter(pl.col("metric") == part).get_column("tag").unique().to_list():
+        names[t] = {"metric": "eval_loss", "why": f"the run's only evaluation loss ({part})"}
+    return metrics.with_columns(pl.when(pl.col("metric") == part).then(pl.lit("eval_loss"))
+                                .otherwise(pl.col("metric")).alias("metric"))
+
+
 def _constant_zero(df: pl.DataFrame) -> bool:
     v = df.get_column("value").drop_nulls().drop_nans()
     return v.len() > 0 and bool((v == 0.0).all())
@@ -64,6 +83,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     names: dict[str, Any] = {}
     if metrics.height == 0:
         return metrics, None, names
+    metrics = _single_eval_part(metrics, names)
     pairs = metrics.select("tag", "metric").unique().sort("tag").iter_rows()
     for tag, metric in pairs:
         if tag != metric:
