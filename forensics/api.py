@@ -60,6 +60,28 @@ def _resolve_objective(run: RunData, metric_map: dict[str, str]) -> None:
         run._cache.clear()
     run.meta["objective"] = objective
     run.meta["names"] = names
+    run.meta["step_axis"] = _step_axis(run)
+
+
+def _step_axis(run: RunData) -> dict[str, object] | None:
+    """What the step counts, for the objective's source, with the column and the source it was read from.
+
+    ``optimizer_step``, ``epoch``, ``micro_batch``, ``samples``, ``row_index`` or ``batch_within_epoch``.
+    """
+    obj = run.meta.get("objective")
+    if not obj or run.metrics.height == 0:
+        return None
+    s = run.series(obj["metric"])
+    if s is None:
+        return None
+    meta = (run.meta.get("by_source") or {}).get(s.source) or {}
+    axis = meta.get("step_axis")
+    if isinstance(axis, dict):
+        return {**axis, "source": s.source}
+    unit = str(meta.get("step_unit") or "")
+    kind = ("epoch" if unit == "epoch" else "batch_within_epoch" if unit.startswith("batch within")
+            else "optimizer_step")
+    return {"column": meta.get("step_key") or meta.get("step_source") or "step", "kind": kind, "source": s.source}
 
 
 def _coverage(run: RunData, skipped_detectors: int) -> tuple[float, list[str]]:

@@ -63,6 +63,8 @@ def test_objective_found(name):
     a = _analysis(name)
     if LABELS[name].get("objective"):
         assert a.meta.get("objective"), f"{name}: no objective among {sorted(a.meta.get('names', {}))[:20]}"
+        assert a.meta["step_axis"]["kind"] in ("optimizer_step", "epoch", "micro_batch", "samples", "row_index",
+                                               "batch_within_epoch")
     if a.verdict == "healthy":
         assert a.meta.get("objective")
 
