@@ -665,6 +665,7 @@ class _Reader:
     def __init__(self, asm: _Assembler) -> None:
         self.asm = asm
         self.owned: dict[str, bool] = {}
+        self.inert: dict[str, str] = {}
 
     def block(self, pieces: list[str], lineno: int) -> int:
         """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
@@ -683,18 +684,15 @@ class _Reader:
         asm, owned = self.asm, self.owned
         text = lines.to_list()
         skip_code = (code & ~cand_mask).to_numpy()
+        all_shapes = lines.str.replace_all(_DIGITS, "#")
+        self._other = (text, linenos, ranks, eventish, skip_code, all_shapes.to_list())
         if cand_idx.len() == 0:
-            for i, line in enumerate(text):
-                if skip_code[i] and asm.tb is None and asm.dump is None:
-                    asm.skip_counts["script source"] += 1
-                    continue
-                asm.rank = ranks[i]
-                asm.hint = (False, eventish[i])
-                asm.line(line, linenos[i])
+            for i in range(n):
+                self.other(i)
             asm.hint = None
             return lineno
         cl = lines.gather(cand_idx)
-        shape_s = cl.str.replace_all(_DIGITS, "#")
+        shape_s = all_shapes.gather(cand_idx)
         uniq = shape_s.unique(maintain_order=True)
         codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
         uniq_list = uniq.to_list()
@@ -724,13 +722,13 @@ class _Reader:
                 ok = own[codes[pos_arr[pos:j]]] == 1
                 self.gap(pos, j, ok)
             if j < n:
-                if skip_code[j] and asm.tb is None and asm.dump is None:
-                    asm.skip_counts["script source"] += 1
+                k = pos_arr[j]
+                if k < 0:
+                    self.other(j)
                     pos = j + 1
                     continue
                 asm.rank = ranks[j]
-                k = pos_arr[j]
-                asm.hint = (bool(k >= 0), eventish[j])
+                asm.hint = (True, eventish[j])
                 mod = asm.line(text[j], linenos[j])
                 if k >= 0 and own[codes[k]] == -1:
                     own[codes[k]] = 1 if mod is kv else 0
@@ -738,6 +736,40 @@ class _Reader:
             pos = j + 1
         asm.hint = None
         return lineno
+
+    def other(self, i: int) -> None:
+        """A line that is not a metric candidate: script source is counted; a repeated inert shape skipped.
+
+        A shape is *inert* when its first line, read one by one with no dump or traceback open, changed
+        nothing (no record, event or open dump: no module and no rule took it) and the block's event scan
+        says no event; later lines of that shape are then counted under the same reason, not re-read.
+        """
+        asm = self.asm
+        text, linenos, ranks, eventish, skip_code, shapes = self._other
+        idle = asm.tb is None and asm.dump is None
+        if skip_code[i] and idle:
+            asm.skip_counts["script source"] += 1
+            return
+        sh = shapes[i]
+        if idle and not eventish[i]:
+            why = self.inert.get(sh)
+            if why is not None:
+                asm.skip_counts[why] += 1
+                return
+        asm.rank = ranks[i]
+        asm.hint = (False, eventish[i])
+        before = (len(asm.rows), len(asm.rows.events), len(asm.meta), len(asm.configs), len(asm.state),
+                  sum(asm.skip_counts.values()))
+        counts = dict(asm.skip_counts)
+        mod = asm.line(text[i], linenos[i])
+        after = (len(asm.rows), len(asm.rows.events), len(asm.meta), len(asm.configs), len(asm.state))
+        if (mod is None and idle and not eventish[i] and asm.tb is None and asm.dump is None
+                and after == before[:5]):
+            grew = [k for k, v in asm.skip_counts.items() if v != counts.get(k, 0)]
+            why = grew[0] if grew else "no metric, event or configuration"
+            if not grew:
+                asm.skip_counts[why] += 1
+            self.inert[sh] = why
 
     def _items(self, lo: int, hi: int) -> list:
         """The metric lines ``lo..hi-1`` as :meth:`_Assembler.bulk` items."""
