@@ -9,6 +9,7 @@ finds segments, events and names. Each reader is timed three times on the same f
 and the best time counts (a shared machine's load only ever adds time).
 
     python benchmarks/bench_textlog.py [N_LINES] [--before REV]
+    python benchmarks/bench_textlog.py --files LOG [LOG ...]   # real logs, e.g. ../shared/realruns/*/*/*.log
 
 ``--before REV`` also times the text reader of git revision REV (default ``f2fe6a6``, the last one before
 the general reader) on the same file in a subprocess.
@@ -96,6 +97,27 @@ def before(path: Path, rev: str, tmp: Path) -> float | None:
     return float(out.strip().splitlines()[-1])
 
 
+def files(paths: list[str], rev: str) -> None:
+    """Per real log: us per line now and at ``rev`` (same run, best of three each), rows, the speed-up."""
+    with tempfile.TemporaryDirectory() as d:
+        warm = Path(d) / "warm.log"
+        make(warm, 200)
+        textlog.read(warm, warm.parent)
+        for f in paths:
+            p = Path(f)
+            n = sum(1 for _ in p.open("rb"))
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                r = textlog.read(p, p.parent)
+                best = min(best, time.perf_counter() - t)
+            old = before(p, rev, Path(d))
+            ratio = f"{old / best:5.1f}x" if old else "  n/a"
+            was = old / n * 1e6 if old else float("nan")
+            print(f"{p.parent.name[:34]:34s} {n:7d} lines  now {best / n * 1e6:7.2f} us/line "
+                  f"({r.metrics.num_rows} rows)  at {rev}: {was:7.2f} us/line  speed-up {ratio}")
+
+
 def main() -> None:
     """Time both readers on one file and print the ratios."""
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -103,6 +125,9 @@ def main() -> None:
     if "--before" in sys.argv:
         rev = sys.argv[sys.argv.index("--before") + 1]
         args = [a for a in args if a != rev]
+    if "--files" in sys.argv:
+        files(sys.argv[sys.argv.index("--files") + 1:], rev)
+        return
     n = int(args[0]) if args else 300_000
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "train.log"
