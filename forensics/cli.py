@@ -88,7 +88,12 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
     fmt, output = _format_and_output(fmt, output)
     as_json = fmt == "json"
-    mapping = _metric_map(metric_map)
+    try:
+        mapping = _metric_map(metric_map)
+    except click.BadParameter as exc:
+        if not as_json:
+            raise
+        _fail(f"--metric: {exc.message}", json_error=("usage", run_dir))
     with _errors(run_dir, as_json=as_json):
         from forensics.api import analyze_run, load
         from reports import ReportFormat, render

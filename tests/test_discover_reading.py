@@ -105,6 +105,8 @@ def test_cli_json_error_object_and_inconclusive_exit(tmp_path):
     assert r.exit_code == EXIT_INCONCLUSIVE and json.loads(r.stdout)["verdict"] == "inconclusive"
     r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json", "--metric", "loss=acc"])
     assert json.loads(r.stdout)["verdict"] != "inconclusive"
+    r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json", "--metric", "loss"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"]["kind"] == "usage"
     r = CliRunner().invoke(main, ["ingest", str(tmp_path), "-o", str(tmp_path / "out"), "--explain"])
     assert r.exit_code == 0 and "log.txt: read by textlog" in r.stdout and "objective: none found" in r.stdout
 
