@@ -6,21 +6,24 @@ The CLI, the audit and any service call this same function (DESIGN.md section 6)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from forensics.engine import decide
 from forensics.model import Analysis, RunData
 from forensics.recovery import plan
 
 
-def load(path: str | Path, metric_map: dict[str, str] | None = None) -> RunData:
+def load(path: str | Path, metric_map: dict[str, str] | None = None, *, reader: Any = None) -> RunData:
     """Read a run folder into a :class:`RunData` (all parsers, discovery, segments), objective resolved.
+
+    ``meta["objective"]`` names the series taken as the training objective and why (``None``: none was
+    found, the verdict will be ``inconclusive``); ``meta["names"]`` says what each raw name became and why.
 
     Args:
         path: The run folder.
         metric_map: ``{canonical: raw name}`` from ``--metric loss=COLUMN`` (wins over every rule).
-
-    ``meta["objective"]`` names the series taken as the training objective and why (``None``: none was
-    found, the verdict will be ``inconclusive``); ``meta["names"]`` says what each raw name became and why.
+        reader: Optional per-file reader for :func:`parsers.discover.load_run` (the service's
+            :class:`parsers.incremental.IncrementalReader` ``.read``, which re-reads only appended records).
 
     Raises:
         forensics.errors.InputError: the path does not exist, is not a folder, holds no logs, or
@@ -31,7 +34,8 @@ def load(path: str | Path, metric_map: dict[str, str] | None = None) -> RunData:
     from parsers.discover import load_run
 
     user = find(path) if Path(path).expanduser().is_dir() else None
-    run = load_run(path, ignore=user.ignore if user else (), step_key=user.step_key if user else None)
+    run = load_run(path, ignore=user.ignore if user else (), step_key=user.step_key if user else None,
+                   reader=reader)
     mapping = {**(user.aliases if user else {}), **(metric_map or {})}  # the command line wins
     if user and user.path:
         run.meta["user_config"] = user.as_meta()

@@ -29,6 +29,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -380,7 +381,8 @@ def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
 
 
-def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | None = None) -> RunData:
+def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | None = None, *,
+             reader: Callable[[Path, Any, Path], ParseResult] | None = None) -> RunData:
     """Read every training log of a run folder into one :class:`RunData`.
 
     Args:
@@ -388,6 +390,9 @@ def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | 
         ignore: Glob patterns (relative to the run folder) of files not to read (``forensics.toml``);
             each file left out is listed in ``skipped``.
         step_key: The step column of tables, when the user named one (``forensics.toml``).
+        reader: Reads one claimed file: ``reader(path, parser module, root) -> ParseResult``; the default
+            is the module's own ``read(path, root)``. The service passes
+            :meth:`parsers.incremental.IncrementalReader.read`, which re-reads only appended records.
 
     Returns:
         :class:`RunData` with ``metrics``/``events`` (polars; ``run`` = the folder name, ``segment``
@@ -415,20 +420,20 @@ def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | 
         claims = kept
     token = STEP_KEY.set(step_key)
     try:
-        return _load(root, run_dir, claims, skipped, configs, unavailable)
+        return _load(root, run_dir, claims, skipped, configs, unavailable, reader)
     finally:
         STEP_KEY.reset(token)
 
 
 def _load(root: Path, run_dir: str | Path, claims: list, skipped: list[Skip], configs: list[Path],
-          unavailable: dict[str, str]) -> RunData:
+          unavailable: dict[str, str], reader: Callable[[Path, Any, Path], ParseResult] | None) -> RunData:
     results: list[tuple[str, ParseResult, dict]] = []
     failures: list[Skip] = []
     for path, mod in claims:
         rel = path.relative_to(root).as_posix()
         fmt = getattr(mod, "FORMAT", mod.__name__.rpartition(".")[2])
         try:
-            pr = mod.read(path, root)
+            pr = mod.read(path, root) if reader is None else reader(path, mod, root)
         except ParseError as exc:
             failures.append(Skip(rel, _one_line(exc.message)))
             continue
