@@ -92,8 +92,10 @@ def before(path: Path, rev: str, tmp: Path) -> float | None:
             "ts = []\nfor _ in range(3):\n    t = time.perf_counter(); textlog.read(p, p.parent); "
             "ts.append(time.perf_counter() - t)\nprint(min(ts))")
     warm = tmp / "warm.log"
-    out = subprocess.run([sys.executable, "-c", code, str(path), str(warm)], check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(old)}).stdout
+    argv = [sys.executable, "-c", code, str(path.resolve()), str(warm.resolve())]
+    env = {**os.environ, "PYTHONPATH": str(old)}
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env,
+                         cwd=old).stdout  # cwd too: ``-c`` puts the working folder first on sys.path
     return float(out.strip().splitlines()[-1])
 
 
