@@ -661,6 +661,7 @@ class _Reader:
     """
 
     LONG_RUN = 48
+    SMALL = 2000
 
     def __init__(self, asm: _Assembler) -> None:
         self.asm = asm
@@ -675,6 +676,8 @@ class _Reader:
         for p in pieces:
             linenos.append(lineno)
             lineno += p.endswith("\n")
+        if len(pieces) < self.SMALL:  # a short file: per line is faster than setting up the column kernels
+            return self.small(pieces, linenos, lineno)
         lines, ranks = _clean_block(pieces)
         n = lines.len()
         code = lines.str.contains(kv.CODE)
@@ -735,6 +738,18 @@ class _Reader:
                     owned[uniq_list[codes[k]]] = mod is kv
             pos = j + 1
         asm.hint = None
+        return lineno
+
+    def small(self, pieces: list[str], linenos: list[int], lineno: int) -> int:
+        """A block too short for the column kernels: every line one by one (the same rules, the same rows)."""
+        asm = self.asm
+        asm.hint = None
+        for piece, ln in zip(pieces, linenos, strict=True):
+            line, asm.rank = common.clean_rank(piece)
+            if asm.tb is None and asm.dump is None and kv.is_code(line) and not kv.is_candidate(line):
+                asm.skip_counts["script source"] += 1
+                continue
+            asm.line(line, ln)
         return lineno
 
     def other(self, i: int) -> None:

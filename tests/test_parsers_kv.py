@@ -118,18 +118,22 @@ def test_line_and_block_agree(lines):
 def _read(tmp_path: Path, text: str, long_run: int) -> tuple[pl.DataFrame, dict]:
     p = tmp_path / "train.log"
     p.write_text(text)
-    old = textlog._Reader.LONG_RUN
+    old, small = textlog._Reader.LONG_RUN, textlog._Reader.SMALL
     textlog._Reader.LONG_RUN = long_run
+    textlog._Reader.SMALL = 0 if long_run < 10**9 else 10**9  # bulk path vs one by one for every line
     try:
         r = textlog.read(p, tmp_path)
     finally:
-        textlog._Reader.LONG_RUN = old
+        textlog._Reader.LONG_RUN, textlog._Reader.SMALL = old, small
     df = pl.from_arrow(r.metrics).sort(["segment", "step", "metric"], maintain_order=True)
     return df, dict(r.meta)
 
 
 def test_bulk_rows_equal_one_by_one(tmp_path):
-    """A long run read by arrays gives the rows the one-by-one path gives: steps back, step-less lines, walls."""
+    """The block path (runs read by arrays) gives the rows of the one-by-one path.
+
+    Steps that go back, step-less lines, wall times; script source counted.
+    """
     lines = ["import os", "def f(x):", "    return x"]
     for i in range(300):
         lines.append(f"2024-01-01 10:{i // 60:02d}:{i % 60:02d} step {i % 200} | loss {1 + i / 1000:.4f} | lr 1e-4")

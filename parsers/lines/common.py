@@ -62,6 +62,19 @@ EVENT_ANY = "|".join(_scoped(p.pattern) for p in (HARDWARE, OOM, _ERRORISH, EXC_
 :func:`is_error_line` may take: a line it does not match is neither (lets a block of lines skip both)."""
 
 
+_RANK_OF = re.compile(r"^(?:\[(?:rank|default|Rank)\s*(\d+)\]:\s?|(\d{1,5}):\s(?=\s*\S))")
+
+
+def clean_rank(line: str) -> tuple[str, int | None]:
+    """:func:`clean` and the rank of the prefix it removed (``None``: no rank prefix)."""
+    rank = None
+    if line[:1] in "[0123456789":
+        m = _RANK_OF.match(line if "\x1b" not in line else ANSI.sub("", line))
+        if m:
+            rank = int(m.group(1) or m.group(2))
+    return clean(line), rank
+
+
 def clean(line: str) -> str:
     """Remove ANSI escapes and one launcher prefix (``[rank0]:``, ``[default7]:``, ``0: ``)."""
     if "\x1b" in line:

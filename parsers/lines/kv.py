@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from parsers.lines import LineRecord, metric
+from parsers.lines.common import wall_time
 
 STEP_KEYS = frozenset({
     "step", "global_step", "global step", "globalstep", "iteration", "iter", "it",
@@ -170,7 +171,17 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return None
     events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
               if v is not None and not math.isfinite(v) and is_objective(n)]
-    return LineRecord("generic", step=step, metrics=out, events=events)
+    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line))
+
+
+def is_code(line: str) -> bool:
+    """True for a line of Python source (:data:`CODE`)."""
+    return bool(_CODE.search(line))
+
+
+def is_candidate(line: str) -> bool:
+    """True for a line that may be a metric line (:data:`CANDIDATE`)."""
+    return bool(_CAND.search(line))
 
 
 def is_objective(name: str) -> bool:
