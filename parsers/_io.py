@@ -170,3 +170,8 @@ def open_text(path: Path) -> IO[str]:
     UTF-8 with the BOM stripped, bad bytes replaced, no newline translation.
     """
     return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="replace", newline="")
+
+
+STEP_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("forensics_step_key", default=None)
+"""The step column the user named (``forensics.toml`` ``step_key``), set by :func:`parsers.discover.load_run`
+while it reads a run; table readers prefer it to their rules."""

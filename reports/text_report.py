@@ -15,6 +15,7 @@ from reports.escape import terminal_line
 TOP_FINDINGS = 3
 _VERDICT_STYLE = {
     "anomaly": "bold white on red", "transient": "bold black on yellow", "healthy": "bold white on green",
+    "inconclusive": "bold black on white",
 }
 
 
