@@ -7,8 +7,8 @@ table; ``--runs`` adds one row per run; ``--json PATH`` writes the per-run rows)
 
 - ``runs``: run folders found;
 - ``read``: exit status other than 2 and at least one record read (the sum of ``sources[].records``);
-- ``objective``: a ``loss`` series was read (``metric == "loss"`` in ``metrics.parquet``, or the JSON
-  output names it under ``coverage``/``objective`` where the reader reports one); ``lab.obj``: runs whose
+- ``objective``: the training objective was read: the reader's own statement where its JSON has one
+  (``meta.objective``), else a ``metric == "loss"`` series in ``metrics.parquet``; ``lab.obj``: runs whose
   label names a training objective (the others hold none: a predict-only run, a crash at start-up);
   ``obj/lab.obj``: of those, objective found;
 - ``healthy``/``anomaly``/``transient``/``inconclusive``/``error``: the verdicts given (``error``: exit 2
@@ -27,7 +27,7 @@ to that file's folder (``{"verdict": "healthy" | "anomaly" | "unknown", "objecti
 Usage::
 
     python benchmarks/realruns_table.py [ROOT ...] [--timeout 180] [--jobs 1] [--markdown] [--runs]
-        [--json rows.json] [--no-ingest] [--framework NAME ...]
+        [--json rows.json] [--no-ingest] [--framework NAME ...] [--code CHECKOUT]
 
 Default roots: ``../shared/realruns`` (beside the repository) and ``/work/realcorpus`` (or
 ``$FORENSICS_REALCORPUS``), those that exist. The exit status is always 0: a measurement, not a gate.
@@ -143,14 +143,25 @@ def _forensics_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "forensics.cli"]
 
 
+CODE = REPO  # whose code the subprocesses run (--code)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    env["PYTHONPATH"] = os.pathsep.join([str(CODE), *rest])
     return env
 
 
 def _objective_from_json(doc: dict[str, Any]) -> bool | None:
-    """The reader's own statement that the objective was read, where its JSON has one (newer readers)."""
+    """The reader's own statement that the objective was read, where its JSON has one (newer readers).
+
+    ``meta.objective`` (the series taken as the objective, null when none), or a top-level ``objective`` /
+    ``coverage.objective``; None when the JSON says nothing about it (today's reader).
+    """
+    meta = doc.get("meta")
+    if isinstance(meta, dict) and "objective" in meta:
+        return bool(meta["objective"])
     for key in ("coverage", "objective"):
         v = doc.get(key)
         if isinstance(v, dict):
@@ -183,6 +194,7 @@ def measure(run: Run, timeout: float, ingest: bool) -> Row:
                            timeout=timeout, env=_env(), stdin=subprocess.DEVNULL)
         row.exit = p.returncode
         doc: dict[str, Any] | None = None
+        stated: bool | None = None
         try:
             doc = json.loads(p.stdout) if p.stdout.strip() else None
         except ValueError:
@@ -193,15 +205,15 @@ def measure(run: Run, timeout: float, ingest: bool) -> Row:
             row.records = sum(int(s.get("records") or 0) for s in srcs if isinstance(s, dict))
             row.formats = sorted({str(s.get("format")) for s in srcs if isinstance(s, dict)})
             row.skipped = len(doc.get("skipped") or [])
-            obj = _objective_from_json(doc)
-            if obj is not None:
-                row.objective = obj
+            stated = _objective_from_json(doc)
         else:
             err = doc.get("error") if isinstance(doc, dict) else None
             msg = (err or {}).get("message") if isinstance(err, dict) else None
             tail = p.stderr.strip().splitlines()[-1:]
             row.error = (msg or (tail[0] if tail else "no output"))[:300]
         row.read = row.exit != 2 and row.records > 0
+        if stated is not None:
+            row.objective = stated and row.read
         if ingest and row.read:
             with tempfile.TemporaryDirectory(prefix="realruns-") as tmp:
                 q = subprocess.run([*cmd, "ingest", str(run.path), "-o", tmp], capture_output=True, text=True,
@@ -212,7 +224,8 @@ def measure(run: Run, timeout: float, ingest: bool) -> Row:
 
                     names = pl.read_parquet(mp, columns=["metric"])["metric"].unique().sort().to_list()
                     row.metrics = [str(n) for n in names]
-                    row.objective = row.objective or "loss" in row.metrics
+                    if stated is None:
+                        row.objective = "loss" in row.metrics
     except subprocess.TimeoutExpired:
         row.error = f"timeout after {timeout:.0f} s"
         row.verdict = "error"
@@ -280,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the per-run rows as JSON here")
     ap.add_argument("--no-ingest", action="store_true", help="skip `forensics ingest` (objective from the JSON only)")
     ap.add_argument("--framework", action="append", help="only these frameworks (repeatable)")
+    ap.add_argument("--code", type=Path, default=REPO,
+                    help="checkout whose forensics the subprocesses run (default: this one)")
     a = ap.parse_args(argv)
+    global CODE
+    CODE = a.code.resolve()
     runs = discover(a.roots or [r for r in DEFAULT_ROOTS if r.is_dir()])
     if a.framework:
         runs = [r for r in runs if r.framework in set(a.framework)]
-    print(f"{len(runs)} runs; forensics = {' '.join(_forensics_cmd())}", file=sys.stderr)
+    print(f"{len(runs)} runs; forensics = {' '.join(_forensics_cmd())} with code from {CODE}", file=sys.stderr)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
         rows = list(ex.map(lambda r: measure(r, a.timeout, not a.no_ingest), runs))
