@@ -14,7 +14,8 @@ table; ``--runs`` adds one row per run; ``--json PATH`` writes the per-run rows)
 - ``healthy``/``anomaly``/``transient``/``inconclusive``/``error``: the verdicts given (``error``: exit 2
   or no JSON object);
 - ``lab.healthy``: runs labelled healthy by their source; ``h->anomaly``: of those, called ``anomaly``;
-- ``healthy w/o loss``: ``healthy`` verdicts given although no ``loss`` series was read.
+- ``healthy w/o loss``: ``healthy`` verdicts given although no ``loss`` series was read;
+- ``lab.anomaly``: runs whose log itself shows a failure; ``a->anomaly``: of those, called anomaly or transient.
 
 Frameworks are counted by name per corpus; the ``all`` rows count distinct names (a name in two corpora
 counts once).
@@ -249,6 +250,8 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
         d["lab.healthy"] = sum(r.label == "healthy" for r in rs)
         d["h->anomaly"] = sum(r.label == "healthy" and r.verdict == "anomaly" for r in rs)
         d["healthy w/o loss"] = sum(r.verdict == "healthy" and not r.objective for r in rs)
+        d["lab.anomaly"] = sum(r.label == "anomaly" for r in rs)
+        d["a->anomaly"] = sum(r.label == "anomaly" and r.verdict in ("anomaly", "transient") for r in rs)
         return d
 
     out = [count(rs, k) for k, rs in sorted(groups.items())]
@@ -263,7 +266,7 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 COLS = ["corpus", "split", "framework", "runs", "read", "objective", "lab.obj", "obj/lab.obj", *VERDICTS,
-        "lab.healthy", "h->anomaly", "healthy w/o loss"]
+        "lab.healthy", "h->anomaly", "healthy w/o loss", "lab.anomaly", "a->anomaly"]
 RUN_COLS = ["corpus", "split", "framework", "run", "label", "exit", "verdict", "records", "read", "objective",
             "formats", "error"]
 
