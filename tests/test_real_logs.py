@@ -43,6 +43,7 @@ def real() -> Path:
                     "/work/realcorpus/small)")
     return REAL
 
+
 EXACT = "loss"  # the series named loss must be read
 FAMILY = "loss-family"  # loss, or loss/<part> for an objective that is a sum of named parts
 
