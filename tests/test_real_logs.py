@@ -9,8 +9,8 @@ Apache-2.0). Every run must be read (at least one metric record) and its trainin
 ``loss`` or ``loss/<part>`` series with one part name (issue 13: parts map to ``loss/<part>``; a flattened
 ``loss/G/loss/num`` is a sample count, not a loss part).
 
-Runs today's reader fails are marked ``xfail(strict=True)`` with what fails: a general reader that reads
-them turns the mark into an unexpected pass, and the mark is then removed.
+A run the reader fails is marked ``xfail(strict=True)`` with what fails (the second item of its RUNS entry):
+a reader that reads it turns the mark into an unexpected pass, and the mark is then removed.
 """
 
 from __future__ import annotations
@@ -49,39 +49,26 @@ FAMILY = "loss-family"  # loss, or loss/<part> for an objective that is a sum of
 
 # run folder -> (objective expected, why today's reader fails it or None)
 RUNS: dict[str, tuple[str, str | None]] = {
+    # all 16 read with their objective since the general reader (issue 13) landed on main (5e3ff00); on the
+    # reader before it (f2fe6a6) only cs336, mmengine and nanogpt were: CycleGAN loss_log.txt, YOLOX loguru and
+    # PaddleViT lines, Ultralytics results.csv and Parameter Golf (taken for torchtitan) were not read at all;
+    # EDM/StyleGAN stats dicts and the Lightning GAN gen/disc losses gave no loss series.
     "cs336_smoke_train_log": (EXACT, None),
+    "cyclegan_masilab_del": (FAMILY, None),
+    "cyclegan_masilab_horse2zebra": (FAMILY, None),
+    "cyclegan_masilab_mxifAll2he_no_flip_256": (FAMILY, None),
+    "cyclegan_vva_root": (FAMILY, None),
+    "edm_cortical_thickness": (EXACT, None),
+    "lightning_genrisk_gan_v0_nan": (FAMILY, None),
+    "lightning_genrisk_gan_v6": (FAMILY, None),
     "mmengine_mmdet_pkurnikov": (EXACT, None),
     "nanogpt_seis_mix": (EXACT, None),
-    "edm_cortical_thickness": (
-        EXACT, "EDM stats.jsonl {'Loss/loss': {'num', 'mean', 'std'}, ...} is read as 'Loss/loss/mean', "
-        "'Loss/loss/num', ... : the objective is not named loss (no rule for a '<name>/mean' of a stats dict)"),
-    "stylegan_rpg_sprites": (
-        FAMILY, "StyleGAN2-ADA stats.jsonl is read, but its {num, mean, std} dicts are flattened into names: "
-        "'loss/G/loss/mean', 'loss/G/loss/num' (a count), 'loss/scores/fake/std', ...: no loss or loss/<part>"),
-    "lightning_genrisk_gan_v0_nan": (
-        FAMILY, "Lightning GAN metrics.csv: train_gen_loss / train_disc_loss are kept as raw names; no loss "
-        "or loss/<part> series"),
-    "lightning_genrisk_gan_v6": (FAMILY, "as genrisk v0: train_gen_loss / train_disc_loss not mapped"),
-    "parameter_golf_seed1337": (
-        EXACT, "Parameter Golf (modded-nanogpt style) 'step:1/20000 train_loss:6.9317 train_time:143ms' is "
-        "taken for torchtitan and every line rejected: 'torchtitan metric line that does not parse'; 0 records"),
-    "paddlevit_cait_xxs24": (
-        EXACT, "PaddleViT log_train.txt 'Epoch[001/100], Step[0000/0196], Avg Loss: 0.9829, Avg Acc: 0.7930' "
-        "after a YAML config dump is not read: 0 records"),
-    "parameter_golf_naive_baseline": (EXACT, "as parameter_golf_seed1337 (record folder's train.log): 0 records"),
-    "cyclegan_masilab_horse2zebra": (
-        FAMILY, "pytorch-CycleGAN loss_log.txt '(epoch: 1, iters: 100, time: ..) D_A: 0.540 G_A: 0.433 ...' is not "
-        "read: 0 records (no text-log shape for '(k: v, ...) k: v k: v' lines after a '=== Training Loss' banner)"),
-    "cyclegan_masilab_del": (FAMILY, "pytorch-CycleGAN loss_log.txt not read (0 records), as horse2zebra"),
-    "cyclegan_masilab_mxifAll2he_no_flip_256": (
-        FAMILY, "pytorch-CycleGAN loss_log.txt not read (0 records): one loss line among seven launch banners"),
-    "cyclegan_vva_root": (FAMILY, "pytorch-CycleGAN loss_log.txt (444 KB, several launches) not read (0 records)"),
-    "ultralytics_dental_tooth": (
-        FAMILY, "Ultralytics YOLOv8 results.csv (epoch,train/box_loss,train/cls_loss,train/dfl_loss,...) is not "
-        "recognised as a metrics table: 'no training logs found'"),
-    "yolox_s_mlu": (
-        EXACT, "YOLOX loguru train_log.txt 'epoch: 1/300, iter: 10/1849, mlu mem: ..Mb, ... total_loss: 10.7, "
-        "iou_loss: ..' is not read: 0 records (the 'iter: N/M' fraction inside 'epoch: N/M' is not a step it knows)"),
+    "paddlevit_cait_xxs24": (EXACT, None),
+    "parameter_golf_naive_baseline": (EXACT, None),
+    "parameter_golf_seed1337": (EXACT, None),
+    "stylegan_rpg_sprites": (FAMILY, None),
+    "ultralytics_dental_tooth": (FAMILY, None),
+    "yolox_s_mlu": (EXACT, None),
 }
 
 
