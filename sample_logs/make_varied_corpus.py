@@ -355,7 +355,7 @@ class Writer:
             import wandb
 
             with contextlib.redirect_stdout(io.StringIO()):
-                self.wb = wandb.init(project="varied", id=f"r{self.spec.seed:06d}", config=cfg,
+                self.wb = wandb.init(project="varied", id=f"r{self.spec.seed:06d}", config=cfg, dir=str(self.out),
                                      resume="allow" if self.proc else None,
                                      settings=wandb.Settings(x_disable_stats=True, console="off"))
 
