@@ -6,7 +6,9 @@ instability early in training): during the warm-up (the lr rising, up to ``after
 times the step where it peaks), a logged loss at least ``min_jump`` (1.3x) above the lowest loss
 seen so far, after the loss had already fallen by ``min_fall`` (25%) from its first value. The
 trailing-window spike test cannot judge these points (too little history); the running minimum
-can, because the early loss falls monotonically in a healthy run. A peak lr too high for the
+can, because the early loss falls monotonically in a healthy run. The jump must also exceed
+``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
+logged points leave at once is reported with low confidence (one noisy point is not an lr too high). A peak lr too high for the
 model is the usual reason; the trial is a lower peak lr with a longer warm-up.
 """
 
@@ -32,6 +34,7 @@ class WarmupInstability(Detector):
     min_fall: float = 0.25
     after_peak: float = 1.5
     min_spikes: int = 1
+    noise_k: float = 6.0
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding at the first warm-up spike, with all of them as evidence."""
@@ -52,13 +55,24 @@ class WarmupInstability(Detector):
         v, st = loss.values[sel], loss.steps[sel]
         run_min = np.minimum.accumulate(v)
         fallen = run_min <= v[0] * (1 - self.min_fall)
-        spikes = [i for i in range(1, v.size) if fallen[i - 1] and v[i] >= self.min_jump * run_min[i - 1]]
+        # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
+        lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], 1e-12, None))
+        dl = np.diff(lg)
+        noise = 1.4826 * float(np.median(np.abs(dl - np.median(dl)))) / np.sqrt(2) if dl.size >= 8 else 0.0
+        thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
+        spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
         if len(spikes) < self.min_spikes:
             return []
         i0 = spikes[0]
+        # one point that returns at once is noise, not an lr too high for the model
+        nxt = v[i0 + 1:i0 + 4]
+        half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
+        isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half))
+        against = (f"one point at step {int(st[i0])} that the next logged points leave at once: noise of a run "
+                   "whose loss keeps falling, not a peak lr too high",) if isolated else ()
         return [self.finding(
             cause="update_scale_growth", mechanism="lr_too_high", step=int(st[i0]), segment=int(loss.segments[sel][i0]),
-            confidence=0.6, severity="medium",
+            confidence=0.35 if isolated else 0.6, severity="low" if isolated else "medium", against=against,
             message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
             f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
             + (f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"
