@@ -208,6 +208,8 @@ def draw(seed: int) -> Spec:
         lo = max(spec.warmup + 10, 30)
         spec.fault_step = r.randint(lo, int(steps * 0.8))
         spec.fault_len = 1 if kind == "bad_batch_nan" else r.choice((1, 1, 2, 3))
+    if kind in ("bad_batch_spike", "recurring_spikes", "bad_batch_nan"):
+        spec.log_every = min(spec.log_every, 2)  # a one-step spike averaged over 5 logged steps is not in the logs
     if kind == "recurring_spikes":
         spec.period = r.choice((25, 35, 50))
         spec.fault_step = r.randint(max(spec.warmup + 5, 20), max(spec.warmup + 5, 20) + 40)
@@ -427,6 +429,8 @@ class Run:
         self.sched_start, self.sched_total, self.sched_peak = 0, spec.steps, 1.0
         self.data_offset = 0
         self.sum_accum = False
+        self.pending: list[dict[str, Any]] = []
+        self.logged: list[int] = []  # steps written to the logs
 
     def build(self) -> None:
         torch, spec = self.torch, self.spec
@@ -530,8 +534,16 @@ class Run:
             rec["eval_loss"] = self.eval_loss()
         rec["bad"] = any_bad
         self.records.append(rec)
+        self.pending.append(rec)
         if writer is not None and (step % s.log_every == 0 or not math.isfinite(loss_v) or step == 1):
-            writer.log(step, rec, self.clock)
+            # like Megatron and the HF Trainer: the loss is the mean over the interval, skips are counted
+            out = dict(rec)
+            out["loss"] = sum(r["loss"] for r in self.pending) / len(self.pending)
+            if s.precision == "fp16":
+                out["skipped_step"] = sum(r["skipped_step"] for r in self.pending)
+            writer.log(step, out, self.clock)
+            self.logged.append(step)
+            self.pending = []
         if s.ckpt_every and step % s.ckpt_every == 0:
             self.ckpts[step] = {"model": copy.deepcopy(self.model.state_dict()),
                                 "opt": copy.deepcopy(self.opt.state_dict()),
@@ -607,6 +619,7 @@ class Run:
             s.schedule, s.warmup = "cosine", 0
             self.sched_start, self.sched_total = c, s.steps
         self.rng.setstate(ck["rng"])
+        self.pending = []
         self.clock += self.rng.uniform(60, 600)
         if writer:
             writer.open(self.cfg_public(1), c)
@@ -634,16 +647,19 @@ def label(spec: Spec, run: Run, corpus) -> dict[str, Any]:
     ev = dict(run.events)
     window = None
     recs = run.records
+    def logged_at(step: int) -> int:  # the first logged step at or after ``step`` (what a reader can see)
+        return next((x for x in run.logged if x >= step), step)
+
     if spec.kind in ("lr_reset", "weights_not_restored", "optimizer_not_restored", "sampler_replay",
                      "grad_scaling_bug"):
-        window = [ev["checkpoint"] + 1, ev["checkpoint"] + 1]
+        window = [ev["checkpoint"] + 1, logged_at(ev["checkpoint"] + 1)]
     elif spec.kind == "bad_batch_nan":
         nan = next((r["step"] for r in recs if not math.isfinite(r["loss"])), None)
         if nan is None:
             raise Dropped("no NaN loss")
         window = [nan, nan]
     elif spec.kind == "bad_batch_spike":
-        window = [spec.fault_step, spec.fault_step]
+        window = [spec.fault_step, logged_at(spec.fault_step)]
         pre = [r["loss"] for r in recs if spec.fault_step - 20 <= r["step"] < spec.fault_step]
         peak = max(r["loss"] for r in recs if spec.fault_step <= r["step"] < spec.fault_step + spec.fault_len)
         if not pre or peak < sum(pre) / len(pre) + 1.0:
@@ -651,7 +667,7 @@ def label(spec: Spec, run: Run, corpus) -> dict[str, Any]:
         if ev.get("job_died"):
             raise Dropped("job died")
     elif spec.kind == "recurring_spikes":
-        window = [spec.fault_step, spec.fault_step]
+        window = [spec.fault_step, logged_at(spec.fault_step)]
         ev["spike_steps"] = [r["step"] for r in recs if r["bad"]]
         if len(ev["spike_steps"]) < 3:
             raise Dropped("fewer than 3 spikes")
@@ -668,7 +684,7 @@ def label(spec: Spec, run: Run, corpus) -> dict[str, Any]:
             good = i + 1
         if good is None or (good > n - 10 and len(a) >= len(b)):
             raise Dropped("no lasting departure from the healthy twin")
-        window = [1, good]
+        window = [1, logged_at(good)]
         ev["loss_above_twin_for_good"] = good
     elif spec.kind == "fp16_overflow":
         calib = 0
@@ -680,7 +696,7 @@ def label(spec: Spec, run: Run, corpus) -> dict[str, Any]:
         skip = next((r["step"] for r in recs if r.get("skipped_step") and r["step"] > calib), None)
         if skip is None:
             raise Dropped("no overflow")
-        window = [1, skip]
+        window = [1, logged_at(skip)]
         ev["first_skipped_step"] = skip
         if not ev.get("job_died") and math.isfinite(recs[-1]["loss"]) and recs[-1]["loss_scale"] > 1:
             raise Dropped("overflow skips but the run went on training")
