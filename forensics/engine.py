@@ -86,6 +86,9 @@ def _noisy_or(confs: list[float]) -> float:
     return 1.0 - p
 
 
+RECURRING_SPIKES = 3
+"""Recovered loss spikes from which a run is no longer ``transient``: recurring spikes are a fault. Our choice."""
+
 MAX_ATTEMPTS = 6
 """Rolled-back attempts analysed on their own (the earliest ones)."""
 
@@ -176,7 +179,7 @@ def _family_hypotheses(ev: _Evidence) -> list[Hypothesis]:
         first = min((f.step for f in fs if f.step is not None), default=None)
         if fam == "data_batch":
             if all(f.evidence.get("recovered_step") is not None for f in fs) and not ev.failed:
-                score *= 0.6  # a spike that recovered by itself is transient, not a fault
+                # a spike that recovered by itself: the verdict is transient, the cause still named (DESIGN.md)
                 against.append("every spike recovered by itself")
             earlier = [f for f in cause_f + ev.get("DV01")
                        if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")
@@ -226,8 +229,35 @@ def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     )]
 
 
+def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """A family whose every departure recovered long before the failure is not on the failure's causal chain.
+
+    When the run failed at step F and another strong family has a finding within :data:`PATH_WINDOW` steps
+    before F, a family whose findings all carry a ``recovered_step`` and lie more than PATH_WINDOW steps before
+    F is demoted below :data:`MIN_CAUSE_CONF`, with that as evidence against it.
+    """
+    fail = ev.failure_step
+    if not ev.failed or fail is None:
+        return hyps
+    near = {c for c, fs in ev.families.items()
+            if any(f.step is not None and fail - PATH_WINDOW <= f.step <= fail and f.confidence >= MIN_CAUSE_CONF
+                   for f in fs)}
+    out = []
+    for h in hyps:
+        fs = ev.families.get(h.cause, [])
+        done = [f.evidence.get("recovered_step") for f in fs]
+        if (near - {h.cause} and fs and all(r is not None and r < fail for r in done)
+                and all(f.step is not None and f.step < fail - PATH_WINDOW for f in fs)):
+            h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
+                           h.against + (f"its departure recovered by step {max(done)}, long before the failure at "
+                                        f"step {fail}: not on the failure's causal chain",))
+        out.append(h)
+    return out
+
+
 def _choose(ev: _Evidence, hyps: list[Hypothesis]) -> tuple[Hypothesis | None, list[Hypothesis]]:
     """Rule 4: lead-lag between strong families, with the symptom/cause corrections of DESIGN.md section 4."""
+    hyps = _off_chain(ev, hyps)
     strong = sorted((h for h in hyps if h.confidence >= MIN_CAUSE_CONF),
                     key=lambda h: (ev.first_step(h.cause), -h.confidence))
     if not strong:
@@ -331,9 +361,13 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
     if chosen is not None:
         verdict, cause, mechanism, confidence = "anomaly", chosen.cause, chosen.mechanism, chosen.confidence
         onset_step = _onset(ev, chosen.cause, ev.failure_step)
+        recovered = [f for f in spikes if f.evidence.get("recovered_step") is not None]
         if cause == "data_batch" and not ev.failed and all(
                 f.evidence.get("recovered_step") is not None for f in ev.families["data_batch"]):
             verdict = "transient"
+            if len(recovered) >= RECURRING_SPIKES:  # spikes that keep coming back are a fault, not a blip
+                verdict = "anomaly"
+                onset_step = min([onset_step] + [f.step for f in recovered if f.step is not None])  # type: ignore[list-item]
     elif ev.failed:
         verdict, cause, confidence = "anomaly", "unknown", 0.3
         onset_step = min(f.step for f in ev.findings if f.code in _PRECURSORS and f.step is not None)

@@ -68,6 +68,9 @@ class WarmupInstability(Detector):
         nxt = v[i0 + 1:i0 + 4]
         half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
         isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half))
+        # where the loss is back under half the jump (on the whole series): the spike's own recovery
+        after = np.flatnonzero((loss.steps > st[i0]) & np.isfinite(loss.values) & (loss.values < half))
+        recovered = int(loss.steps[after[0]]) if after.size else None
         against = (f"one point at step {int(st[i0])} that the next logged points leave at once: noise of a run "
                    "whose loss keeps falling, not a peak lr too high",) if isolated else ()
         return [self.finding(
@@ -82,5 +85,5 @@ class WarmupInstability(Detector):
             + (f"; {len(spikes)} such spikes" if len(spikes) > 1 else "") + ".",
             evidence={"spike_steps": [int(st[i]) for i in spikes[:20]], "peak_lr": float(lv[i_peak]),
                       "peak_step": peak_step, "loss_at_spike": float(v[i0]),
-                      "running_min_before": float(run_min[i0 - 1])},
+                      "running_min_before": float(run_min[i0 - 1]), "recovered_step": recovered},
         )]
