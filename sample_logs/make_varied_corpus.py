@@ -290,7 +290,7 @@ def lr_factor(sched: str, i: int, warmup: int, total: int, start: int = 0) -> fl
     if sched == "constant":
         return 1.0
     if sched == "cyclic":
-        return 0.3 + 0.7 * abs(math.sin(math.pi * (j - warmup) / 80))
+        return 0.3 + 0.7 * abs(math.cos(math.pi * (j - warmup) / 80))  # continuous at the warm-up's end
     raise ValueError(sched)
 
 
@@ -327,12 +327,10 @@ class Writer:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=str(self.out), filename_suffix=f".p{self.proc}")
-            if self.proc == 0:
-                (self.out / "config.json").write_text(json.dumps(cfg, indent=1))
+            (self.out / "config.json").write_text(json.dumps(cfg, indent=1))  # each process writes its config
         elif w == "jsonl":
             self.fh = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-            if self.proc == 0:
-                (self.out / "config.json").write_text(json.dumps(cfg, indent=1))
+            (self.out / "config.json").write_text(json.dumps(cfg, indent=1))
         elif w == "megatron":
             self.fh = open(self.out / "train.log", "a", encoding="utf-8")  # noqa: SIM115
             self.fh.write("------------------------ arguments ------------------------\n")
