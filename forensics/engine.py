@@ -180,6 +180,9 @@ def _family_hypotheses(ev: _Evidence) -> list[Hypothesis]:
         if fam == "data_batch":
             if all(f.evidence.get("recovered_step") is not None for f in fs) and not ev.failed:
                 # a spike that recovered by itself: the verdict is transient, the cause still named (DESIGN.md)
+                # when the grad norm rules out a precursor; without it the cause stays open
+                if any(f.evidence.get("grad_norm_logged") is False for f in fs):
+                    score *= 0.6
                 against.append("every spike recovered by itself")
             earlier = [f for f in cause_f + ev.get("DV01")
                        if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")

@@ -193,6 +193,12 @@ class LRScheduleReset(Detector):
         if replay:
             ev["replays_schedule_from_start"] = True
         if rel <= self.rel_tol:
+            # the steps the resumed process re-logs carry the same lr: the schedule continues
+            j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
+            if j.height >= 2:
+                r = (j.get_column("value") / j.get_column("old")).to_numpy()
+                if np.all(np.isfinite(r)) and float(np.max(np.abs(r - 1))) <= self.rel_tol:
+                    return None
             # same value now: a changed decay rate (horizon change) shows over the next points
             if prev.height >= 3 and cur.height >= 4:
                 pv = prev.get_column("value").to_numpy()[-4:].astype(float)
