@@ -187,7 +187,9 @@ def _family_hypotheses(ev: _Evidence) -> list[Hypothesis]:
             earlier = [f for f in cause_f + ev.get("DV01")
                        if (f.cause in ("update_scale_growth", "overflow") or f.code == "DV01")
                        and f.confidence >= MIN_CAUSE_CONF and f.step is not None and first is not None
-                       and f.step < first]
+                       and f.step < first
+                       # a departure that recovered long before the spike is not its precursor
+                       and not (f.evidence.get("recovered_step") is not None and first - f.step > PATH_WINDOW)]
             if earlier:
                 score *= 0.4
                 what = earlier[0].cause or earlier[0].name

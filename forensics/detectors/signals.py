@@ -68,8 +68,49 @@ def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, 
         return None
     lx = to_log(s.values)
     z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=12, abs_floor=0.01)
+    z = _trend_robust_z(lx, z, med, sig)
     out = (s, lx, z, np.exp(med))
     run._cache[key] = out  # type: ignore[assignment]
+    return out
+
+
+LOCAL = 16
+"""Points of the short trailing median that centres the trend-robust z (our choice)."""
+
+
+def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """The larger of the trailing z and a trend-robust z (log values, shape (n,)).
+
+    While the loss falls fast (the first hundreds of steps), the 128-point MAD measures the trend, not the
+    noise, and hides spikes. The trend-robust z centres each point on the median of its last ``LOCAL`` (16)
+    finite points and scales by the noise of first differences (1.4826 MAD of diff / sqrt 2 over the trailing
+    window; differences cancel a slow trend), floored at 0.01 as the trailing z is. It is only used where it
+    is defined (enough history) and only ever raises z for a point ABOVE both medians.
+    """
+    n = lx.shape[0]
+    if n < 24:
+        return z
+    ok = np.isfinite(lx)
+    idx = np.flatnonzero(ok)
+    if idx.size < 24:
+        return z
+    import polars as pl
+
+    v = lx[idx]
+    # |diff| ending at point j-1 (so the point judged is not in its own noise estimate)
+    d = np.concatenate([[np.nan], np.abs(np.diff(v))])
+    dser = pl.Series("d", d).fill_nan(None)
+    noise_med = dser.rolling_median(window_size=WINDOW, min_samples=10).shift(2).fill_null(float("nan")).to_numpy()
+    local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=8).shift(1) \
+        .fill_null(float("nan")).to_numpy()
+    noise = np.maximum(1.4826 * noise_med / np.sqrt(2), 0.01)
+    with np.errstate(all="ignore"):
+        zt = (v - local) / noise
+    out = z.copy()
+    m = med[idx]
+    better = np.isfinite(zt) & np.isfinite(m) & (v > m) & (v > local) & (~np.isfinite(out[idx]) | (zt > out[idx]))
+    better[:12] = False
+    out[idx[better]] = zt[better]
     return out
 
 
