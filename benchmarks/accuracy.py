@@ -273,7 +273,7 @@ def split_table(items: list[Item], by: str = "cause") -> list[str]:
     """Tuning and validation side by side, per true cause (or per injected kind), with the gap."""
     key = (lambda i: i.true_cause) if by == "cause" else (lambda i: i.fault_kind)
     lines = [f"== varied corpus: tuning vs validation, per {by}", ""]
-    head = (f"{by:<24}" + "".join(f"{'tuning ' + m:>14}{'valid. ' + m:>14}{'gap':>6}"
+    head = (f"{by:<24}" + "".join(f"{'tun. ' + m:>14}{'val. ' + m:>14}{'gap':>6}"
                                    for m in ("cause", "onset", "f.alarm")))
     lines += [head, "-" * len(head)]
 
@@ -418,14 +418,17 @@ def main(argv: list[str] | None = None) -> int:
             varied = [i for i in varied if i.split == args.split]
         if args.varied_only:
             run_all(varied, args.jobs)
-            out = split_table(varied) + split_table(varied, by="kind")
+            out = [f"varied corpus {args.varied}: {len(varied)} runs"
+                   + (" (raw, uncalibrated confidence)" if os.environ.get("FORENSICS_RAW_CONFIDENCE") else ""), ""]
+            out += split_table(varied) + split_table(varied, by="kind")
             for part in ("tuning", "validation"):
                 out += reliability([i for i in varied if i.split == part], f"varied corpus, {part}")
             out += misses(varied)
             print("\n".join(out))
             if args.dump:
                 args.dump.write_text(json.dumps([{"run": i.name, "split": i.split, "kind": i.fault_kind,
-                                                  "cause": i.cause, "window": i.window, "found": i.found}
+                                                  "cause": i.cause, "window": i.window, "found": i.found,
+                                                  "right": i.cause_ok(), "onset_ok": i.onset_ok()}
                                                  for i in varied], indent=1, default=str))
             return 0
         corpus = [] if args.cases_only else corpus_items(args.labels)

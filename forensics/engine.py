@@ -37,6 +37,9 @@ MIN_CAUSE_CONF = 0.5
 PATH_WINDOW = 128
 """Departures this many steps before a cause's first finding still count as its onset."""
 
+AT_RESUME = ("lr_schedule_reset", "state_not_restored")
+"""Causes located at a resume: their onset is the resumed process's first step, not an earlier wobble."""
+
 _PRECURSORS = ("GN01", "SP01", "DV01", "NF01", "ST01")
 
 
@@ -94,7 +97,21 @@ MAX_ATTEMPTS = 6
 
 
 def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
-    """Decide on the whole run, including attempts that a restart rolled back.
+    """Decide on the whole run (:func:`decide_attempts`), with the confidence calibrated.
+
+    The raw score of the chosen answer is mapped by :func:`forensics.calibration.calibrate` (a fit on the
+    tuning part of the varied corpus, stored in ``forensics/calibration.json``).
+    """
+    import dataclasses
+
+    from forensics.calibration import calibrate
+
+    d = decide_attempts(run, detectors)
+    return dataclasses.replace(d, confidence=calibrate(d.confidence, d.verdict, d.cause))
+
+
+def decide_attempts(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
+    """Decide on the whole run, including attempts that a restart rolled back (raw confidence).
 
     The effective timeline hides a failed attempt once a restart re-logs its steps, so every
     rolled-back segment is also analysed as the run stood when it ended; the earliest anomalous
@@ -335,6 +352,8 @@ def _onset(ev: _Evidence, cause: str, fallback: int | None) -> int | None:
                   if f.step is not None and f.confidence >= MIN_CAUSE_CONF and f.step < onset]
         if growth:
             onset = min(growth)
+    if cause in AT_RESUME:  # the fault is in the resume: nothing the earlier process did is on its chain
+        return onset
     for f in ev.get("GN01"):  # a grad-norm departure just before leads the cause's first finding
         if f.step is not None and onset - PATH_WINDOW <= f.step < onset and (
                 ev.failure_step is None or f.step <= ev.failure_step):

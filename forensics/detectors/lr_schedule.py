@@ -277,18 +277,27 @@ class LRScheduleReset(Detector):
         cs = cur.get_column("step").to_numpy()[:points]
         cv = cur.get_column("value").to_numpy().astype(float)[:points]
         s0 = int(cs[0])
-        base = int(fs[0]) - 1  # the schedule's step 0 sits one before the first logged step (steps from 1)
-        n_ok, n = 0, 0
-        for st, v in zip(cs, cv, strict=True):
-            k = np.flatnonzero(fs == base + (int(st) - s0) + 1)
-            if not k.size or not np.isfinite(v):
-                continue
-            n += 1
-            ref = fv[k[0]]
-            n_ok += int(abs(v - ref) <= tol * max(abs(ref), 1e-30))
         same_step = np.flatnonzero(np.isin(fs, cs))
         continues = same_step.size >= 2 and bool(np.allclose(fv[same_step], cv[np.isin(cs, fs)], rtol=tol))
-        return n >= 3 and n_ok == n and not continues
+        if continues:
+            return False
+        # the resumed process may log its first schedule step or a later one: try the first logged steps of
+        # the first segment as the match of the resume's first logged point (and the one before it)
+        for cand in sorted({int(x) for x in fs[:6]} | {int(fs[0]) + 1}):
+            off = s0 - cand
+            if off <= 0:
+                continue
+            n_ok, n = 0, 0
+            for st, v in zip(cs, cv, strict=True):
+                k = np.flatnonzero(fs == int(st) - off)
+                if not k.size or not np.isfinite(v):
+                    continue
+                n += 1
+                ref = fv[k[0]]
+                n_ok += int(abs(v - ref) <= tol * max(abs(ref), 1e-30))
+            if n >= 3 and n_ok == n:
+                return True
+        return False
 
     @staticmethod
     def _constant_scale(prev: pl.DataFrame, cur: pl.DataFrame) -> float | None:
