@@ -4,7 +4,8 @@ Rule (detectors.md D7; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00
 departure whose excursion starts abruptly (within ``max_rise_steps`` of its detection) with no
 grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
 in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11).
-The batch is named when ``batch_index`` is logged. A spike that recovers by itself is reported
+The batch is named when ``batch_index`` is logged. A finite blow-up that never recovers while the lr is
+still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that recovers by itself is reported
 with ``recovered_step`` (the engine calls the run transient if nothing else fires).
 """
 
@@ -60,6 +61,10 @@ class BadBatch(Detector):
                     continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
             if against:
                 continue
+            in_warmup = self._in_warmup(run, d.onset_step)
+            if in_warmup and d.recovered_step is None and not d.nonfinite:
+                # a finite blow-up that never recovers while the lr still ramps up: the step size, not a batch
+                continue
             ev: dict[str, object] = {"spike_step": d.step, "onset_step": d.onset_step, "loss": d.value,
                                      "trailing_median": d.baseline, "z": d.z, "nonfinite": d.nonfinite,
                                      "recovered_step": d.recovered_step, "precursor_window": [pre_lo, d.onset_step - 1],
@@ -83,3 +88,18 @@ class BadBatch(Detector):
             if len(out) >= 3:
                 break
         return out
+
+    @staticmethod
+    def _in_warmup(run: RunData, step: int) -> bool:
+        """True when the lr at ``step`` is still rising toward a later, higher peak (below 95% of it)."""
+        lr = run.series("lr")
+        if lr is None or len(lr) < 4:
+            return False
+        v = np.where(np.isfinite(lr.values), lr.values, np.nan)
+        if not np.isfinite(v).any():
+            return False
+        i_peak = int(np.nanargmax(v))
+        k = int(np.searchsorted(lr.steps, step))
+        if k >= len(v) or k >= i_peak:
+            return False
+        return bool(np.isfinite(v[k]) and v[k] < 0.95 * v[i_peak] and v[0] < 0.5 * v[i_peak])

@@ -36,6 +36,36 @@ class WarmupInstability(Detector):
     min_spikes: int = 1
     noise_k: float = 6.0
 
+    def _blow_up(self, run: RunData, loss, lr, lv: np.ndarray, i_peak: int, peak_step: int,  # noqa: ANN001
+                 end: float) -> list[Finding]:
+        """A loss departure during the warm-up that never recovers (the loss had no time to fall 25% first)."""
+        from forensics.detectors.signals import departures
+
+        for d in departures(run, "loss", limit=3):
+            if d.onset_step > peak_step or d.onset_step > end or d.recovered_step is not None or d.nonfinite:
+                continue
+            k = int(np.searchsorted(lr.steps, d.onset_step))
+            frac = float(lv[min(k, len(lv) - 1)] / lv[i_peak])
+            # the departure from healthy behaviour starts where the loss stopped falling: the step after its
+            # last new low before the blow-up
+            pre = np.flatnonzero((loss.steps < d.step) & np.isfinite(loss.values))
+            onset = d.onset_step
+            if pre.size >= 2:
+                j = int(pre[np.argmin(loss.values[pre])])
+                if j + 1 < len(loss) and int(loss.steps[j + 1]) < onset:
+                    onset = int(loss.steps[j + 1])
+            return [self.finding(
+                cause="update_scale_growth", mechanism="lr_too_high", step=onset,
+                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=0.65, severity="high",
+                message=f"the loss blows up to {fmt(d.value)} at step {d.step} and never recovers while the lr is "
+                f"still warming up ({100 * frac:.0f}% of its peak {fmt(float(lv[i_peak]))} at step {peak_step}): the "
+                "lr ramp reaches a step size the model cannot take.",
+                evidence={"blow_up_step": d.step, "onset_step": d.onset_step, "loss": d.value,
+                          "trailing_median": d.baseline, "lr_fraction_of_peak": frac, "peak_lr": float(lv[i_peak]),
+                          "peak_step": peak_step},
+            )]
+        return []
+
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding at the first warm-up spike, with all of them as evidence."""
         loss, lr = run.series("loss"), run.series("lr")
@@ -62,7 +92,7 @@ class WarmupInstability(Detector):
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
         spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
         if len(spikes) < self.min_spikes:
-            return []
+            return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0 = spikes[0]
         # one point that returns at once is noise, not an lr too high for the model
         nxt = v[i0 + 1:i0 + 4]
