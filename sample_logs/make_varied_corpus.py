@@ -711,6 +711,26 @@ def label(spec: Spec, run: Run, corpus) -> dict[str, Any]:
             "axes": {k: v for k, v in spec.__dict__.items() if k not in ("name",)}}
 
 
+def ci_subset(n: int = 8, first_seed: int = 2000, per_kind: int = 1) -> list[int]:
+    """Seeds of a small, cheap VALIDATION subset for CI (no fp16, no healthy-twin runs), drawn in seed order.
+
+    At most ``per_kind`` runs of each kind, healthy runs twice that; the choice depends only on the drawn specs,
+    never on how the analyzer does on them.
+    """
+    out: list[int] = []
+    count: dict[str, int] = {}
+    s = first_seed
+    while len(out) < n and s < first_seed + 5000:
+        sp = draw(s)
+        cap = 2 * per_kind if sp.kind == "healthy" else per_kind
+        if (sp.split == "validation" and sp.precision != "fp16" and sp.kind != "lr_too_high"
+                and sp.writer != "wandb" and sp.steps <= 240 and count.get(sp.kind, 0) < cap):
+            out.append(s)
+            count[sp.kind] = count.get(sp.kind, 0) + 1
+        s += 1
+    return out
+
+
 _CORPUS = None
 
 
