@@ -361,6 +361,50 @@ def _onset(ev: _Evidence, cause: str, fallback: int | None) -> int | None:
     return onset
 
 
+_SIGNAL = {"GN01": "grad_norm", "SP01": "loss", "NF01": "non-finite value", "DV01": "loss", "DB01": "loss",
+           "WU01": "loss", "LR01": "lr", "RS01": "loss at the resume", "OV01": "loss_scale", "OV02": "activation",
+           "UP01": "update_ratio", "PR01": "precursor", "AT01": "attn_logit_max", "HW01": "throughput",
+           "DO01": "loss level", "GS01": "loss / eval_loss"}
+
+
+def _size(f: Finding) -> str:
+    e = f.evidence
+    for key, fmt_ in (("z", "z={:.1f}"), ("relative_difference", "{:+.0%} vs schedule"),
+                      ("relative_change", "{:+.1%}"), ("train_over_eval_loss", "x{:.2f}"), ("shift", "+{:.3g}"),
+                      ("halvings", "{:.0f} halvings"), ("value", "{:.4g}"), ("loss_after", "{:.4g}")):
+        v = e.get(key)
+        if isinstance(v, (int, float)) and np.isfinite(v):
+            return fmt_.format(v)
+    return ""
+
+
+def _chain(ev: _Evidence, cause: str, onset: int) -> Finding | None:
+    """The causal chain from the onset to the failure: the chosen cause's findings and the departures after it.
+
+    Each link is (step, signal, size). Departures that recovered before the next link are left out: the
+    chain connects the onset to the failure without a recovery in between (DESIGN.md section 4).
+    """
+    end = ev.failure_step if ev.failure_step is not None else max(
+        (f.step for f in ev.findings if f.step is not None), default=onset)
+    links = []
+    for f in ev.findings:
+        if f.step is None or not onset <= f.step <= max(end, onset) or f.code in ("INT01", "INT02", "NT01"):
+            continue
+        own = f.cause == cause and f.confidence >= MIN_CAUSE_CONF
+        follow = f.code in ("GN01", "SP01", "NF01", "DV01") and (
+            f.evidence.get("recovered_step") is None or f.step == onset)
+        if own or follow:
+            links.append({"step": int(f.step), "signal": _SIGNAL.get(f.code, f.name), "size": _size(f),
+                          "code": f.code})
+    if not links:
+        return None
+    links = list({(x["step"], x["code"]): x for x in links}.values())[:8]
+    text = " -> ".join(f"step {x['step']} {x['signal']}" + (f" ({x['size']})" if x["size"] else "") for x in links)
+    return Finding(code="ENG01", name="engine.causal_chain", cause=None, mechanism=None, step=onset, segment=None,
+                   confidence=1.0, severity="info", message=f"causal chain of {cause}: {text}.",
+                   evidence={"chain": links, "failure_step": ev.failure_step})
+
+
 def _segment_of(ev: _Evidence, step: int) -> int:
     seg = next((f.segment for f in ev.findings if f.step == step and f.segment is not None), None)
     if seg is not None:
@@ -403,6 +447,10 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
         onset_step = min(f.step for f in spikes if f.step is not None)
     if verdict == "healthy":
         confidence = 1.0 - max((h.confidence for h in hyps), default=0.0)
+    if onset_step is not None and cause is not None:
+        chain = _chain(ev, cause, int(onset_step))
+        if chain is not None:
+            ev.findings.append(chain)
     onset = {"step": int(onset_step), "segment": _segment_of(ev, onset_step)} if onset_step is not None else None
     return Decision(verdict, cause, mechanism, float(confidence), onset, tuple(hyps), tuple(ev.findings),
                     tuple(skipped), ev.failure_step)
