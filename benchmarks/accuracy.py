@@ -320,7 +320,8 @@ def expected_calibration_error(items: list[Item], bins: int = 10) -> float | Non
 def reliability(items: list[Item], title: str, bins: int = 10) -> list[str]:
     """Reliability table (confidence bin: n, mean confidence, accuracy) and the ECE."""
     pts = [p for p in (_conf_right(i) for i in items) if p is not None]
-    lines = [f"== reliability: {title} ({len(pts)} items)", "", f"{'confidence':<12}{'n':>5}{'mean conf':>11}{'right':>8}"]
+    lines = [f"== reliability: {title} ({len(pts)} items)", "",
+             f"{'confidence':<12}{'n':>5}{'mean conf':>11}{'right':>8}"]
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
         grp = [(c, r) for c, r in pts if (lo <= c < hi) or (b == bins - 1 and c == 1.0)]

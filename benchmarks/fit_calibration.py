@@ -54,6 +54,7 @@ def _rows(items: list[dict]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndar
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray) -> dict:
+    """Logistic regression of right/wrong on the features."""
     from sklearn.linear_model import LogisticRegression
 
     m = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
@@ -62,6 +63,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray) -> dict:
 
 
 def fit_isotonic(raw: np.ndarray, y: np.ndarray, groups: list[str], min_items: int = 20) -> dict:
+    """Isotonic regression of right/wrong on the raw score, per answer kind with enough items."""
     from sklearn.isotonic import IsotonicRegression
 
     tables = {}
@@ -76,6 +78,7 @@ def fit_isotonic(raw: np.ndarray, y: np.ndarray, groups: list[str], min_items: i
 
 
 def apply(params: dict, raw: np.ndarray, groups: list[str], x: np.ndarray) -> np.ndarray:
+    """Calibrated confidences of a fit (as forensics.calibration.calibrate computes them)."""
     if params["method"] == "logistic":
         t = params["intercept"] + x @ np.array(params["coef"])
         return np.clip(1 / (1 + np.exp(-t)), 0.02, 0.98)

@@ -146,6 +146,7 @@ class Spec:
 
     @property
     def split(self) -> str:
+        """``validation`` for held-out axis values or seed 0 mod 4, else ``tuning``."""
         held = (self.optimizer == HELD_OUT["optimizer"] or self.schedule == HELD_OUT["schedule"]
                 or self.writer == HELD_OUT["writer"])
         return "validation" if held or self.seed % 4 == 0 else "tuning"
@@ -247,6 +248,7 @@ class MLPLM:
 
     @staticmethod
     def build(width: int, seq_len: int):
+        """A fresh MLP LM of the given width (seq_len unused: the context is 6 bytes)."""
         ms, torch = _mods()
         from torch import nn
 
@@ -295,6 +297,7 @@ def lr_factor(sched: str, i: int, warmup: int, total: int, start: int = 0) -> fl
 
 
 def make_optimizer(spec: Spec, params):
+    """The run's optimizer over ``params`` (AdamW, Adam, SGD with momentum 0.9, Adafactor)."""
     _, torch = _mods()
     if spec.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -321,6 +324,7 @@ class Writer:
         self.csvw: Any = None
 
     def open(self, cfg: dict[str, Any], resumed_from: int | None) -> None:
+        """Start the writer of a new process (segment) with its config."""
         self.proc += 1
         w = self.spec.writer
         if w == "tb":
@@ -360,6 +364,7 @@ class Writer:
                                      settings=wandb.Settings(x_disable_stats=True, console="off"))
 
     def log(self, step: int, rec: dict[str, Any], wall: float) -> None:
+        """Write one logged step, restricted to the profile's metrics."""
         keep = {k: v for k, v in rec.items() if k in self.keys and v is not None}
         w = self.spec.writer
         if w == "tb":
@@ -395,6 +400,7 @@ class Writer:
             self.wb.log({f"train/{k}": v for k, v in keep.items()}, step=step)
 
     def close(self) -> None:
+        """Flush and close the process's writers."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None
@@ -431,6 +437,7 @@ class Run:
         self.logged: list[int] = []  # steps written to the logs
 
     def build(self) -> None:
+        """A new process: model, optimizer and loss scaler from the seed."""
         torch, spec = self.torch, self.spec
         torch.manual_seed(spec.seed)
         if spec.arch == "mlp":
@@ -443,11 +450,13 @@ class Run:
                                            enabled=fp16)
 
     def lr_at(self, i: int) -> float:
+        """The lr of optimizer step ``i`` (0-based) under the current schedule."""
         s = self.spec
         return s.lr * self.lr_mult * self.sched_peak * lr_factor(s.schedule, i, s.warmup, self.sched_total,
                                                                  self.sched_start)
 
     def batch(self, step: int):
+        """(inputs, labels, injected?) of a step, with the kind's corruption applied."""
         ms, torch, s = self.ms, self.torch, self.spec
         idx = step - 1 - self.data_offset
         x, y = ms.get_batch(self.corpus, self.mcfg, idx * 7 + 3)
@@ -469,12 +478,14 @@ class Run:
         return x, y, bad
 
     def eval_loss(self) -> float:
+        """Loss on a fixed held-out batch."""
         torch, F = self.torch, self.torch.nn.functional
         with torch.no_grad():
             x, y = self.ms.get_batch(self.corpus, self.mcfg, 10_000_019)
             return F.cross_entropy(self.model(x).float().reshape(-1, 256), y.reshape(-1)).item()
 
     def step_fn(self, step: int, writer: Writer | None) -> bool:
+        """One optimizer step; returns False when the job dies."""
         torch, s = self.torch, self.spec
         F = torch.nn.functional
         lr = self.lr_at(step - 1)
@@ -557,6 +568,7 @@ class Run:
         return True
 
     def cfg_public(self, proc: int) -> dict[str, Any]:
+        """The configuration process ``proc`` records (no fault description)."""
         s = self.spec
         cfg = {"arch": s.arch, "d_model": s.d_model, "n_layers": s.n_layers, "optimizer": s.optimizer,
                "lr_schedule": s.schedule, "warmup_steps": s.warmup, "train_iters": s.steps,
@@ -575,6 +587,7 @@ class Run:
         return cfg
 
     def train(self) -> None:
+        """The first process, then the resumed one when the run resumes."""
         s = self.spec
         self.skips = 0
         self.build()

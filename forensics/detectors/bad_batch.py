@@ -5,8 +5,8 @@ departure whose excursion starts abruptly (within ``max_rise_steps`` of its dete
 grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
 in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11).
 The batch is named when ``batch_index`` is logged. A finite blow-up that never recovers while the lr is
-still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that recovers by itself is reported
-with ``recovered_step`` (the engine calls the run transient if nothing else fires).
+still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that
+recovers by itself is reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class ResumeState(Detector):
     def _lr_continuous(self, lr: pl.DataFrame, a_rows: pl.DataFrame, s0: int, seg: int) -> bool | None:
         if lr.height == 0:
             return None
-        cur = lr.filter((pl.col("segment") == seg)).sort("step")
+        cur = lr.filter(pl.col("segment") == seg).sort("step")
         prev = lr.filter(pl.col("segment") < seg).sort("step")
         if cur.height == 0 or prev.height == 0:
             return None

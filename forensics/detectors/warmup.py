@@ -8,8 +8,8 @@ seen so far, after the loss had already fallen by ``min_fall`` (25%) from its fi
 trailing-window spike test cannot judge these points (too little history); the running minimum
 can, because the early loss falls monotonically in a healthy run. The jump must also exceed
 ``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
-logged points leave at once is reported with low confidence (one noisy point is not an lr too high). A peak lr too high for the
-model is the usual reason; the trial is a lower peak lr with a longer warm-up.
+logged points leave at once is reported with low confidence (one noisy point is not an lr too
+high). A peak lr too high for the model is the usual reason; the trial is a lower peak lr with a longer warm-up.
 """
 
 from __future__ import annotations
