@@ -352,6 +352,7 @@ def _onset(ev: _Evidence, cause: str, fallback: int | None) -> int | None:
                   if f.step is not None and f.confidence >= MIN_CAUSE_CONF and f.step < onset]
         if growth:
             onset = min(growth)
+        onset = _skip_chain(ev.run, onset)
     if cause in AT_RESUME:  # the fault is in the resume: nothing the earlier process did is on its chain
         return onset
     for f in ev.get("GN01"):  # a grad-norm departure just before leads the cause's first finding
@@ -403,6 +404,34 @@ def _chain(ev: _Evidence, cause: str, onset: int) -> Finding | None:
     return Finding(code="ENG01", name="engine.causal_chain", cause=None, mechanism=None, step=onset, segment=None,
                    confidence=1.0, severity="info", message=f"causal chain of {cause}: {text}.",
                    evidence={"chain": links, "failure_step": ev.failure_step})
+
+
+def _skip_chain(run: RunData, onset: int, gap: int = PATH_WINDOW // 2) -> int:
+    """Walk an overflow's onset back over the fp16 skips that lead to it, each within ``gap`` steps of the next.
+
+    A scaler back-off (or skipped step) shortly before a collapse is its first sign when the scale never grew
+    back in between; growth probes the scaler recovered from, or hundreds of steps apart, are not chained.
+    """
+    steps: list[int] = []
+    sk = run.series("skipped_step")
+    if sk is not None and len(sk):
+        steps += sk.steps[np.nan_to_num(sk.values, nan=0.0) > 0].tolist()
+    ls = run.series("loss_scale")
+    if ls is not None and len(ls) > 1:
+        v = ls.values
+        down = np.flatnonzero((v[1:] < v[:-1]) & np.isfinite(v[1:]) & np.isfinite(v[:-1]))
+        steps += ls.steps[down].tolist()  # the step before the smaller scale was the skipped one
+    cur = onset
+    for st in sorted({int(x) for x in steps if x < onset}, reverse=True):
+        if cur - st > gap:
+            break
+        if ls is not None and len(ls) > 1:  # the scale grew back in between: a probe the scaler recovered from
+            seg = ls.values[(ls.steps >= st) & (ls.steps <= cur)]
+            seg = seg[np.isfinite(seg)]
+            if seg.size > 1 and bool(np.any(np.diff(seg) > 0)):
+                break
+        cur = st
+    return cur
 
 
 def _segment_of(ev: _Evidence, step: int) -> int:

@@ -77,13 +77,19 @@ class BadBatch(Detector):
                     ev["batch_index"] = int(bi.values[k[0]])
                     named = f"; batch index {int(bi.values[k[0]])}"
             conf = 0.75 if g is not None else 0.55
+            warm_against: tuple[str, ...] = ()
+            if in_warmup:  # a spike while the lr still ramps up is first the warm-up's (WU01)
+                conf = min(conf, 0.5)
+                warm_against = ("the spike comes while the lr is still warming up: the lr ramp is the first "
+                                "suspect",)
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
             out.append(self.finding(
                 cause="data_batch", mechanism="bad_batch", step=d.onset_step, segment=segment_at(s, d.onset_step),
                 confidence=conf, severity="high",
                 message=f"abrupt {what} at step {d.step} with no precursor in the previous {self.window} steps{named}.",
                 evidence=ev,
-                against=() if g is not None else ("grad norm not logged: a precursor cannot be ruled out",),
+                against=warm_against + (() if g is not None else
+                                        ("grad norm not logged: a precursor cannot be ruled out",)),
             ))
             if len(out) >= 3:
                 break

@@ -147,8 +147,8 @@ class LossScaleCollapse(Detector):
         interval = max(1, int(np.median(np.diff([x[0] for x in scales]))) if len(scales) > 2 else 1)
         for g, bs in by_seg.items():
             start = seg_start.get(g, bs[0][0])
-            if bs[0][0] - start > max(3 * interval, self.calibration_steps // 4):
-                continue
+            if bs[0][0] - start > 2 * interval:
+                continue  # calibration starts with the first steps: the initial scale is too high at once
             prev_step, prev_scale = bs[0][0], bs[0][1]
             out.add(bs[0][0])
             for st, v, _ in bs[1:]:

@@ -68,7 +68,8 @@ def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, 
         return None
     lx = to_log(s.values)
     z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=12, abs_floor=0.01)
-    z = _trend_robust_z(lx, z, med, sig)
+    if metric == "loss":  # the objective falls fast early on; grad norms keep their trailing band
+        z = _trend_robust_z(lx, z, med, sig)
     out = (s, lx, z, np.exp(med))
     run._cache[key] = out  # type: ignore[assignment]
     return out

@@ -97,7 +97,8 @@ class WarmupInstability(Detector):
         # one point that returns at once is noise, not an lr too high for the model
         nxt = v[i0 + 1:i0 + 4]
         half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
-        isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half))
+        # (after the peak only: during the ramp a spike is the lr's until shown otherwise)
+        isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half)) and int(st[i0]) > peak_step
         # where the loss is back under half the jump (on the whole series): the spike's own recovery
         after = np.flatnonzero((loss.steps > st[i0]) & np.isfinite(loss.values) & (loss.values < half))
         recovered = int(loss.steps[after[0]]) if after.size else None
