@@ -14,7 +14,14 @@ Detectors report; the engine decides (STYLE.md item 5). The rules, each one func
    deliberate lr change is no fault; growth after an lr reset is its consequence; "lr too high"
    is dropped when the notes say lower lrs failed.
 5. ``_onset``: the earliest step over all findings on the causal path of the chosen cause (its
-   own findings, growth before an overflow, a grad-norm departure just before).
+   own findings, growth before an overflow, fp16 back-offs that lead to the collapse without the scale
+   growing back, a grad-norm departure just before; for causes at a resume, the resume itself).
+   ``_off_chain``: a family whose departures all recovered long before the failure is not on its chain.
+   ``_chain`` reports the chain as an ENG01 finding (step, signal, size).
+
+Recurring recovered spikes (``RECURRING_SPIKES``) are an anomaly, not ``transient``. The confidence of
+the chosen answer is calibrated by :mod:`forensics.calibration` (fitted offline on the tuning part of the
+varied corpus).
 
 Verdict: ``anomaly`` when a cause is chosen or the run failed (NaN for good, divergence,
 unrecovered spike, no progress: cause ``unknown`` when nothing explains it); ``transient`` when

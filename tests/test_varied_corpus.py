@@ -64,7 +64,8 @@ def test_ci_subset(ci_runs: list[dict]) -> None:
     assert len(wrong) <= CI_MAX_WRONG, "\n".join(wrong)
 
 
-CI_MAX_WRONG = 10
+CI_MAX_WRONG = 3
+"""Measured: 2 of 10 wrong (optimizer_not_restored_2044, sampler_replay_2067: no visible trace), one of margin."""
 
 
 @pytest.mark.skipif(not (VARIED / "labels.json").is_file(),
