@@ -265,6 +265,7 @@ def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     before F, a family whose findings all carry a ``recovered_step`` and lie more than PATH_WINDOW steps before
     F is demoted below :data:`MIN_CAUSE_CONF`, with that as evidence against it.
     """
+    hyps = _recovered_before(ev, hyps)
     fail = ev.failure_step
     if not ev.failed or fail is None:
         return hyps
@@ -280,6 +281,28 @@ def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
             h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
                            h.against + (f"its departure recovered by step {max(done)}, long before the failure at "
                                         f"step {fail}: not on the failure's causal chain",))
+        out.append(h)
+    return out
+
+
+def _recovered_before(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """A family whose departures all recovered before another strong family's first finding does not lead it.
+
+    Lead-lag (the earliest explains the later ones) holds along a chain; a blip the run recovered from is
+    not the cause of what starts after the recovery (e.g. a warm-up spike before an lr reset at a resume).
+    """
+    strong = {h.cause: ev.first_step(h.cause) for h in hyps if h.confidence >= MIN_CAUSE_CONF}
+    out = []
+    for h in hyps:
+        fs = [f for f in ev.families.get(h.cause, []) if f.confidence >= MIN_CAUSE_CONF]
+        rec = [f.evidence.get("recovered_step") for f in fs]
+        if fs and h.confidence >= MIN_CAUSE_CONF and all(r is not None for r in rec):
+            later = [(s, c) for c, s in strong.items() if c != h.cause and s > max(rec)]
+            if later:
+                s, c = min(later)
+                h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
+                               h.against + (f"its departure recovered by step {max(rec)}, before the {c} finding at "
+                                            f"step {s}: it does not lead it",))
         out.append(h)
     return out
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import SPIKE_Z, departures, zscores
+from forensics.detectors.signals import SPIKE_Z, departures, scaler_skips, zscores
 from forensics.model import Finding, RunData
 
 
@@ -54,6 +54,9 @@ class BadBatch(Detector):
                     k = int(np.flatnonzero(hit)[0])
                     against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
                 gv = gs.values[m]
+                sk = scaler_skips(run, gs)
+                if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
+                    gv = gv[~sk[m]]
                 if gv.size and not np.all(np.isfinite(gv)):
                     against.append("non-finite grad norms before the spike")
             if d.nonfinite and fp16:

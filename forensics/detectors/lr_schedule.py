@@ -206,7 +206,9 @@ class LRScheduleReset(Detector):
                 cs = cur.get_column("step").to_numpy()[:8].astype(float)
                 slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
                 slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
-                if slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
+                # a decay rate exists only where the lr decays smoothly (a step schedule is flat between drops)
+                smooth = bool(np.all(np.diff(pv) < 0))
+                if smooth and slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
                     ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
                     return self._finding(run, s0, segment, "horizon_change", 0.7, ev,
                                          f"lr decay rate changed at the resume at step {s0}: "

@@ -55,11 +55,11 @@ class UpdateScaleGrowth(Detector):
         against: tuple[str, ...] = ()
         conf = 0.6
         better = loss_improves_after(run, step)
-        if better is not None and all(f[3] == "param_norm" for f in found):
-            # a parameter norm that grows while the loss keeps falling is training, not divergence
+        if better is not None and (all(f[3] == "param_norm" for f in found) or better[1] < 0.95 * better[0]):
+            # a parameter norm (or update ratio) that grows while the loss keeps falling is training, not divergence
             conf = 0.35
             against = (f"the loss keeps improving after step {step} ({fmt(better[0])} -> {fmt(better[1])}): "
-                       "a growing parameter norm alone is not update-scale growth",)
+                       f"a growing {what} alone is not update-scale growth",)
         return [self.finding(
             cause="update_scale_growth", mechanism="lr_too_high", step=step, against=against,
             segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity="medium",
