@@ -409,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=("tuning", "validation"), help="only this part of the varied corpus")
     p.add_argument("--jobs", type=int, default=1, help="analyses run in parallel")
     p.add_argument("--dump", type=Path, help="write every varied item's label and finding to this JSON file")
+    p.add_argument("--from-dump", type=Path,
+                   help="read the findings from a --dump file instead of analysing (a raw dump is calibrated with "
+                   "forensics/calibration.json unless FORENSICS_RAW_CONFIDENCE is set)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--corpus-only", action="store_true")
     g.add_argument("--cases-only", action="store_true")
@@ -418,7 +421,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.split:
             varied = [i for i in varied if i.split == args.split]
         if args.varied_only:
-            run_all(varied, args.jobs)
+            if args.from_dump:
+                from forensics.calibration import calibrate
+
+                by = {r["run"]: r for r in json.loads(args.from_dump.read_text())}
+                varied = [i for i in varied if i.name in by]
+                for i in varied:
+                    i.found = dict(by[i.name]["found"])
+                    if by[i.name].get("raw") and "error" not in i.found:
+                        i.found["confidence"] = calibrate(i.found["confidence"], i.found["verdict"], i.found["cause"])
+            else:
+                run_all(varied, args.jobs)
             out = [f"varied corpus {args.varied}: {len(varied)} runs"
                    + (" (raw, uncalibrated confidence)" if os.environ.get("FORENSICS_RAW_CONFIDENCE") else ""), ""]
             out += split_table(varied) + split_table(varied, by="kind")
@@ -429,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.dump:
                 args.dump.write_text(json.dumps([{"run": i.name, "split": i.split, "kind": i.fault_kind,
                                                   "cause": i.cause, "window": i.window, "found": i.found,
-                                                  "right": i.cause_ok(), "onset_ok": i.onset_ok()}
+                                                  "right": i.cause_ok(), "onset_ok": i.onset_ok(),
+                                                  "raw": bool(os.environ.get("FORENSICS_RAW_CONFIDENCE"))}
                                                  for i in varied], indent=1, default=str))
             return 0
         corpus = [] if args.cases_only else corpus_items(args.labels)
