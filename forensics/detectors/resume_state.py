@@ -12,7 +12,9 @@ resumed from (the steps it re-logs, else its last points before the resume). Sig
   points after the resume that fades within ``fade_points`` points, or a loss jump short of the initial level:
   Adam's moments restart from zero (the first updates are lr x sign(g)) or the optimizer state was not loaded;
 - ``data_sampler``: the loss after the resume sits BELOW the earlier process's loss at the same steps by more
-  than 4 robust sigmas: the data position went back and the model sees data it has already learned;
+  than 4 robust sigmas (the data position went back and the model sees data it has already learned), or the
+  re-logged steps differ from the earlier process's by as much as one batch differs from the next (rms of
+  the log ratio >= half the loss's point-to-point noise): other batches at the same steps;
 - ``grad_scaling_bug`` (``accumulation_scaling``): the grad norm jumps by a constant factor (>= 2) at the
   resume and stays there, while the loss trend is unchanged: the loss is summed, not averaged, over
   micro-batches, or the accumulation factor changed.
@@ -138,13 +140,16 @@ class ResumeState(Detector):
         overlap = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")),
                                                           on="step")
         ratio = None
+        rms = None
         if overlap.height >= 2:
             r = np.log(overlap.get_column("new").to_numpy() / overlap.get_column("value").to_numpy())
             r = r[np.isfinite(r)]
             if r.size >= 2:
                 ratio = float(np.median(r))
+                rms = float(np.sqrt(np.mean(r * r)))
                 ev["relogged_steps"] = int(overlap.height)
                 ev["relogged_log_ratio"] = round(ratio, 4)
+                ev["relogged_rms_log_diff"] = round(rms, 4)
         thr = max(6 * sig, float(np.log(1.15)))
         # 1. weights: back near the initial loss
         if jump > thr and l_init > l_pre and (l_post - l_pre) >= self.back_frac * (l_init - l_pre):
@@ -180,6 +185,14 @@ class ResumeState(Detector):
                            f"after the resume at step {s0} the loss is {fmt(100 * (1 - np.exp(low)))}% lower than the "
                            "earlier process at the same steps: the data position went back and the model sees "
                            "data it has already learned (sampler state not restored)", against)
+        # 3b. the re-logged steps disagree by as much as one batch differs from the next: the resumed process
+        # sees other batches at the same steps (the data position was not restored); a restored state re-logs
+        # the same values up to kernel non-determinism
+        if rms is not None and ratio is not None and abs(ratio) <= thr and rms >= max(0.5 * sig * np.sqrt(2), 0.01):
+            return self._f(seg, s0, "state_not_restored", "data_sampler", 0.6, ev,
+                           f"the steps the resumed process re-logs from step {s0} differ from the earlier process's "
+                           f"by {100 * rms:.1f}% (rms), as much as one batch differs from the next, with a continuous "
+                           "lr: it sees other batches at the same steps (data-sampler state not restored)", against)
         # 4. a loss jump short of the initial level
         if jump > thr and (ratio is None or ratio > thr):
             return self._f(seg, s0, "state_not_restored", "optimizer_state", 0.6, ev,
