@@ -39,9 +39,12 @@ class BadBatch(Detector):
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
         fp16 = bool(is_fp16(run))
+        resumes = {int(s.steps[i]) for i in range(1, len(s)) if s.segments[i] != s.segments[i - 1]} if s else set()
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
+            if d.onset_step in resumes:
+                continue  # a jump at the first step of a resumed process is the resume's (RS01, LR01 judge it)
             against: list[str] = []
             pre_lo = d.onset_step - self.window
             if g is not None:
