@@ -237,6 +237,43 @@ def _apply_notes(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     return hyps
 
 
+EARLY_STEPS = 30
+"""A run that fails within this many steps of its first logged step diverged at the start. Our choice."""
+
+
+def _early_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """A run that blows up within its first steps, the loss rising before it turns non-finite, took steps too large.
+
+    Applies only when no family explains the failure: the finite loss rises above its first logged value
+    before the failure (not an abrupt NaN from a normal loss, which a bad batch gives), within
+    :data:`EARLY_STEPS` steps of the start.
+    """
+    if not ev.failed or ev.failure_step is None or any(h.confidence >= MIN_CAUSE_CONF for h in hyps):
+        return hyps
+    s = ev.run.series("loss")
+    if s is None or len(s) < 2:
+        return hyps
+    first = int(s.steps[0])
+    if ev.failure_step - first > EARLY_STEPS:
+        return hyps
+    fin = np.isfinite(s.values) & (s.steps <= ev.failure_step)
+    v = s.values[fin]
+    if v.size < 2 or float(np.max(v[1:])) <= float(v[0]):
+        return hyps
+    k = int(np.flatnonzero(fin)[int(np.argmax(v[1:])) + 1])
+    rise_from = int(s.steps[max(0, int(np.flatnonzero(fin)[int(np.argmin(v[:max(1, k)]))]))])
+    onset = min(ev.failure_step, rise_from + 1)
+    f = Finding("DV02", "loss.early_divergence", "update_scale_growth", "lr_too_high", onset, 0, 0.55, "high",
+                f"the loss rises from {v[0]:.4g} to {float(np.max(v[1:])):.4g} and the run fails at step "
+                f"{ev.failure_step}, {ev.failure_step - first} steps after its first logged step: updates too large "
+                "for the model from the start (peak lr)", {"failure_step": ev.failure_step, "first_step": first,
+                                                          "onset_step": onset})
+    ev.families.setdefault("update_scale_growth", []).append(f)
+    ev.findings.append(f)
+    return hyps + [Hypothesis("update_scale_growth", "lr_too_high", 0.55, (f"{f.code} step {onset}: {f.message}",),
+                              ("no grad-norm or update series confirms it",))]
+
+
 def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     """Rule 3: a divergence no family explains is updates too large for the model (detectors.md D13)."""
     dv = ev.get("DV01")
@@ -266,6 +303,7 @@ def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     F is demoted below :data:`MIN_CAUSE_CONF`, with that as evidence against it.
     """
     hyps = _recovered_before(ev, hyps)
+    hyps = _before_resume(ev, hyps)
     fail = ev.failure_step
     if not ev.failed or fail is None:
         return hyps
@@ -281,6 +319,33 @@ def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
             h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
                            h.against + (f"its departure recovered by step {max(done)}, long before the failure at "
                                         f"step {fail}: not on the failure's causal chain",))
+        out.append(h)
+    return out
+
+
+def _before_resume(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """A fault at a resume (state or schedule not restored) is not led by a drift of the earlier process.
+
+    When a strong :data:`AT_RESUME` family's first finding is at the first step of a resumed process, and the
+    run did not fail before it, families whose findings all lie before that resume are demoted: the earlier
+    process ended without failing, so its drift did not cause what the resume broke.
+    """
+    res = [(ev.first_step(h.cause), h.cause) for h in hyps
+           if h.cause in AT_RESUME and h.confidence >= MIN_CAUSE_CONF and h.mechanism != "intentional_change"]
+    res = [(s, c) for s, c in res if s < 1 << 62 and any(
+        f.code in ("RS01", "LR01") and f.step == s and (f.segment or 0) > 0 for f in ev.families.get(c, []))]
+    if not res:
+        return hyps
+    s, c = min(res)
+    if ev.failure_step is not None and ev.failure_step < s:
+        return hyps
+    out = []
+    for h in hyps:
+        fs = [f for f in ev.families.get(h.cause, []) if f.step is not None]
+        if h.cause not in AT_RESUME and fs and all(f.step < s for f in fs) and h.confidence >= MIN_CAUSE_CONF:
+            h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
+                           h.against + (f"it lies in the process before the resume at step {s}, which ended without "
+                                        f"failing: it does not lead the {c} at that resume",))
         out.append(h)
     return out
 
@@ -479,7 +544,7 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
     """Run the detectors on the effective timeline of ``run`` and decide verdict, cause, onset."""
     findings, skipped = run_detectors(run, detectors)
     ev = _Evidence.build(run, findings)
-    hyps = _slow_divergence(ev, _apply_notes(ev, _family_hypotheses(ev)))
+    hyps = _early_divergence(ev, _slow_divergence(ev, _apply_notes(ev, _family_hypotheses(ev))))
     chosen, hyps = _choose(ev, hyps)
     hyps.sort(key=lambda h: (h is not chosen, -h.confidence))
 

@@ -283,21 +283,23 @@ class LRScheduleReset(Detector):
         continues = same_step.size >= 2 and bool(np.allclose(fv[same_step], cv[np.isin(cs, fs)], rtol=tol))
         if continues:
             return False
-        # the resumed process may log its first schedule step or a later one: try the first logged steps of
-        # the first segment as the match of the resume's first logged point (and the one before it)
-        for cand in sorted({int(x) for x in fs[:6]} | {int(fs[0]) + 1}):
+        # the resumed process may log its first schedule step or a later one (and another log phase): try
+        # offsets that put the resume's first logged point near the first segment's first steps, reading the
+        # first segment's lr by linear interpolation between its logged points
+        ok_f = np.isfinite(fv)
+        fs_f, fv_f = fs[ok_f].astype(float), fv[ok_f]
+        if fs_f.size < 3:
+            return False
+        for cand in range(int(fs_f[0]), int(fs_f[min(5, fs_f.size - 1)]) + 1):
             off = s0 - cand
             if off <= 0:
                 continue
-            n_ok, n = 0, 0
-            for st, v in zip(cs, cv, strict=True):
-                k = np.flatnonzero(fs == int(st) - off)
-                if not k.size or not np.isfinite(v):
-                    continue
-                n += 1
-                ref = fv[k[0]]
-                n_ok += int(abs(v - ref) <= tol * max(abs(ref), 1e-30))
-            if n >= 3 and n_ok == n:
+            at = cs.astype(float) - off
+            inside = (at >= fs_f[0]) & (at <= fs_f[-1]) & np.isfinite(cv)
+            if inside.sum() < 3:
+                continue
+            ref = np.interp(at[inside], fs_f, fv_f)
+            if bool(np.all(np.abs(cv[inside] - ref) <= tol * np.maximum(np.abs(ref), 1e-30))):
                 return True
         return False
 

@@ -179,7 +179,8 @@ class ResumeState(Detector):
                            f"level (z={j['z']:.1f}) and fades, with a continuous lr: the optimizer moments restarted "
                            "(state not restored)", against)
         # 3. the loss too good: replayed data
-        low = ratio if ratio is not None else jump
+        # (only at re-logged steps: without them a falling loss looks "better" after any resume)
+        low = ratio if ratio is not None else 0.0
         if low < -max(4 * sig, float(np.log(1.03))):
             return self._f(seg, s0, "state_not_restored", "data_sampler", 0.6, ev,
                            f"after the resume at step {s0} the loss is {fmt(100 * (1 - np.exp(low)))}% lower than the "
