@@ -99,6 +99,9 @@ def _noisy_or(confs: list[float]) -> float:
 RECURRING_SPIKES = 3
 """Recovered loss spikes from which a run is no longer ``transient``: recurring spikes are a fault. Our choice."""
 
+ATTEMPT_MIN_CONF = 0.65
+"""A rolled-back attempt that did not fail outranks the whole run only with at least this (raw) confidence."""
+
 MAX_ATTEMPTS = 6
 """Rolled-back attempts analysed on their own (the earliest ones)."""
 
@@ -130,7 +133,10 @@ def decide_attempts(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
     if not attempts:
         return full
     views = [(k, decide_timeline(run.view(k), detectors)) for k in attempts]
-    bad = [(k, d) for k, d in views if d.verdict == "anomaly" and d.onset is not None]
+    # an attempt the effective timeline hides matters when it FAILED (a restart after a crash or a planned
+    # stop is not a failure; a weak drift in it does not outrank the run as a whole)
+    bad = [(k, d) for k, d in views if d.verdict == "anomaly" and d.onset is not None
+           and (d.failure_step is not None or d.confidence >= ATTEMPT_MIN_CONF)]
     if not bad:
         return full
     k0, best = min(bad, key=lambda kd: kd[1].onset["step"])  # type: ignore[index]
