@@ -239,9 +239,11 @@ def run_all(items: list[Item], jobs: int) -> None:
         for item in items:
             run_analysis(item)
         return
+    import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawn, not fork: a forked child of a process whose polars/numba thread pools are running can deadlock
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         for item, found in zip(items, pool.map(_analyse_one, items, chunksize=4), strict=True):
             item.found = found
 
