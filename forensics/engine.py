@@ -563,7 +563,10 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -
         if cause == "data_batch" and not ev.failed and all(
                 f.evidence.get("recovered_step") is not None for f in ev.families["data_batch"]):
             verdict = "transient"
-            if len(recovered) >= RECURRING_SPIKES:  # spikes that keep coming back are a fault, not a blip
+            gaps = np.diff(sorted(f.step for f in recovered if f.step is not None))
+            if len(recovered) >= RECURRING_SPIKES and gaps.size and float(np.median(gaps)) <= PATH_WINDOW:
+                # spikes that keep coming back (every few dozen steps) are a fault, not a blip; a few spikes
+                # hundreds of steps apart in a long healthy run stay transient
                 verdict = "anomaly"
                 onset_step = min([onset_step] + [f.step for f in recovered if f.step is not None])  # type: ignore[list-item]
     elif ev.failed:

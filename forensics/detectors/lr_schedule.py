@@ -76,6 +76,11 @@ class LRScheduleReset(Detector):
         rows = _lr_rows(run)
         if rows.height < 3:
             return []
+        # two schedules under one name (e.g. actor and critic lrs of an RLHF log): distinct values at the same
+        # step in the same segment; comparing one with the other is not a discontinuity
+        per = rows.group_by("segment", "step").agg(pl.col("value").n_unique().alias("k"))
+        if per.height and float((per.get_column("k") > 1).mean()) >= 0.5:
+            return []
         out: list[Finding] = []
         segs = sorted(set(rows.get_column("segment").to_list()))
         by_seg = {
@@ -100,6 +105,9 @@ class LRScheduleReset(Detector):
             else:
                 exp = self._extrapolate(prev, s0)
                 how = "extrapolated from the earlier segment"
+                pv_last = prev.get_column("value").to_numpy()[-4:].astype(float)
+                if pv_last.size >= 3 and bool(np.all(np.diff(pv_last) > 0)) and obs >= pv_last[-1]:
+                    continue  # a warm-up that goes on rising across the boundary (a reset goes back down)
             checked_steps.add(s0)
             f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b,
                             replay=self._replays(first_seg, cur))
