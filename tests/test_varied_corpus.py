@@ -27,7 +27,7 @@ VARIED = Path(os.environ.get("FORENSICS_VARIED_CORPUS", "/work/corpus15"))
 
 # Pinned on the validation part (measured with benchmarks/accuracy.py --varied-only; see README "Accuracy").
 # Measured 2026-12-01 on /work/corpus15 (328 runs of seeds 1-150, 361-470, 561-650; validation 139 runs):
-# cause 111/139 = 79.9 %, onset in window 59/84 = 70.2 %, false alarms 0/55, ECE 0.061. Pinned a little below.
+# cause 111/139 = 79.9 %, onset in window 59/84 = 70.2 %, false alarms 0/55, ECE 0.043. Pinned a little below.
 PIN_CAUSE = 0.78
 PIN_ONSET = 0.68
 PIN_FALSE_ALARMS = 0.0
