@@ -26,6 +26,12 @@ CLIP_BITES = 5.0
 ROLLBACK_MIN = 100
 """Steps before the onset the resume point must be at least (PaLM section 5.1)."""
 
+TRIAL_MAX = 2000
+"""Longest short trial, in steps (our choice: a trial is a probe, not a training run)."""
+
+LATE_START = 1
+"""A log whose first step is above this starts mid-run (the run was itself resumed)."""
+
 
 def _checkpoints(run: RunData) -> list[tuple[int, str]]:
     """(step, path) of checkpoints known from the folder (``checkpoint-N``, ``step_N``...) and log events."""
@@ -188,6 +194,13 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         step = max(first_logged, target)
         resume = {"checkpoint": None, "step": step, "why": f"no checkpoint before the onset {onset} qualifies: "
                   f"{verified}; resume from an earlier copy at or before {unit} {step} or restart"}
+    elif target < first_logged and first_logged > LATE_START:
+        # the logs start late: this run was itself resumed from a checkpoint near its first logged step
+        step = first_logged - 1
+        resume = {"checkpoint": None, "step": step,
+                  "why": f"no checkpoint found in the folder; the logs start at {unit} {first_logged}, so the run was "
+                  f"itself resumed from a checkpoint at or before {unit} {step}: resume from that one (the newest "
+                  f"you have at or before {unit} {min(step, onset)}), not from {unit} 0"}
     elif target < first_logged:
         resume = {"checkpoint": None, "step": 0,
                   "why": f"no checkpoint found in the folder and the onset ({unit} {onset}) is within {rollback} "
@@ -199,9 +212,16 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     span = max(onset - int(resume["step"]), 0)  # type: ignore[call-overload]
     margin = max(2, int(0.5 * max(span, 1))) if epochs else max(200, int(0.1 * span))
     length = span + margin
+    if not epochs and length > TRIAL_MAX:
+        # a short trial stays short: when the onset is far from the resume point, say so instead of
+        # proposing a trial as long as a training run
+        resume = {**resume, "why": str(resume["why"]) + f"; the onset is {span} {unit}s after this point, so each "
+                  f"trial runs {TRIAL_MAX} {unit}s and the arm that passes continues from there"}
+        length = TRIAL_MAX
     peak = stats.get("peak_lr")
     warm = int(stats.get("warmup_steps", 0) or 0)
     rewarm = max(50, min(warm, 2000)) if warm else 100
+    rewarm = max(1, min(rewarm, length // 4))  # a re-warm-up is a small part of the trial, never longer than it
     gmed = stats.get("grad_norm_median")
     clip: float | None = 1.0 if gmed is None or gmed < CLIP_BITES else None
     clip_text = ("global-norm clipping 1.0" if clip else

@@ -25,6 +25,7 @@ from forensics.detectors.nonfinite import NonFinite
 from forensics.detectors.notes import NotesAttempts
 from forensics.detectors.output_logits import OutputLogitDivergence
 from forensics.detectors.precursor import PrecursorDrift
+from forensics.detectors.resume_state import ResumeState
 from forensics.detectors.stall import NoProgress
 from forensics.detectors.update_ratio import UpdateScaleGrowth
 from forensics.detectors.warmup import WarmupInstability
@@ -39,6 +40,7 @@ DETECTORS: tuple[Detector, ...] = (
     LossScaleCollapse(),
     ActivationOverflow(),
     LRScheduleReset(),
+    ResumeState(),
     WarmupInstability(),
     BadBatch(),
     OrderingShift(),

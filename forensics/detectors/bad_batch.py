@@ -4,8 +4,9 @@ Rule (detectors.md D7; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00
 departure whose excursion starts abruptly (within ``max_rise_steps`` of its detection) with no
 grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
 in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11).
-The batch is named when ``batch_index`` is logged. A spike that recovers by itself is reported
-with ``recovered_step`` (the engine calls the run transient if nothing else fires).
+The batch is named when ``batch_index`` is logged. A finite blow-up that never recovers while the lr is
+still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that
+recovers by itself is reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import SPIKE_Z, departures, zscores
+from forensics.detectors.signals import SPIKE_Z, departures, scaler_skips, zscores
 from forensics.model import Finding, RunData
 
 
@@ -38,9 +39,12 @@ class BadBatch(Detector):
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
         fp16 = bool(is_fp16(run))
+        resumes = {int(s.steps[i]) for i in range(1, len(s)) if s.segments[i] != s.segments[i - 1]} if s else set()
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
+            if d.onset_step in resumes:
+                continue  # a jump at the first step of a resumed process is the resume's (RS01, LR01 judge it)
             against: list[str] = []
             pre_lo = d.onset_step - self.window
             if g is not None:
@@ -53,12 +57,19 @@ class BadBatch(Detector):
                     k = int(np.flatnonzero(hit)[0])
                     against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
                 gv = gs.values[m]
+                sk = scaler_skips(run, gs)
+                if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
+                    gv = gv[~sk[m]]
                 if gv.size and not np.all(np.isfinite(gv)):
                     against.append("non-finite grad norms before the spike")
             if d.nonfinite and fp16:
                 if run.has("loss_scale") or g is None:
                     continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
             if against:
+                continue
+            in_warmup = self._in_warmup(run, d.onset_step)
+            if in_warmup and d.recovered_step is None and not d.nonfinite:
+                # a finite blow-up that never recovers while the lr still ramps up: the step size, not a batch
                 continue
             ev: dict[str, object] = {"spike_step": d.step, "onset_step": d.onset_step, "loss": d.value,
                                      "trailing_median": d.baseline, "z": d.z, "nonfinite": d.nonfinite,
@@ -72,14 +83,35 @@ class BadBatch(Detector):
                     ev["batch_index"] = int(bi.values[k[0]])
                     named = f"; batch index {int(bi.values[k[0]])}"
             conf = 0.75 if g is not None else 0.55
+            warm_against: tuple[str, ...] = ()
+            if in_warmup:  # a spike while the lr still ramps up is first the warm-up's (WU01)
+                conf = min(conf, 0.5)
+                warm_against = ("the spike comes while the lr is still warming up: the lr ramp is the first "
+                                "suspect",)
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
             out.append(self.finding(
                 cause="data_batch", mechanism="bad_batch", step=d.onset_step, segment=segment_at(s, d.onset_step),
                 confidence=conf, severity="high",
                 message=f"abrupt {what} at step {d.step} with no precursor in the previous {self.window} steps{named}.",
                 evidence=ev,
-                against=() if g is not None else ("grad norm not logged: a precursor cannot be ruled out",),
+                against=warm_against + (() if g is not None else
+                                        ("grad norm not logged: a precursor cannot be ruled out",)),
             ))
             if len(out) >= 3:
                 break
         return out
+
+    @staticmethod
+    def _in_warmup(run: RunData, step: int) -> bool:
+        """True when the lr at ``step`` is still rising toward a later, higher peak (below 95% of it)."""
+        lr = run.series("lr")
+        if lr is None or len(lr) < 4:
+            return False
+        v = np.where(np.isfinite(lr.values), lr.values, np.nan)
+        if not np.isfinite(v).any():
+            return False
+        i_peak = int(np.nanargmax(v))
+        k = int(np.searchsorted(lr.steps, step))
+        if k >= len(v) or k >= i_peak:
+            return False
+        return bool(np.isfinite(v[k]) and v[k] < 0.95 * v[i_peak] and v[0] < 0.5 * v[i_peak])

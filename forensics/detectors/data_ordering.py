@@ -6,8 +6,11 @@ d > 0 with t-statistic >= ``min_t`` (6) and a relative size >= ``min_rel`` (1%),
 of the eval loss at the same t (its t-statistic < 2 or its shift < 1/3 of the train shift) and
 no lr discontinuity there, means the *training stream* changed, not the model: correlated runs
 of batches from the data order (e.g. an affine index permutation a*x+b mod N; OLMo/marin
-reports), a mixture boundary, or a sampler bug. Requires an eval loss that spans the shift,
-otherwise it cannot tell data from optimisation and stays silent.
+reports), a mixture boundary, or a sampler bug. Requires an eval loss that spans the shift (3 points
+on each side), otherwise it cannot tell data from optimisation and stays silent. The shift must also be
+a local step (the median of the points just after t exceeds that just before by half the fitted shift
+and 3 noise sigmas: a smooth decay that the quadratic misses is not a shift) with an lr that does not
+rise around t (a cyclic schedule lifts the loss by itself).
 """
 
 from __future__ import annotations
@@ -107,7 +110,20 @@ class OrderingShift(Detector):
         med = float(np.nanmedian(s.values))
         if d <= 0 or tstat < self.min_t or d < self.min_rel * abs(med):
             return []
-        if np.sum(e.steps < t) < 2 or np.sum(e.steps >= t) < 2:
+        if np.sum(e.steps < t) < 3 or np.sum(e.steps >= t) < 3:
+            return []  # too few eval points on a side to tell the train stream from the model
+        # the shift is a step at t, not the curvature of a smooth decay that a quadratic trend misses: the
+        # points right after t sit above the points right before it, beyond the loss's own noise
+        fin = np.isfinite(s.values)
+        st_f, v_f = s.steps[fin], s.values[fin]
+        k0 = int(np.searchsorted(st_f, t))
+        w = max(5, min(20, k0 // 3, (v_f.size - k0) // 3))
+        before, after = v_f[max(0, k0 - w):k0], v_f[k0:k0 + w]
+        if before.size < 3 or after.size < 3:
+            return []
+        noise = 1.4826 * float(np.median(np.abs(np.diff(v_f[max(0, k0 - 3 * w):k0 + 3 * w]))))
+        local = float(np.median(after) - np.median(before))
+        if local < max(0.5 * d, 3 * noise / np.sqrt(2)):
             return []
         eb = level_shift(e.steps, e.values, t=t, min_side=2)
         if eb is not None and eb[2] >= 2.0 and eb[1] >= d / 3:
@@ -118,6 +134,10 @@ class OrderingShift(Detector):
             if 0 < i < len(lr):
                 a, b = lr.values[i - 1], lr.values[i]
                 if np.isfinite(a) and np.isfinite(b) and a > 0 and abs(b / a - 1) > 0.05:
+                    return []
+                # an lr that rises around t (cyclic schedules, warm restarts) lifts the loss by itself
+                lo_v, hi_v = lr.values[max(0, i - 10)], lr.values[min(len(lr) - 1, i + 10)]
+                if np.isfinite(lo_v) and np.isfinite(hi_v) and lo_v > 0 and hi_v > 1.05 * lo_v:
                     return []
         step = int(t)
         cfg = repr(run.meta.get("config_files", {})).lower()

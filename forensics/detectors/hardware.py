@@ -8,8 +8,10 @@ BigScience tr1/tr11 chronicles):
   plus one).
 - ``collective_bug``: a "magic" constant grad norm repeated exactly for ``min_repeats`` logged
   steps (e.g. sqrt(2)), often with a loss of exactly 0 (DeepSpeed #5242).
-- ``slow_device``: throughput (or step time) shifts persistently by more than ``min_shift``
-  (3%) while the loss stays healthy.
+- ``slow_device``: throughput drops (or step time rises: a direction, never a speed-up) persistently by
+  more than ``min_shift`` (3%) and 5 robust sigmas of its own noise while the loss stays healthy; on a run
+  whose configuration says one device (world size 1) it is reported with low confidence (no node to
+  exclude, no rank to compare).
 """
 
 from __future__ import annotations
@@ -120,12 +122,49 @@ class HardwareSignature(Detector):
             i = d.onset_index
             before = float(np.nanmedian(s.values[max(0, i - 20):i]))
             after = float(np.nanmedian(s.values[i:i + 20]))
+            world = _world_size(run)
+            against: tuple[str, ...] = ()
+            conf = 0.7
+            if world == 1:
+                # one device: no node to exclude; a slower step is as likely the host, the data loader or a
+                # neighbour job (NVRx straggler detection compares ranks: it needs more than one)
+                conf = 0.35
+                against = ("the run uses one device (world size 1): no other rank to compare with and no node to "
+                           "exclude; a slower step is as likely the host, the data loader or another job",)
             return [self.finding(
                 cause="hardware_or_distributed", mechanism="slow_device", step=d.onset_step,
-                segment=segment_at(s, d.onset_step), confidence=0.7, severity="medium",
+                segment=segment_at(s, d.onset_step), confidence=conf, severity="medium" if conf >= 0.5 else "low",
                 message=f"{metric} shifts from {fmt(before)} to {fmt(after)} at step {d.onset_step} "
                 "while the loss stays healthy: a slow device or node, not the model.",
                 evidence={"metric": metric, "before": before, "after": after, "onset_step": d.onset_step,
-                          "relative_change": after / before - 1 if before else None},
+                          "relative_change": after / before - 1 if before else None, "world_size": world},
+                against=against,
             )]
         return []
+
+
+_WORLD_KEYS = ("world_size", "n_gpu", "num_processes", "data_parallel_size", "nnodes", "num_nodes", "gpus")
+
+
+def _world_size(run: RunData) -> int | None:
+    """The largest device count the run's configuration states (world size, n_gpu, ...), or None if unstated."""
+    best: int | None = None
+    stack: list[object] = [run.meta]
+    seen = 0
+    while stack and seen < 20000:
+        obj = stack.pop()
+        seen += 1
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if isinstance(v, (dict, list, tuple)):
+                    stack.append(v)
+                elif str(k).lower().replace("-", "_").rsplit(".", 1)[-1] in _WORLD_KEYS:
+                    try:
+                        n = int(v)  # type: ignore[arg-type]
+                    except (TypeError, ValueError):
+                        continue
+                    if n >= 1:
+                        best = max(best or 0, n)
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj[:200])
+    return best

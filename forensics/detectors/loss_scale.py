@@ -43,6 +43,8 @@ class LossScaleCollapse(Detector):
         conf = 0.0
         backoffs, interval, scales = self._backoffs(run)
         floor_msg = self._floor_message(run)
+        calibration = self._calibration(run, backoffs, scales)
+        backoffs = [b for b in backoffs if b[0] not in calibration]
         if backoffs:
             gap = max(3 * interval, 1)
             k = len(backoffs) - 1
@@ -54,7 +56,15 @@ class LossScaleCollapse(Detector):
             low = min(b[1] for b in burst)
             halvings = float(np.log2(level / low)) if level and low > 0 else float(len(burst))
             floor_hit = floor_msg is not None or (low <= self.min_scale and (level or 0) > self.min_scale)
-            if floor_hit or halvings >= self.min_halvings or len(burst) >= self.min_halvings:
+            post = [v for st, v in scales if st not in calibration]
+            typical = float(np.median(post)) if post else None
+            end = scales[-1][1] if scales else None
+            # the scale ends where it usually sits: a scaler that oscillates (growth probes), not a collapse
+            oscillates = bool(typical and end and end >= typical / 16 and len(post) >= 8)
+            if oscillates:
+                ev["scale_typical"], ev["scale_at_end"] = typical, end
+            if floor_hit or (not oscillates and (halvings >= self.min_halvings or (
+                    len(burst) >= self.min_halvings and not self._probes(burst, scales)))):
                 onset, seg = burst[0][0], burst[0][2]
                 conf = 0.9 if floor_hit else 0.75
                 ev.update({"scale_before": level, "scale_min": low, "back_offs_in_burst": len(burst),
@@ -65,10 +75,23 @@ class LossScaleCollapse(Detector):
         sk = run.series("skipped_step")
         if sk is not None and len(sk) > 0:
             vals = np.nan_to_num(sk.values, nan=0.0)
-            n_skip = float(vals.sum())
+            d = np.diff(vals)
+            if vals.max() > 1 and d.size >= 4 and np.mean(d >= 0) >= 0.8:
+                # a running total (DeepSpeed prints the skips so far): the skips are its increments
+                vals = np.concatenate([vals[:1], np.clip(d, 0, None)])
+                ev["skipped_counter_cumulative"] = True
+            calib = np.isin(sk.steps, np.array(sorted(calibration), dtype=np.int64)) if calibration else None
+            n_calib = float(vals[calib].sum()) if calib is not None else 0.0
+            n_skip = float(vals.sum()) - n_calib
+            if n_calib:
+                ev["calibration_skips"] = n_calib
             if n_skip > 0:
-                first = int(sk.steps[np.flatnonzero(vals > 0)[0]])
-                frac = n_skip / max(1, len(sk))
+                nz = np.flatnonzero((vals > 0) & (~calib if calib is not None else True))
+                first = int(sk.steps[nz[0]]) if nz.size else int(sk.steps[np.flatnonzero(vals > 0)[0]])
+                # a count per logged interval (Megatron/DeepSpeed print skips since the last line) is a share of
+                # the steps spanned, not of the lines
+                span = max(len(sk), int(sk.steps[-1] - sk.steps[0]) + 1) if vals.max() > 1 else len(sk)
+                frac = n_skip / max(1, span)
                 ev.update({"skipped_steps": n_skip, "first_skipped_step": first, "skipped_fraction": round(frac, 4)})
                 tail = 0
                 for x in vals[::-1]:
@@ -83,6 +106,9 @@ class LossScaleCollapse(Detector):
                     onset, seg, conf = first, segment_at(sk, first), 0.6
         if onset is None:
             return []
+        against = self._against(run, ev, onset)
+        if against and not ev.get("floor_reached") and "skipped_in_a_row_at_end" not in ev:
+            conf = min(conf, 0.4)  # normal dynamic loss scaling in a run that keeps learning
         if "scale_before" in ev:
             msg = (f"fp16 loss scale backed off {ev['back_offs_in_burst']} times in a row from "
                    f"{fmt(float(ev['scale_before'] or float('nan')))} to {fmt(float(ev['scale_min']))} starting at "
@@ -94,9 +120,77 @@ class LossScaleCollapse(Detector):
         return [
             self.finding(
                 cause="overflow", mechanism="loss_scale_collapse", step=onset, segment=seg, confidence=conf,
-                severity="high", message=msg + ".", evidence=ev,
+                severity="high" if conf >= 0.5 else "low", message=msg + ".", evidence=ev, against=tuple(against),
             )
         ]
+
+    def _calibration(self, run: RunData, backoffs: list[tuple[int, float, int]],
+                     scales: list[tuple[int, float]]) -> set[int]:
+        """Steps of back-offs that are the scaler's calibration at the start of a segment.
+
+        A dynamic scaler starts high (2**16 in torch/Megatron, 2**32 in DeepSpeed's default power) and halves
+        on each overflowing step until the gradients fit: a run of back-offs from the first logged scale of a
+        segment, each within ``3 x`` the logging interval of the previous one, before the scale has ever held or
+        grown, is calibration (detectors.md D2: "ignore the calibration burst"), whatever its length.
+        """
+        if not backoffs:
+            return set()
+        s = run.series("loss_scale")
+        out: set[int] = set()
+        seg_start: dict[int, int] = {}
+        if s is not None and len(s):
+            for st, g in zip(s.steps.tolist(), s.segments.tolist(), strict=True):
+                seg_start.setdefault(int(g), int(st))
+        by_seg: dict[int, list[tuple[int, float, int]]] = {}
+        for b in backoffs:
+            by_seg.setdefault(b[2], []).append(b)
+        interval = max(1, int(np.median(np.diff([x[0] for x in scales]))) if len(scales) > 2 else 1)
+        for g, bs in by_seg.items():
+            start = seg_start.get(g, bs[0][0])
+            if bs[0][0] - start > 2 * interval:
+                continue  # calibration starts with the first steps: the initial scale is too high at once
+            prev_step, prev_scale = bs[0][0], bs[0][1]
+            out.add(bs[0][0])
+            for st, v, _ in bs[1:]:
+                held = [x for t, x in scales if prev_step < t < st and x >= prev_scale]
+                if st - prev_step > 3 * interval or held:
+                    break
+                out.add(st)
+                prev_step, prev_scale = st, v
+        return out
+
+    @staticmethod
+    def _probes(burst: list[tuple[int, float, int]], scales: list[tuple[int, float]]) -> bool:
+        """Back-offs that are growth probes: the scale grows back between them and ends where it was."""
+        if len(scales) < 4:
+            return False
+        vals = [v for _, v in scales]
+        first = burst[0][0]
+        lo = min(v for t, v in scales if t >= first)
+        before = [v for t, v in scales if t < first]
+        grows = sum(1 for a, b in zip(vals, vals[1:], strict=False) if b > a)
+        return bool(before) and grows >= len(burst) // 2 and lo >= before[-1] / 4
+
+    @staticmethod
+    def _against(run: RunData, ev: dict[str, object], onset: int) -> list[str]:
+        """Evidence that the skips are the scaler's normal work: the loss keeps improving, all finite."""
+        loss = run.series("loss") or run.series("eval_loss")
+        if loss is None or len(loss) < 10:
+            return []
+        v = loss.values
+        if not np.all(np.isfinite(v[-max(3, len(v) // 10):])):
+            return []
+        after = v[loss.steps >= onset]
+        after = after[np.isfinite(after)]
+        if after.size < 6:
+            return []
+        k = max(3, after.size // 4)
+        early, late = float(np.median(after[:k])), float(np.median(after[-k:]))
+        if late >= early:
+            return []
+        skipped = ev.get("skipped_steps")
+        return [f"the loss keeps improving after the first back-off ({fmt(early)} -> {fmt(late)}) and ends finite"
+                + (f"; {int(float(skipped))} skipped steps are the dynamic scaler at work" if skipped else "")]
 
     @staticmethod
     def _backoffs(run: RunData) -> tuple[list[tuple[int, float, int]], int, list[tuple[int, float]]]:

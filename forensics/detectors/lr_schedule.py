@@ -76,6 +76,11 @@ class LRScheduleReset(Detector):
         rows = _lr_rows(run)
         if rows.height < 3:
             return []
+        # two schedules under one name (e.g. actor and critic lrs of an RLHF log): distinct values at the same
+        # step in the same segment; comparing one with the other is not a discontinuity
+        per = rows.group_by("segment", "step").agg(pl.col("value").n_unique().alias("k"))
+        if per.height and float((per.get_column("k") > 1).mean()) >= 0.5:
+            return []
         out: list[Finding] = []
         segs = sorted(set(rows.get_column("segment").to_list()))
         by_seg = {
@@ -85,6 +90,8 @@ class LRScheduleReset(Detector):
         lr_initial = float(all_first[0])
         lr_peak_before: float = float(np.nanmax(all_first))
         checked_steps: set[int] = set()
+        within: list[Finding] = []
+        first_seg = by_seg[segs[0]]
         for a, b in zip(segs, segs[1:], strict=False):
             prev, cur = by_seg[a], by_seg[b]
             if cur.height == 0 or prev.height == 0:
@@ -98,8 +105,12 @@ class LRScheduleReset(Detector):
             else:
                 exp = self._extrapolate(prev, s0)
                 how = "extrapolated from the earlier segment"
+                pv_last = prev.get_column("value").to_numpy()[-4:].astype(float)
+                if pv_last.size >= 3 and bool(np.all(np.diff(pv_last) > 0)) and obs >= pv_last[-1]:
+                    continue  # a warm-up that goes on rising across the boundary (a reset goes back down)
             checked_steps.add(s0)
-            f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b)
+            f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b,
+                            replay=self._replays(first_seg, cur))
             if f:
                 out.append(f)
             lr_peak_before = max(lr_peak_before, float(np.nanmax(cur.get_column("value").to_numpy())))
@@ -122,7 +133,10 @@ class LRScheduleReset(Detector):
                     and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
                     for f in out if f.step is not None
                 )
-                jump = v[i] > v[i - 1] * (1 + self.rel_tol)
+                # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
+                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
+                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
+                jump = v[i] > v[i - 1] * (1 + self.rel_tol) and not smooth
                 # a warm-up that starts again: a sharp drop followed by a rise (a step decay stays flat)
                 rewarm_start = (i + 2 < len(v) and v[i] < 0.5 * v[i - 1] and v[i + 1] > v[i] * (1 + self.rel_tol)
                                 and v[i + 2] > v[i + 1])
@@ -135,8 +149,27 @@ class LRScheduleReset(Detector):
                     )
                     if f:
                         out.append(f)
-                    if len(out) >= 3:
+                        within.append(f)
+                    if len(out) >= 6:
                         break
+        # rises that recur inside one process are the schedule's own cycles (cyclic lr, warm restarts), not a
+        # lost scheduler state: a reset happens once, at a resume
+        by_seg_within: dict[int, list[Finding]] = {}
+        for f in within:
+            by_seg_within.setdefault(int(f.segment or 0), []).append(f)
+        cyclic = {id(f) for fs in by_seg_within.values() if len(fs) >= 2 for f in fs}
+        if cyclic:
+            first = next(f for f in within if id(f) in cyclic)
+            n = len(cyclic)
+            out = [f for f in out if id(f) not in cyclic]
+            out.append(self.finding(
+                cause="lr_schedule_reset", mechanism="intentional_change", step=first.step, segment=first.segment,
+                confidence=0.15, severity="info",
+                message=f"the lr rises again {n} times inside one process (first at step {first.step}): a cyclic "
+                "schedule or warm restarts, not a lost scheduler state.",
+                evidence={"rises": [f.step for f in within if id(f) in cyclic]},
+                against=("the rises recur within one process, with no resume between them",),
+            ))
         return out[:3]
 
     @staticmethod
@@ -155,7 +188,7 @@ class LRScheduleReset(Detector):
 
     def _judge(
         self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
-        lr_initial: float, lr_peak: float, segment: int,
+        lr_initial: float, lr_peak: float, segment: int, replay: bool = False,
     ) -> Finding | None:
         if not (np.isfinite(obs) and np.isfinite(exp)):
             return None
@@ -165,7 +198,15 @@ class LRScheduleReset(Detector):
             "step": s0, "observed_lr": obs, "expected_lr": exp, "expected_from": how,
             "relative_difference": round(rel, 4), "initial_lr": lr_initial, "peak_lr_before": lr_peak,
         }
+        if replay:
+            ev["replays_schedule_from_start"] = True
         if rel <= self.rel_tol:
+            # the steps the resumed process re-logs carry the same lr: the schedule continues
+            j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
+            if j.height >= 2:
+                r = (j.get_column("value") / j.get_column("old")).to_numpy()
+                if np.all(np.isfinite(r)) and float(np.max(np.abs(r - 1))) <= self.rel_tol:
+                    return None
             # same value now: a changed decay rate (horizon change) shows over the next points
             if prev.height >= 3 and cur.height >= 4:
                 pv = prev.get_column("value").to_numpy()[-4:].astype(float)
@@ -173,7 +214,9 @@ class LRScheduleReset(Detector):
                 cs = cur.get_column("step").to_numpy()[:8].astype(float)
                 slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
                 slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
-                if slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
+                # a decay rate exists only where the lr decays smoothly (a step schedule is flat between drops)
+                smooth = bool(np.all(np.diff(pv) < 0))
+                if smooth and slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
                     ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
                     return self._finding(run, s0, segment, "horizon_change", 0.7, ev,
                                          f"lr decay rate changed at the resume at step {s0}: "
@@ -193,7 +236,10 @@ class LRScheduleReset(Detector):
         near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, 1e-30) or (
             lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
         )
-        if rewarm or near_initial:
+        if replay and obs != exp:
+            mech, conf = "reset_to_initial", 0.85
+            why = "the resumed lr replays the old schedule from its first step"
+        elif rewarm or near_initial:
             mech = "reset_to_initial"
             why = "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value"
             conf = 0.85
@@ -224,6 +270,46 @@ class LRScheduleReset(Detector):
                 conf = 0.6
         return self._finding(run, s0, segment, mech, conf, ev,
                              f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
+
+    @staticmethod
+    def _replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float = 0.02) -> bool:
+        """True when ``cur``'s first lr values repeat the run's first segment from its beginning.
+
+        The k-th logged point after the resume is compared with the first segment's lr at the same distance
+        from its first step (within ``tol``, 2%); at least 3 of the first ``points`` must be compared and all
+        must agree, and the resumed lr must not equal the first segment's lr at the same steps (a resume that
+        simply continues a schedule is not a replay).
+        """
+        if first.height < 3 or cur.height < 3:
+            return False
+        fs = first.get_column("step").to_numpy()
+        fv = first.get_column("value").to_numpy().astype(float)
+        cs = cur.get_column("step").to_numpy()[:points]
+        cv = cur.get_column("value").to_numpy().astype(float)[:points]
+        s0 = int(cs[0])
+        same_step = np.flatnonzero(np.isin(fs, cs))
+        continues = same_step.size >= 2 and bool(np.allclose(fv[same_step], cv[np.isin(cs, fs)], rtol=tol))
+        if continues:
+            return False
+        # the resumed process may log its first schedule step or a later one (and another log phase): try
+        # offsets that put the resume's first logged point near the first segment's first steps, reading the
+        # first segment's lr by linear interpolation between its logged points
+        ok_f = np.isfinite(fv)
+        fs_f, fv_f = fs[ok_f].astype(float), fv[ok_f]
+        if fs_f.size < 3:
+            return False
+        for cand in range(int(fs_f[0]), int(fs_f[min(5, fs_f.size - 1)]) + 1):
+            off = s0 - cand
+            if off <= 0:
+                continue
+            at = cs.astype(float) - off
+            inside = (at >= fs_f[0]) & (at <= fs_f[-1]) & np.isfinite(cv)
+            if inside.sum() < 3:
+                continue
+            ref = np.interp(at[inside], fs_f, fv_f)
+            if bool(np.all(np.abs(cv[inside] - ref) <= tol * np.maximum(np.abs(ref), 1e-30))):
+                return True
+        return False
 
     @staticmethod
     def _constant_scale(prev: pl.DataFrame, cur: pl.DataFrame) -> float | None:
@@ -269,7 +355,12 @@ class LRScheduleReset(Detector):
     ) -> Finding:
         override = _intentional(run)
         against: tuple[str, ...] = ()
-        if override:
+        if override and ev.get("replays_schedule_from_start"):
+            # an intentional change sets a NEW schedule; a reset replays the old one from its beginning
+            ev["override"] = override
+            msg += (f"; the run sets {override}, yet the lr after the resume replays the old schedule from its "
+                    "first step: the schedule was reset, not replaced")
+        elif override:
             ev["override"] = override
             against = (f"the run folder sets {override}: the lr change was deliberate",)
             mech, conf = "intentional_change", 0.2

@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector
+from forensics.detectors.signals import scaler_skips
 from forensics.model import Finding, RunData
 
 _SIGNALS = ("loss", "grad_norm", "param_norm", "loss_scale", "update_ratio")
@@ -37,7 +38,12 @@ class NonFinite(Detector):
             s = run.series(m)
             if s is None:
                 continue
-            bad = np.flatnonzero(~np.isfinite(s.values))
+            nf = ~np.isfinite(s.values)
+            if m == "grad_norm":
+                sk = scaler_skips(run, s)
+                if sk is not None:
+                    nf &= ~sk  # a dynamic fp16 scaler's overflow check, not a failure
+            bad = np.flatnonzero(nf)
             if bad.size:
                 counts[m] = int(bad.size)
                 # finite again for good: at least 10 finite points after the last non-finite one

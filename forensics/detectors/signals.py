@@ -68,8 +68,50 @@ def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, 
         return None
     lx = to_log(s.values)
     z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=12, abs_floor=0.01)
+    if metric == "loss":  # the objective falls fast early on; grad norms keep their trailing band
+        z = _trend_robust_z(lx, z, med, sig)
     out = (s, lx, z, np.exp(med))
     run._cache[key] = out  # type: ignore[assignment]
+    return out
+
+
+LOCAL = 16
+"""Points of the short trailing median that centres the trend-robust z (our choice)."""
+
+
+def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """The larger of the trailing z and a trend-robust z (log values, shape (n,)).
+
+    While the loss falls fast (the first hundreds of steps), the 128-point MAD measures the trend, not the
+    noise, and hides spikes. The trend-robust z centres each point on the median of its last ``LOCAL`` (16)
+    finite points and scales by the noise of first differences (1.4826 MAD of diff / sqrt 2 over the trailing
+    window; differences cancel a slow trend), floored at 0.01 as the trailing z is. It is only used where it
+    is defined (enough history) and only ever raises z for a point ABOVE both medians.
+    """
+    n = lx.shape[0]
+    if n < 24:
+        return z
+    ok = np.isfinite(lx)
+    idx = np.flatnonzero(ok)
+    if idx.size < 24:
+        return z
+    import polars as pl
+
+    v = lx[idx]
+    # |diff| ending at point j-1 (so the point judged is not in its own noise estimate)
+    d = np.concatenate([[np.nan], np.abs(np.diff(v))])
+    dser = pl.Series("d", d).fill_nan(None)
+    noise_med = dser.rolling_median(window_size=WINDOW, min_samples=10).shift(2).fill_null(float("nan")).to_numpy()
+    local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=8).shift(1) \
+        .fill_null(float("nan")).to_numpy()
+    noise = np.maximum(1.4826 * noise_med / np.sqrt(2), 0.01)
+    with np.errstate(all="ignore"):
+        zt = (v - local) / noise
+    out = z.copy()
+    m = med[idx]
+    better = np.isfinite(zt) & np.isfinite(m) & (v > m) & (v > local) & (~np.isfinite(out[idx]) | (zt > out[idx]))
+    better[:12] = False
+    out[idx[better]] = zt[better]
     return out
 
 
@@ -80,10 +122,11 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
         return []
     s, lx, z, med = zs
     vals = s.values
+    scaler = scaler_skips(run, s) if metric == "grad_norm" else None
     out: list[Departure] = []
     i, n = 0, len(s)
     while i < n and len(out) < limit:
-        nonfinite = not np.isfinite(vals[i])
+        nonfinite = not np.isfinite(vals[i]) and not (scaler is not None and scaler[i])
         big = (
             np.isfinite(z[i]) and z[i] >= SPIKE_Z and np.isfinite(med[i])
             and vals[i] > med[i] * (1 + MIN_REL_JUMP)
@@ -240,3 +283,56 @@ def robust_trend(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
 
         fit = theilslopes(y, x)
         return fit.intercept + fit.slope * np.asarray(at, float)
+
+
+def loss_improves_after(run: RunData, step: int, min_points: int = 8) -> tuple[float, float] | None:
+    """(early, late) loss medians after ``step`` when the loss keeps improving to the end, else None.
+
+    The loss from ``step`` on (up to its first non-finite value) is split in quarters; it keeps improving
+    when the last quarter's median is below the first quarter's. Evidence AGAINST a slow-growth
+    cause: a run whose objective keeps falling is not diverging (STYLE: evidence for and against).
+
+    Args:
+        run: The run.
+        step: First step considered.
+        min_points: Fewest finite points needed after ``step``.
+
+    Returns:
+        (early median, late median) in loss units, or None when the loss does not keep improving or is absent.
+    """
+    s = run.series("loss")
+    if s is None or len(s) < min_points:
+        return None
+    v = s.values[s.steps >= step]
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:  # up to the failure: a loss that kept improving until a sudden NaN did not drift there
+        v = v[:bad[0]]
+    if v.size < min_points:
+        return None
+    k = max(2, v.size // 4)
+    early, late = float(np.median(v[:k])), float(np.median(v[-k:]))
+    return (early, late) if late < early else None
+
+
+def scaler_skips(run: RunData, s: Series) -> np.ndarray | None:
+    """Which points of a grad-norm series are a dynamic loss scaler's overflow check (bool, same length).
+
+    An fp16 run with a dynamic scaler (a logged ``loss_scale``) sees an inf/NaN gradient whenever the scaled
+    gradients overflow; the scaler then skips the step and halves the scale (torch GradScaler, DeepSpeed,
+    Megatron). A non-finite grad norm at a step whose loss is finite, in such a run, is that normal check, not a
+    departure (it recurs at calibration and at every growth probe). None when the run has no loss scale.
+    """
+    if not run.has("loss_scale"):
+        return None
+    key = f"__scaler_skips__{s.source}"
+    if key in run._cache:  # noqa: SLF001 - RunData's cache is ours
+        return run._cache[key]  # type: ignore[return-value]
+    loss = run.series("loss")
+    out = ~np.isfinite(s.values)
+    if loss is not None and len(loss):
+        idx = np.clip(np.searchsorted(loss.steps, s.steps), 0, len(loss) - 1)
+        same = loss.steps[idx] == s.steps
+        finite_loss = np.where(same, np.isfinite(loss.values[idx]), True)
+        out &= finite_loss
+    run._cache[key] = out  # type: ignore[assignment]
+    return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import sustained_rise
+from forensics.detectors.signals import loss_improves_after, sustained_rise
 from forensics.model import Finding, RunData
 
 
@@ -52,9 +52,17 @@ class UpdateScaleGrowth(Detector):
         step, what, ev, metric = min(found, key=lambda t: t[0])
         s = run.series(metric)
         base = ev.get("baseline_at_onset", float("nan"))
+        against: tuple[str, ...] = ()
+        conf = 0.6
+        better = loss_improves_after(run, step)
+        if better is not None and (all(f[3] == "param_norm" for f in found) or better[1] < 0.95 * better[0]):
+            # a parameter norm (or update ratio) that grows while the loss keeps falling is training, not divergence
+            conf = 0.35
+            against = (f"the loss keeps improving after step {step} ({fmt(better[0])} -> {fmt(better[1])}): "
+                       f"a growing {what} alone is not update-scale growth",)
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=step,
-            segment=segment_at(s, step) if s is not None else 0, confidence=0.6, severity="medium",
+            cause="update_scale_growth", mechanism="lr_too_high", step=step, against=against,
+            segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity="medium",
             message=f"{what} rises above the trend of its early part from step {step} (trend {fmt(base)})"
             + ("" if len(found) == 1 else "; the parameter norm rises too") + ".",
             evidence=ev,

@@ -6,8 +6,10 @@ instability early in training): during the warm-up (the lr rising, up to ``after
 times the step where it peaks), a logged loss at least ``min_jump`` (1.3x) above the lowest loss
 seen so far, after the loss had already fallen by ``min_fall`` (25%) from its first value. The
 trailing-window spike test cannot judge these points (too little history); the running minimum
-can, because the early loss falls monotonically in a healthy run. A peak lr too high for the
-model is the usual reason; the trial is a lower peak lr with a longer warm-up.
+can, because the early loss falls monotonically in a healthy run. The jump must also exceed
+``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
+logged points leave at once is reported with low confidence (one noisy point is not an lr too
+high). A peak lr too high for the model is the usual reason; the trial is a lower peak lr with a longer warm-up.
 """
 
 from __future__ import annotations
@@ -32,6 +34,37 @@ class WarmupInstability(Detector):
     min_fall: float = 0.25
     after_peak: float = 1.5
     min_spikes: int = 1
+    noise_k: float = 6.0
+
+    def _blow_up(self, run: RunData, loss, lr, lv: np.ndarray, i_peak: int, peak_step: int,  # noqa: ANN001
+                 end: float) -> list[Finding]:
+        """A loss departure during the warm-up that never recovers (the loss had no time to fall 25% first)."""
+        from forensics.detectors.signals import departures
+
+        for d in departures(run, "loss", limit=3):
+            if d.onset_step > peak_step or d.onset_step > end or d.recovered_step is not None or d.nonfinite:
+                continue
+            k = int(np.searchsorted(lr.steps, d.onset_step))
+            frac = float(lv[min(k, len(lv) - 1)] / lv[i_peak])
+            # the departure from healthy behaviour starts where the loss stopped falling: the step after its
+            # last new low before the blow-up
+            pre = np.flatnonzero((loss.steps < d.step) & np.isfinite(loss.values))
+            onset = d.onset_step
+            if pre.size >= 2:
+                j = int(pre[np.argmin(loss.values[pre])])
+                if j + 1 < len(loss) and int(loss.steps[j + 1]) < onset:
+                    onset = int(loss.steps[j + 1])
+            return [self.finding(
+                cause="update_scale_growth", mechanism="lr_too_high", step=onset,
+                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=0.65, severity="high",
+                message=f"the loss blows up to {fmt(d.value)} at step {d.step} and never recovers while the lr is "
+                f"still warming up ({100 * frac:.0f}% of its peak {fmt(float(lv[i_peak]))} at step {peak_step}): the "
+                "lr ramp reaches a step size the model cannot take.",
+                evidence={"blow_up_step": d.step, "onset_step": d.onset_step, "loss": d.value,
+                          "trailing_median": d.baseline, "lr_fraction_of_peak": frac, "peak_lr": float(lv[i_peak]),
+                          "peak_step": peak_step},
+            )]
+        return []
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding at the first warm-up spike, with all of them as evidence."""
@@ -52,13 +85,28 @@ class WarmupInstability(Detector):
         v, st = loss.values[sel], loss.steps[sel]
         run_min = np.minimum.accumulate(v)
         fallen = run_min <= v[0] * (1 - self.min_fall)
-        spikes = [i for i in range(1, v.size) if fallen[i - 1] and v[i] >= self.min_jump * run_min[i - 1]]
+        # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
+        lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], 1e-12, None))
+        dl = np.diff(lg)
+        noise = 1.4826 * float(np.median(np.abs(dl - np.median(dl)))) / np.sqrt(2) if dl.size >= 8 else 0.0
+        thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
+        spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
         if len(spikes) < self.min_spikes:
-            return []
+            return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0 = spikes[0]
+        # one point that returns at once is noise, not an lr too high for the model
+        nxt = v[i0 + 1:i0 + 4]
+        half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
+        # (after the peak only: during the ramp a spike is the lr's until shown otherwise)
+        isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half)) and int(st[i0]) > peak_step
+        # where the loss is back under half the jump (on the whole series): the spike's own recovery
+        after = np.flatnonzero((loss.steps > st[i0]) & np.isfinite(loss.values) & (loss.values < half))
+        recovered = int(loss.steps[after[0]]) if after.size else None
+        against = (f"one point at step {int(st[i0])} that the next logged points leave at once: noise of a run "
+                   "whose loss keeps falling, not a peak lr too high",) if isolated else ()
         return [self.finding(
             cause="update_scale_growth", mechanism="lr_too_high", step=int(st[i0]), segment=int(loss.segments[sel][i0]),
-            confidence=0.6, severity="medium",
+            confidence=0.35 if isolated else 0.6, severity="low" if isolated else "medium", against=against,
             message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
             f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
             + (f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"
@@ -68,5 +116,5 @@ class WarmupInstability(Detector):
             + (f"; {len(spikes)} such spikes" if len(spikes) > 1 else "") + ".",
             evidence={"spike_steps": [int(st[i]) for i in spikes[:20]], "peak_lr": float(lv[i_peak]),
                       "peak_step": peak_step, "loss_at_spike": float(v[i0]),
-                      "running_min_before": float(run_min[i0 - 1])},
+                      "running_min_before": float(run_min[i0 - 1]), "recovered_step": recovered},
         )]

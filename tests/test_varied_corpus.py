@@ -1,0 +1,86 @@
+"""Diagnosis on runs the rules were not tuned on (issue 15): the varied corpus of make_varied_corpus.py.
+
+Two tests:
+
+* ``test_ci_subset``: trains a small VALIDATION subset (10 real tiny runs, fixed seeds chosen by
+  :func:`make_varied_corpus.ci_subset` from their specs only) into a temporary folder and pins what the analyzer
+  gets right on it; runs everywhere (about a minute on one core).
+* ``test_validation_figures``: the pinned validation figures of the full corpus, when it is present
+  (``$FORENSICS_VARIED_CORPUS``, default ``/work/corpus15``, written by
+  ``python sample_logs/make_varied_corpus.py --out DIR``); skipped with the reason otherwise (the corpus is
+  a few hundred MB of generated logs, kept outside the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_logs"))
+sys.path.insert(0, str(ROOT))
+
+VARIED = Path(os.environ.get("FORENSICS_VARIED_CORPUS", "/work/corpus15"))
+
+# Pinned on the validation part (measured with benchmarks/accuracy.py --varied-only; see README "Accuracy").
+# Measured 2026-12-01 on /work/corpus15 (328 runs of seeds 1-150, 361-470, 561-650; validation 139 runs):
+# cause 111/139 = 79.9 %, onset in window 59/84 = 70.2 %, false alarms 0/55, ECE 0.043. Pinned a little below.
+PIN_CAUSE = 0.78
+PIN_ONSET = 0.68
+PIN_FALSE_ALARMS = 0.0
+PIN_ECE = 0.08
+
+
+@pytest.fixture(scope="module")
+def ci_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The CI subset, trained once per test session."""
+    import make_varied_corpus as mvc
+
+    out = tmp_path_factory.mktemp("varied")
+    labels = []
+    for seed in mvc.ci_subset(10):
+        name, lab, why = mvc.make_one((seed, str(out)))
+        if lab is not None:
+            labels.append({**lab, "path": out / name})
+    return labels
+
+
+def test_ci_subset(ci_runs: list[dict]) -> None:
+    """Every generated run is labelled, and the analyzer's verdicts on them match the pinned figures."""
+    from benchmarks.accuracy import Item, run_analysis
+
+    assert len(ci_runs) >= 8, "the CI subset did not train"
+    items = [Item(name=r["run"], kind="varied", path=r["path"], verdict=r["verdict"], cause=r["cause"],
+                  causes_ok={r["cause"]}, mechanism=r["mechanism"], mechs_ok={r["mechanism"]} - {None},
+                  window=tuple(r["onset_window"]) if r["onset_window"] else None, split=r["split"],
+                  fault_kind=r["kind"]) for r in ci_runs]
+    for i in items:
+        run_analysis(i)
+    wrong = [f"{i.name}: {'; '.join(i.problems())}" for i in items if not i.cause_ok()]
+    healthy = [i for i in items if i.cause is None]
+    alarms = [i.name for i in healthy if i.false_alarm()]
+    assert not alarms, f"false alarms on healthy runs: {alarms}"
+    assert len(wrong) <= CI_MAX_WRONG, "\n".join(wrong)
+
+
+CI_MAX_WRONG = 3
+"""Measured: 2 of 10 wrong (optimizer_not_restored_2044, sampler_replay_2067: no visible trace), one of margin."""
+
+
+@pytest.mark.skipif(not (VARIED / "labels.json").is_file(),
+                    reason=f"varied corpus not found at {VARIED} (python sample_logs/make_varied_corpus.py --out DIR; "
+                    "set FORENSICS_VARIED_CORPUS)")
+def test_validation_figures() -> None:
+    """Cause accuracy, onset-in-window, false alarms and ECE on the validation part stay at the pinned values."""
+    from benchmarks.accuracy import run_all, split_figures, varied_items
+
+    items = [i for i in varied_items(VARIED) if i.split == "validation"]
+    run_all(items, jobs=2)
+    fig = split_figures(items)["validation"]
+    assert fig["cause"] is not None and fig["cause"] >= 100 * PIN_CAUSE, fig
+    assert fig["onset"] is not None and fig["onset"] >= 100 * PIN_ONSET, fig
+    assert fig["false_alarm"] is not None and fig["false_alarm"] <= 100 * PIN_FALSE_ALARMS, fig
+    assert fig["ece"] is not None and fig["ece"] <= PIN_ECE, fig
