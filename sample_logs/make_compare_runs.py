@@ -113,6 +113,9 @@ PAIRS: dict[str, list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = 
 }
 """Proxy/target pairs per changed setting (the canonical name the comparison should rank first)."""
 
+MUP_PAIR = ({"lr": 0.02, "mup": True, "mup_base_width": 32, "writer": "jsonl"}, {"d_model": 32}, {"d_model": 64})
+"""A muP proxy/target pair (width 32 -> 64, both muP): the muP check verifies it from config and logs."""
+
 SWEEP_LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 """Peak lrs of the sweep: a half-decade grid from stable to far too high."""
 SWEEP_WIDTHS = (16, 32)
@@ -134,6 +137,13 @@ def pair_specs(small: bool = False) -> list[tuple[str, str, Spec, Spec]]:
             base = replace(BASE, **shared)
             out.append((setting, f"{setting}_{i}", replace(base, **p), replace(base, **t)))
     return out
+
+
+def mup_specs() -> tuple[Spec, Spec]:
+    """(proxy, target) of :data:`MUP_PAIR`."""
+    shared, p, t = MUP_PAIR
+    base = replace(BASE, **shared)
+    return replace(base, **p), replace(base, **t)
 
 
 def sweep_specs(widths: tuple[int, ...] = SWEEP_WIDTHS, lrs: tuple[float, ...] = SWEEP_LRS
@@ -416,6 +426,9 @@ def make_pairs(root: Path, small: bool = False) -> list[dict[str, Any]]:
         ensure(t, root / "pairs" / name / "target")
         truth.append({"setting": setting, "pair": name, "proxy": str(root / "pairs" / name / "proxy"),
                       "target": str(root / "pairs" / name / "target")})
+    p, t = mup_specs()
+    ensure(p, root / "mup_pair" / "proxy")
+    ensure(t, root / "mup_pair" / "target")
     return truth
 
 
