@@ -484,9 +484,14 @@ def explain(differences: list[dict[str, Any]], deps: dict[str, dict[str, Any] | 
             if setting in names or setting in (recorded_same or set()):
                 continue
             mech, _sigs, prior = MECHANISMS[setting]
-            out.append({"setting": setting, "mechanism": mech,
-                        "confidence": round(max(0.02, 0.6 * prior - 0.05 * i), 3),
-                        "for": [f"{first['signal']} departs first, at step {first['step']}: {mech} acts through it"],
+            score = max(0.02, 0.6 * prior - 0.05 * i)
+            pro = [f"{first['signal']} departs first, at step {first['step']}: {mech} acts through it"]
+            if mech_an and setting in ANALYSIS_LINKS.get(mech_an, ()):
+                score += 0.15
+                covered = True
+                pro.append(f"the target's own analysis, {analysis.summary}")
+            out.append({"setting": setting, "mechanism": mech, "confidence": round(min(0.98, score), 3),
+                        "for": pro,
                         "against": [f"neither configuration records {setting}: inferred from the departing series "
                                     "only; check the two runs' code or launch flags"],
                         "decided_by": [f"first departing series {first['signal']}"], "inferred": True})
@@ -570,6 +575,14 @@ def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
     first = first_departure(deps)
     lr_ev = lr_evidence(lr_schedule_of(proxy, pc), lr_schedule_of(target, tc), first)
     same_keys = {k for k in pc if k != "_found" and k in tc and same(pc[k], tc[k])}
+    ps_log, ts_log = lr_schedule_of(proxy, {}), lr_schedule_of(target, {})
+    if ps_log is not None and ts_log is not None:  # equal in the logged lr: ruled out, even without a config
+        for k in ("peak_lr", "warmup_steps"):
+            if math.isclose(ps_log[k], ts_log[k], rel_tol=0.01):
+                same_keys.add(k)
+    rp, rt = tokens_per_step(proxy, {}), tokens_per_step(target, {})
+    if rp and rt and math.isclose(rp, rt, rel_tol=0.01):
+        same_keys.add("global_batch_size")
     analysis = analyze_run(target)
     explanations = explain(differences, deps, first, analysis if analysis.verdict != "healthy" else None,
                            lr_ev, same_keys)

@@ -281,10 +281,12 @@ def _classify(tree: Mapping[str, TreeNode], rel: str, is_root: bool, root_name: 
     kids = [k for k in node.dirs if _has_logs(tree, k)]
     if (_name(rel) or root_name) == "wandb":
         ids = _wandb_ids(tree, rel)
+        inside = {k for v in ids.values() for k in v}
         if len(ids) >= 2:
             runs = [v[0] for v in ids.values()]
-            inside = {k for v in ids.values() for k in v}
             return runs + [r for k in kids if k not in inside for r in _classify(tree, k, False, "", read)]
+        if ids and all(k in inside for k in kids):  # the attempts of one run id: one run
+            return [rel]
     if node.direct:
         return [rel]
     wandb = [k for k in kids if _name(k) == "wandb" and len(_wandb_ids(tree, k)) >= 2]
