@@ -55,6 +55,8 @@ TREND_SIGNALS = ("attn_logit_max", "output_logit_max", "update_ratio", "grad_nor
 """Signals whose growth with size is fitted and extrapolated (Wortsman et al. 2023 s3.1: attention and output
 logits; update ratios and gradient norms as the optimizer-side view)."""
 SIZE_KEYS = ("d_model", "n_layers")
+WEAK_SEPARATION = 0.1
+"""Below this gap (nats) between stable and unstable runs' log max, a signal threshold is called weak (our choice)."""
 _DERIVED = {"peak_lr", "warmup_tokens"}
 NAME_KEYS: dict[str, str] = {
     "d": "d_model", "dmodel": "d_model", "d_model": "d_model", "width": "d_model", "w": "d_model",
@@ -410,6 +412,9 @@ def predict_stable_lr(members: list[dict[str, Any]], size_key: str, target: floa
                          "why": (f"stable runs at the measured sizes keep max {signal} below {math.exp(c):.4g} "
                                  f"(separation {gap:.3g} nats); at {size_key} {target:g} the extrapolated max "
                                  f"{signal} stays below it up to lr {centre}")}
+        if gap < WEAK_SEPARATION:
+            notes.append(f"max {signal} separates the stable from the unstable runs by only {gap:.3g} nats: a weak "
+                         "threshold, read the prediction with the direct one beside it")
         if centre is not None:
             out["predicted_largest_stable_lr"], out["method"] = centre, f"signal ({signal})"
             if se is not None:
