@@ -13,13 +13,15 @@ Departure test, for EVERY series both runs log (any writer; the lr and bookkeepi
 when the tokens per step differ (the proxy interpolated at the target's tokens):
 
     g_i = f(target_i) - f(proxy_i)       f = log for positive series (relative log-gap), identity for log Z
-    sigma_i = 1.4826 * MAD(diff(f(proxy))) over the trailing WINDOW aligned points (the proxy's own noise band)
-    departure = first i with g_i > max(K_SIGMA * sigma_i, FLOOR) and g_i - g_0 > the same band, for SUSTAIN
+    sigma_i = sqrt(2) * 1.4826 * MAD(f(proxy) - running median_5(f(proxy))) over the trailing WINDOW aligned
+              points (the proxy's own noise band; a smooth trend is not noise)
+    departure = first i with g_i > max(K_SIGMA * sigma_i, floor) and g_i - g_0 > the same band, for SUSTAIN
                 consecutive points (or until the target's log ends: a run that departs and dies has nothing after)
 
-g_0, the gap at the first aligned point, is the offset the settings give at initialisation (a wider model's
-parameter norm and initial logits are larger from step 1): a departure is a gap that GROWS beyond the band,
-not a constant offset.
+floor = 20% for the losses, a factor 5 for the growth series and the rest (:data:`FLOOR`, :data:`FLOOR_GROWTH`:
+twice what seeds alone do). g_0, the gap at the first aligned point, is the offset the settings give at
+initialisation (a wider model's parameter norm and initial logits are larger from step 1): a departure is a
+gap that GROWS beyond the band, not a constant offset.
 
 One-sided (target above the proxy) for the growth series and the losses, because a target that sits
 *below* (attention logits of a model without qk-layernorm start smaller) is not an instability;
@@ -50,12 +52,19 @@ CONTROLS = frozenset({"lr", "tokens", "batch_index", "seq_len", "skipped_step", 
 """Series that record what the job was told or how far it went, not how it behaved (never a departure)."""
 K_SIGMA = 4.0
 """Departure threshold in robust sigmas of the proxy's own noise band (our choice)."""
-FLOOR = math.log(1.10)
-"""Minimum departure: 10% in ratio (0.095 nats for log Z); guards very smooth series (our choice)."""
+FLOOR = math.log(1.2)
+"""Minimum departure of a loss: 20% in ratio, twice the largest sustained loss gap (0.08 nats over 5 points)
+of three seed-only pairs (runs that differ only in init and data order; ``sample_logs/make_compare_runs.py``)."""
+FLOOR_GROWTH = math.log(5.0)
+"""Minimum departure of a growth series, of log Z (nats) and of any other series: a factor 5, twice the largest
+sustained gap (0.78 nats: attention logits, log Z) of the same seed-only pairs. The instabilities sought grow by
+orders of magnitude (Wortsman et al. 2023 s3.1.1: attention logits from ~10 to thousands)."""
 SUSTAIN = 5
 """Consecutive aligned points beyond the threshold needed (a departure that stays, not one noisy batch)."""
 WINDOW = 20
 """Trailing aligned points over which the proxy's noise band is estimated (our choice)."""
+SMOOTH = 5
+"""Points of the running median whose residuals are the proxy's noise (our choice)."""
 SIGNAL_SETTINGS: dict[str, tuple[str, ...]] = {
     "attn_logit_max": ("qk_layernorm", "peak_lr", "warmup_steps", "d_model"),
     "output_logit_max": ("z_loss", "peak_lr"),
@@ -154,7 +163,7 @@ def _aligned(proxy: RunData, target: RunData, metric: str, tok: tuple[Any, Any] 
 
 
 def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, log: bool = True,
-                 two_sided: bool = False) -> dict[str, Any] | None:
+                 two_sided: bool = False, floor: float = FLOOR) -> dict[str, Any] | None:
     """First aligned point where the target leaves the proxy's noise band (see the module docstring).
 
     Args:
@@ -163,6 +172,7 @@ def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, lo
         target: target values at those points, shape (n,).
         log: compare on the log scale (a relative gap; positive series).
         two_sided: count departures below the proxy too.
+        floor: the smallest gap that counts (:data:`FLOOR` for losses, :data:`FLOOR_GROWTH` otherwise).
 
     Returns:
         ``{"step", "index", "delta" (the gap: nats on the log scale), "ratio" (target/proxy, log scale only),
@@ -179,18 +189,25 @@ def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, lo
     n = fp.size
     if np.isfinite(fp).sum() < 4:
         return None
-    dp = np.diff(fp)  # the proxy's noise band: robust spread of its step-to-step changes, trailing window
+    # the proxy's noise band: robust spread of its residuals about a running median (so a fast but smooth
+    # early-training trend is not counted as noise), over a trailing window; sqrt(2): the gap of two noisy runs
+    from scipy.ndimage import median_filter
+
+    fin = np.isfinite(fp)
+    smooth = np.full(n, np.nan)
+    smooth[fin] = median_filter(fp[fin], size=SMOOTH, mode="nearest")
+    resid = fp - smooth
     sigma = np.full(n, np.nan)
     for i in range(n):
-        hi = max(min(i, dp.size), min(WINDOW, dp.size))
-        w = dp[max(0, hi - WINDOW):hi]
+        hi = max(i + 1, min(WINDOW, n))
+        w = resid[max(0, hi - WINDOW):hi]
         w = w[np.isfinite(w)]
         if w.size >= 3:
-            sigma[i] = 1.4826 * float(np.median(np.abs(w - np.median(w))))
+            sigma[i] = math.sqrt(2) * 1.4826 * float(np.median(np.abs(w - np.median(w))))
     if np.isnan(sigma).all():
         return None
     sigma = np.where(np.isnan(sigma), np.nanmedian(sigma), sigma)
-    thr = np.maximum(K_SIGMA * sigma, FLOOR)
+    thr = np.maximum(K_SIGMA * sigma, floor)
     d = ft - fp
     fin0 = np.flatnonzero(np.isfinite(d))
     d0 = float(d[fin0[0]]) if fin0.size else 0.0  # the gap at the first aligned point: the initial offset
@@ -250,7 +267,8 @@ def departures(proxy: RunData, target: RunData, pc: dict[str, Any] | None = None
         steps, pv, tv, ttok = al
         pos = bool(np.all(pv[np.isfinite(pv)] > 0) and np.all(tv[np.isfinite(tv)] > 0))
         known = base in SIGNALS
-        dep = departure_of(steps, pv, tv, log=pos and base != "log_z", two_sided=base == "log_z" or not known)
+        dep = departure_of(steps, pv, tv, log=pos and base != "log_z", two_sided=base == "log_z" or not known,
+                           floor=FLOOR if base in LOSSES else FLOOR_GROWTH)
         if dep is not None and ttok is not None:
             dep["tokens"] = float(ttok[dep["index"]])
         out[m] = dep
@@ -542,7 +560,8 @@ def trial_for(top: dict[str, Any] | None, differences: list[dict[str, Any]], fir
         "setting": d["setting"], "value": d["proxy"], "steps": int(steps),
         "control": "the unchanged target for the same steps (or its logged run), to rule out noise",
         "success_criteria": [
-            f"{sig} stays inside the proxy's band (max({K_SIGMA:g} robust sigma, 10%)) through step {steps}"
+            f"{sig} stays inside the proxy's band (max({K_SIGMA:g} robust sigma, "
+            f"{'20%' if sig.split('/')[0] in LOSSES else 'x5'})) through step {steps}"
             + (f", where the target left it at step {dep}" if dep is not None else ""),
             "loss at matched steps within the proxy's step-to-step spread",
         ],
