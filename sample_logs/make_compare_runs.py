@@ -13,7 +13,8 @@ Switches the trainer has (each acts for real in the forward pass or the optimize
   output logits multiplied by base/width, attention scaled by 1/d_head; the config records it the way the
   ``mup`` package's users do (``mup``, ``mup_base_width``, ``width_mult``, ``output_mult``, ``param_groups``).
 
-Writers (``writer``): ``jsonl`` (``metrics.jsonl`` + ``config.json``), ``tb`` (``SummaryWriter`` events with
+Writers (``writer``): ``jsonl`` (``metrics.jsonl`` + ``config.json``), ``text`` (``train.log`` lines
+``step N | loss X | lr Y | ...`` + ``config.json``), ``tb`` (``SummaryWriter`` events with
 ``train/...`` tags + ``config.json``), ``wandb`` (W&B offline: ``wandb/offline-run-*/`` holding the history and
 the run's config). Logged per step: loss, lr (and ``lr/hidden`` under muP), grad_norm (before clipping),
 update_ratio (||W_t - W_t-1|| / ||W_t-1||), param_norm, attn_logit_max (max |q.k| scale over layers),
@@ -114,9 +115,12 @@ PAIRS: dict[str, list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = 
 """Proxy/target pairs per changed setting (the canonical name the comparison should rank first)."""
 VALIDATION: dict[str, list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = {
     "qk_layernorm": [({"lr": 0.08, "d_model": 24, "seed": 5}, {"qk_layernorm": True, "writer": "tb"},
-                      {"qk_layernorm": False, "writer": "wandb"})],
+                      {"qk_layernorm": False, "writer": "wandb"}),
+                     ({"lr": 0.1, "seed": 11}, {"qk_layernorm": True, "writer": "text"},
+                      {"qk_layernorm": False, "writer": "jsonl"})],
     "warmup_steps": [({"lr": 0.06, "seed": 6}, {"warmup_steps": 50, "writer": "wandb"},
-                      {"warmup_steps": 4, "writer": "jsonl"})],
+                      {"warmup_steps": 4, "writer": "jsonl"}),
+                     ({"lr": 0.05, "seed": 12, "writer": "text"}, {"warmup_steps": 40}, {"warmup_steps": 4})],
     "peak_lr": [({"warmup_steps": 15, "seed": 7}, {"lr": 0.02, "writer": "jsonl"}, {"lr": 0.12, "writer": "tb"})],
     "z_loss": [({"lr": 0.04, "weight_decay": 0.0, "qk_layernorm": True, "seed": 8},
                 {"z_loss": 2e-2, "writer": "tb"}, {"z_loss": 0.0, "writer": "jsonl"})],
@@ -281,10 +285,12 @@ def _lr_factor(spec: Spec, i: int) -> float:
 class _Writer:
     def __init__(self, spec: Spec, out: Path, config: dict[str, Any]) -> None:
         self.kind, self.out = spec.writer, out
-        if self.kind in ("jsonl", "tb"):
+        if self.kind in ("jsonl", "tb", "text"):
             (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if self.kind == "jsonl":
             self.fh = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        elif self.kind == "text":
+            self.fh = open(out / "train.log", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         elif self.kind == "tb":
             from torch.utils.tensorboard import SummaryWriter
 
@@ -303,6 +309,9 @@ class _Writer:
         step = rec["step"]
         if self.kind == "jsonl":
             self.fh.write(json.dumps(rec) + "\n")
+        elif self.kind == "text":  # a custom script's print line: step N | loss X | lr Y | ...
+            self.fh.write(f"step {step} | " + " | ".join(f"{k} {v:.6g}" for k, v in rec.items()
+                                                         if k not in ("step", "wall_time")) + "\n")
         elif self.kind == "tb":
             for k, v in rec.items():
                 if k not in ("step", "wall_time"):
@@ -313,7 +322,7 @@ class _Writer:
                          if k not in ("step", "wall_time")}, step=step)
 
     def close(self) -> None:
-        if self.kind == "jsonl":
+        if self.kind in ("jsonl", "text"):
             self.fh.close()
         elif self.kind == "tb":
             self.tb.flush()
