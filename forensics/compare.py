@@ -159,7 +159,18 @@ def _aligned(proxy: RunData, target: RunData, metric: str, tok: tuple[Any, Any] 
             pvi = np.interp(tt[inside], pt[fin], pv[fin])
         return ts.steps[inside], pvi, ts.values[inside], tt[inside]
     common, pi, ti = np.intersect1d(ps.steps, ts.steps, return_indices=True)
-    return common, ps.values[pi], ts.values[ti], None
+    if common.size >= 0.5 * min(len(ps), len(ts)):
+        return common, ps.values[pi], ts.values[ti], None
+    # the two runs log at different steps (every 10 vs every step, or offset): the proxy interpolated at the
+    # target's steps inside its range (log space for a positive series)
+    fin = np.isfinite(ps.values)
+    inside = (ts.steps >= ps.steps[0]) & (ts.steps <= ps.steps[-1])
+    if fin.sum() < 2 or not inside.any():
+        return common, ps.values[pi], ts.values[ti], None
+    x, v = ps.steps[fin].astype(np.float64), ps.values[fin]
+    tx = ts.steps[inside].astype(np.float64)
+    pvi = np.exp(np.interp(tx, x, np.log(v))) if bool(np.all(v > 0)) else np.interp(tx, x, v)
+    return ts.steps[inside], pvi, ts.values[inside], None
 
 
 def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, log: bool = True,
@@ -220,7 +231,8 @@ def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, lo
         beyond = np.where(np.isfinite(d), out_band, bad_target)
     for i in range(n):
         need = min(SUSTAIN, n - i)
-        if need >= 2 and beyond[i:i + need].all():
+        died = need == 1 and bool(bad_target[i])  # the target's last point is non-finite: the job died there
+        if (need >= 2 or died) and beyond[i:i + need].all():
             fin = bool(np.isfinite(d[i]))
             return {"step": int(steps[i]), "index": i, "delta": float(d[i]) if fin else float("inf"), "offset": d0,
                     "ratio": float(np.exp(d[i])) if log and fin else None,

@@ -552,3 +552,26 @@ def test_seed_only_pairs_do_not_depart(gen: dict) -> None:
         r = compare(pair / "proxy", pair / "target")
         assert r["departure"] is None, (pair.name, r["departure"])
         assert r["differences"] == [] and not any(e.get("inferred") for e in r["explanations"])
+
+
+def test_departure_of_a_target_that_dies() -> None:
+    """A target whose last logged point is non-finite (an fp32 job aborts there) departs at that point."""
+    steps = np.arange(1, 61)
+    proxy = np.full(60, 10.0) * np.exp(np.random.default_rng(1).normal(0, 0.01, 60))
+    target = proxy.copy()
+    target[-1] = np.nan
+    dep = departure_of(steps, proxy, target)
+    assert dep is not None and dep["step"] == 60 and dep["delta"] == float("inf")
+
+
+def test_runs_logged_at_different_steps_are_interpolated(pair_results: dict, tmp_path: Path) -> None:
+    """The proxy logged every 10th step, offset by 5 from the target's: still aligned, same departing series."""
+    p = pair_results["qk_layernorm_0"]
+    lines = (Path(p["proxy"]) / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "metrics.jsonl").write_text(
+        "\n".join(x for x in lines if json.loads(x)["step"] % 10 == 5) + "\n")
+    shutil.copy(Path(p["proxy"]) / "config.json", tmp_path / "proxy" / "config.json")
+    r = compare(tmp_path / "proxy", p["target"])
+    assert r["departure"] is not None and r["departure"]["signal"] == "attn_logit_max"
+    assert r["departure"]["step"] <= 2 * p["result"]["departure"]["step"] + 10
