@@ -575,3 +575,15 @@ def test_runs_logged_at_different_steps_are_interpolated(pair_results: dict, tmp
     r = compare(tmp_path / "proxy", p["target"])
     assert r["departure"] is not None and r["departure"]["signal"] == "attn_logit_max"
     assert r["departure"]["step"] <= 2 * p["result"]["departure"]["step"] + 10
+
+
+def test_sweep_without_configs_groups_by_folder_names(gen: dict, tmp_path: Path) -> None:
+    """Real runs stripped of their configs: settings and lrs read from the nested folder names (the fallback)."""
+    for qk in ("off", "on"):
+        for lr in ("lr_1e-02", "lr_1e-01"):
+            rel = Path("width_16") / f"qkln_{qk}" / lr
+            (tmp_path / rel).mkdir(parents=True)
+            shutil.copy(gen["sweep"] / rel / "metrics.jsonl", tmp_path / rel / "metrics.jsonl")
+    r = sweep(tmp_path)
+    assert r["nesting"] == ["qk_layernorm"] and any("folder names" in n for n in r["notes"])
+    assert {g["key"]["qk_layernorm"]: g["lrs"] for g in r["groups"]} == {False: [0.01, 0.1], True: [0.01, 0.1]}
