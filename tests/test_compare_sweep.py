@@ -240,9 +240,11 @@ def test_cli_compare_and_sweep(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["explanations"][0]["setting"] == "qk_layernorm"
     out = tmp_path / "sweep.md"
-    res = runner.invoke(main, ["sweep", str(SWEEP), "-f", "markdown", "-o", str(out), "--target-d-model", "128"])
+    res = runner.invoke(main, ["sweep", str(SWEEP), "-f", "markdown", "-o", str(out), "--target-params", "1e6"])
     assert res.exit_code == 0, res.output
-    assert "LR sensitivity" in out.read_text()
+    text = out.read_text()
+    assert "LR sensitivity" in text and "Largest stable lr at d_model" in text
+    assert "predicted largest stable lr at d_model" in res.stderr
 
 
 def test_cli_input_errors_exit_2_with_one_line(tmp_path: Path) -> None:
