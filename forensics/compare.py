@@ -588,8 +588,11 @@ def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
         target_path: The run folder of the target (the run that did not).
 
     Returns:
-        The JSON-ready dict: ``schema_version``, ``proxy``, ``target``, ``differences``, ``departure``,
-        ``explanations``, ``trial`` (plus ``departures``, ``alignment``, ``target_analysis``, ``configs``).
+        The JSON-ready dict: ``schema_version``, ``proxy``, ``target``, ``differences`` (each with ``source``:
+        ``"config"`` or ``"logs"``), ``departure`` (``step``, ``signal``, ``gap`` in nats, ``ratio``, ``proxy``,
+        ``target``, ``threshold``, ``tokens`` when aligned by tokens), ``explanations`` (with ``decided_by``),
+        ``trial``; plus ``departures`` (every shared series), ``alignment``, ``lr_evidence``, ``mup_check``,
+        ``target_analysis``, ``configs``.
 
     Raises:
         forensics.errors.InputError: either folder is missing or holds no logs.
