@@ -19,8 +19,9 @@ folder F is decided by :func:`pick_runs`:
       ``ROOT/sweep_a/width_32/lr_0.01/`` work at any depth, whatever files the sweep folders hold);
    b. two or more parts carry a configuration (``config.json``/``.yaml``, ``hparams.yaml``, ``args.json``,
       a W&B ``files/config.yaml``...) and the configurations differ in a setting that defines a run (any
-      key but names, paths, ids, times, seeds of resumes, and the resume/horizon keys of
-      :data:`RESUME_KEYS`): runs of a sweep, not attempts of one job;
+      key but names, paths, ids, times, and the resume/horizon keys of :data:`RESUME_KEYS`): runs of a
+      sweep, not attempts of one job (role folders of one run, ``train``/``eval``/``logs``..., are not
+      compared: their configurations differ by design);
    c. F is ROOT, unless all its parts have names that belong inside a run (``version_N``,
       ``checkpoint-N``, ``lightning_logs``, ``logs``, ``train``/``eval``..., :data:`PART_NAME`);
    d. F holds no file of its own (README/LICENSE and hidden files do not count) and no part has such a
@@ -254,7 +255,11 @@ def part_config(tree: Mapping[str, TreeNode], rel: str, read: Callable[[str], by
 
 def _configs_differ(tree: Mapping[str, TreeNode], parts: list[str],
                     read: Callable[[str], bytes | None] | None) -> bool:
-    if read is None or len(parts) < 2:
+    if read is None:
+        return False
+    # role folders of one run (train/, eval/, logs/, output/...) carry different configs by design
+    parts = [p for p in parts if not (PART_NAME.match(_name(p)) and not re.search(r"\d", _name(p)))]
+    if len(parts) < 2:
         return False
     cfgs = [c for p in parts if (c := part_config(tree, p, read))]
     return len(cfgs) >= 2 and any(c != cfgs[0] for c in cfgs[1:])

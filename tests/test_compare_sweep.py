@@ -495,6 +495,13 @@ def test_layout_two_sweeps_with_their_own_files(tmp_path: Path) -> None:
         (job / f"attempt_{i}" / "config.json").write_text(json.dumps({"lr": 1e-3, "max_steps": steps}))
     (job / "launch.sh").write_text("python train.py\n")
     assert find_runs(job) == [job]
+    # role folders of one run (train/ and eval/) carry different configs by design: still one run
+    exp = tmp_path / "roles" / "exp"
+    for role in ("train", "eval"):
+        (exp / role).mkdir(parents=True)
+        (exp / role / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+        (exp / role / "config.json").write_text(json.dumps({"mode": role, "batch_size": 8 if role == "train" else 64}))
+    assert find_runs(tmp_path / "roles") == [exp]
 
 
 def test_nested_sweep_grouped_by_width_and_qk_layernorm(nested_sweep: dict) -> None:
