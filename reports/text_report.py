@@ -14,6 +14,7 @@ from reports._common import fmt_conf, oneline, onset_label
 TOP_FINDINGS = 3
 _VERDICT_STYLE = {
     "anomaly": "bold white on red", "transient": "bold black on yellow", "healthy": "bold white on green",
+    "inconclusive": "bold black on white",
 }
 
 
