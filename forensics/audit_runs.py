@@ -1,26 +1,8 @@
 """The audit's run discovery: the run folders under a local folder or an fsspec URL, as tasks.
 
-Run discovery (:func:`find_runs`). A *log file* is a file that one of the parsers of
-:data:`parsers.PARSER_MODULES` claims (their ``sniff``). Folders are walked from ROOT down (hidden
-entries but ``.hydra``, ``__pycache__`` and symlinked folders left out); each folder F is decided so:
-
-1. F is named ``wandb`` and holds two or more ``run-*`` / ``offline-run-*`` folders: each is one run
-   (W&B's layout); its other sub-folders are decided by these rules. A ``wandb`` folder with a
-   single run is an ordinary part of the folder above it.
-2. F holds a log file itself: F is one run (with everything below it).
-3. Nothing below F holds a log file: no run.
-4. A ``wandb`` sub-folder of several runs is decided by rule 1; F's other sub-folders that hold logs
-   are its *parts*.
-5. F is a *container* and its parts are decided one by one when F is ROOT, or when F holds no file
-   of its own (README/LICENSE and hidden files do not count) and no part has a name that belongs
-   inside a run (``version_N``, ``checkpoint-N``, ``lightning_logs``, ``logs``, ``runs``, ``output``,
-   ``train``/``eval``..., see :data:`PART_NAME`). ROOT whose parts all have such names is one run.
-6. Otherwise F is one run: the highest folder that groups its logs (``exp/lightning_logs/version_*``
-   and ``exp/output/checkpoint-*`` give ``exp``; a case folder with ``expected.json`` and two output
-   folders gives the case folder).
-
-So ``ROOT/project/run/...`` gives ``project/run`` (projects hold no files), a folder of finished runs
-gives one run each, and a run never splits into its resumes or checkpoints.
+Run discovery (:func:`find_runs`) follows the rules of :mod:`forensics.layout` (shared with ``sweep``):
+a folder that holds logs is a run, a folder of runs is a container at any depth, the attempts of one W&B
+run belong to it, and a folder whose parts carry different configurations holds several runs.
 
 On an fsspec URL the same rules run over ``fs.find``; content sniffing reads the first 64 KiB of
 candidate files (one batched ``cat_ranges``). The analysis of one run is :mod:`forensics.audit_worker`.
@@ -40,17 +22,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from forensics.errors import InputError
+from forensics.layout import PART_NAME, file_reader, pick_runs  # noqa: F401 - PART_NAME kept importable here
 from parsers import file_policy
 from parsers.file_policy import display
 
 CACHE_VERSION = 1
-PART_NAME = re.compile(
-    r"^(?:(?:version|checkpoint|ckpt|global_step|step|epoch|iter|attempt|restart|resume|segment|part)[-_]?\d+"
-    r"|lightning_logs|logs?|runs|tb|tb_logs|tensorboard|events|metrics|checkpoints|ckpts?|output|outputs"
-    r"|results|train|training|val|valid|validation|eval|evaluation|test|wandb|wandb_export|files|history)$", re.I)
-"""Sub-folder names that belong inside one run (rule 5 of the module docstring)."""
-_WANDB_RUN = re.compile(r"^(?:offline-)?run-[^/]+$")
-_NOT_OWN = re.compile(r"^(?:readme|license|licence|changelog|contributing)(?:\.[a-z]+)?$", re.I)
 _HEAD = 64 * 1024
 
 
@@ -124,7 +100,7 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
         tree, base = _remote_tree(str(root), so)
     else:
         tree, base = _local_tree(str(root).removeprefix("file://"), exclude)
-    picked = _classify(tree, "", True, PurePosixPath(base).name)
+    picked = pick_runs(tree, PurePosixPath(base).name, None if is_url(root) else file_reader(base))
     names: dict[str, str] = {}
     tasks = []
     for rel in sorted(set(picked)):
@@ -140,40 +116,6 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
                              key=key, files=tuple((f, s) for f, s, _ in files), formats=formats,
                              storage_options=so))
     return tasks
-
-
-def _classify(tree: dict[str, _Dir], rel: str, is_root: bool, root_name: str = "") -> list[str]:
-    node = tree[rel]
-    kids = [k for k in node.dirs if _has_logs(tree, k)]
-    wb_runs = [k for k in kids if _WANDB_RUN.match(_name(k))]
-    if (_name(rel) or root_name) == "wandb" and len(wb_runs) >= 2:
-        return wb_runs + [r for k in kids if k not in wb_runs for r in _classify(tree, k, False)]
-    if node.direct:
-        return [rel]
-    wandb = [k for k in kids if _name(k) == "wandb" and sum(bool(_WANDB_RUN.match(_name(x))) for x in
-                                                          tree[k].dirs if _has_logs(tree, x)) >= 2]
-    parts = [k for k in kids if k not in wandb]
-    found = [r for k in wandb for r in _classify(tree, k, False)]
-    if not parts:
-        return found
-    own = any(not _NOT_OWN.match(f) for f in node.files)
-    part_named = [bool(PART_NAME.match(_name(k))) for k in parts]
-    if is_root and all(part_named) and not wandb:
-        return [rel]
-    if is_root or (not own and not any(part_named)):
-        return found + [r for k in parts for r in _classify(tree, k, False)]
-    return found + [rel]
-
-
-def _name(rel: str) -> str:
-    return rel.rpartition("/")[2]
-
-
-def _has_logs(tree: dict[str, _Dir], rel: str) -> bool:
-    node = tree[rel]
-    if node.logs is None:
-        node.logs = node.direct or any(_has_logs(tree, k) for k in node.dirs)
-    return node.logs
 
 
 def _subtree_files(tree: dict[str, _Dir], rel: str) -> list[tuple[str, int, str]]:

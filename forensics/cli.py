@@ -314,16 +314,18 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
               show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the report (default: stdout; for html ./forensics-sweep.html).")
-@click.option("--target-d-model", type=click.IntRange(min=1), default=None,
-              help="Width to extrapolate the attention-logit and grad-norm trends to.")
-def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None) -> None:
+@click.option("--target-width", "--target-d-model", "target_width", type=click.IntRange(min=1), default=None,
+              help="Width (d_model) to extrapolate the size trends and the largest stable lr to.")
+@click.option("--target-params", type=click.FloatRange(min=1), default=None,
+              help="Parameter count to extrapolate to (e.g. 7e10; converted to width or depth).")
+def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, target_params: float | None) -> None:
     """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
     fmt, output = _format_and_output(fmt, output)
     with _errors(root):
         from forensics.sweep import sweep as run_sweep
         from reports.sweep_report import render as render_sweep
 
-        result = run_sweep(root, target_d_model=target_d_model)
+        result = run_sweep(root, target_width=target_width, target_params=target_params)
         if fmt == "html" and output is None:
             output = Path("forensics-sweep.html")
         _emit(render_sweep(result, fmt), output)
@@ -331,6 +333,10 @@ def sweep(root: Path, fmt: str, output: Path | None, target_d_model: int | None)
             key = ", ".join(f"{k}={v}" for k, v in g["key"].items()) or "all runs"
             click.echo(f"{key}: LR sensitivity {g['lr_sensitivity']:.3f}, largest stable lr "
                        f"{g['largest_stable_lr']}, best lr {g['best_lr']}", err=True)
+        for p in result.get("size_predictions", []):
+            if p.get("predicted_largest_stable_lr") is not None:
+                click.echo(f"predicted largest stable lr at {p['size_key']} {p['target_size']:g}: "
+                           f"{p['predicted_largest_stable_lr']} (range {p['interval']}, {p['method']})", err=True)
 
 
 @main.command()

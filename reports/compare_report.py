@@ -33,8 +33,14 @@ def render_markdown(result: dict[str, Any]) -> str:
     """A ticket-ready Markdown summary: departure, differences, explanations, trial."""
     dep = result.get("departure")
     lines = [f"# compare: `{result['proxy']}` (proxy) vs `{result['target']}` (target)", ""]
-    lines.append(f"**Departure:** {dep['signal']} at step {dep['step']}" if dep else
-                 "**Departure:** none (the target stays inside the proxy's band on every aligned signal)")
+    if dep:
+        gap = dep.get("gap")
+        extra = (f" (gap {gap:.3g}" + (f", target x{dep['ratio']:.3g} the proxy" if dep.get("ratio") else " nats")
+                 + (f", at {dep['tokens']:.4g} tokens" if dep.get("tokens") is not None else "") + ")"
+                 ) if isinstance(gap, float) else ""
+        lines.append(f"**Departure:** {dep['signal']} at step {dep['step']}{extra}")
+    else:
+        lines.append("**Departure:** none (the target stays inside the proxy's band on every aligned signal)")
     per = result.get("departures") or {}
     if per:
         lines.append("Per signal: " + ", ".join(f"{k} {'step ' + str(v['step']) if v else '-'}"
@@ -43,7 +49,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     if result["differences"]:
         lines += ["| setting | proxy | target | matters | why |", "|---|---|---|---|---|"]
         for d in result["differences"]:
-            lines.append(f"| {md_cell(d['setting'])} | {md_cell(compact(d['proxy']))} | "
+            lines.append(f"| {md_cell(d['setting'] + (' (from logs)' if d.get('source') == 'logs' else ''))} | "
+                         f"{md_cell(compact(d['proxy']))} | "
                          f"{md_cell(compact(d['target']))} | {'yes' if d['matters'] else 'no'} | {md_cell(d['why'])} |")
     else:
         lines.append("No configuration difference found in the settings both runs record.")
@@ -53,8 +60,22 @@ def render_markdown(result: dict[str, Any]) -> str:
                      f"confidence {fmt_conf(e['confidence'])}")
         lines += [f"   - for: {md_cell(x)}" for x in e["for"][:4]]
         lines += [f"   - against: {md_cell(x)}" for x in e["against"][:3]]
+        if e.get("decided_by"):
+            lines.append(f"   - decided by: {md_cell('; '.join(e['decided_by']))}")
     if not result["explanations"]:
         lines.append("None: no difference that matters and no finding in the target.")
+    ev = result.get("lr_evidence")
+    if ev:
+        lines += ["", "## Peak lr or warm-up", "",
+                  f"{ev['why']}. Points at: `{ev['decides']}` (from the {ev['source']})."]
+        if ev.get("separate"):
+            lines.append(f"What would separate them: {ev['separate']}.")
+    mc = result.get("mup_check")
+    if mc:
+        lines += ["", "## muP check", "", f"{mc['verdict']}.", "", "| check | status | detail |", "|---|---|---|"]
+        lines += [f"| {md_cell(c['what'])} | {c['status']} | {md_cell(c['detail'])} |" for c in mc["checks"]]
+        lines += ["", "Not verifiable from configs and logs: "
+                  + "; ".join(mc["not_verifiable"] + mc["also_not_verifiable"]) + "."]
     t = result.get("trial")
     lines += ["", "## Trial", ""]
     if t:

@@ -49,14 +49,28 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {fmt_num(r['lr'])} | {fmt_num(r['final_loss'])} | {'yes' if r['diverged'] else 'no'} | "
                          f"{fmt_num(r['divergence_step'])} | {fmt_num(s.get('attn_logit_max_end'))} | "
                          f"{fmt_num(s.get('log_z_drift'))} |")
+    if result.get("nesting"):
+        lines += ["", "Grouped by: " + " > ".join(result["nesting"]) + " (as the folders nest them)."]
     if result.get("size_trends"):
-        lines += ["", "## Size trends (log signal vs log d_model)", "",
-                  "| group | lr | signal | points | slope | predicted at target |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Size trends (log max of the signal vs log size, at a fixed lr)", "",
+                  "| group | size | lr | signal | points | slope | predicted at target |",
+                  "|---|---|---|---|---|---|---|"]
         for t in result["size_trends"]:
             pts = ", ".join(f"{d}: {fmt_num(v)}" for d, v in t["points"])
-            pred = f"{fmt_num(t['predicted'])} at d_model {t['target_d_model']}" if t["predicted"] is not None else "-"
-            lines.append(f"| {md_cell(group_label(t['key']))} | {fmt_num(t['lr'])} | {t['signal']} | {pts} | "
-                         f"{fmt_num(t['slope'])} | {pred} |")
+            pred = (f"{fmt_num(t['predicted'])} at {t.get('size_key', 'd_model')} {fmt_num(t.get('target_size'))}"
+                    if t["predicted"] is not None else "-")
+            lines.append(f"| {md_cell(group_label(t['key']))} | {t.get('size_key', 'd_model')} | {fmt_num(t['lr'])} | "
+                         f"{t['signal']} | {pts} | {fmt_num(t['slope'])} | {pred} |")
+    for p in result.get("size_predictions", []):
+        meas = ", ".join(f"{k}: {fmt_num(v)}" for k, v in p["measured"].items())
+        lines += ["", f"## Largest stable lr at {p['size_key']} {fmt_num(p['target_size'])} "
+                  f"({md_cell(group_label(p['key']))})", "",
+                  f"Measured: {meas}. Predicted: {fmt_num(p['predicted_largest_stable_lr'])}"
+                  + (f" (range {fmt_num(p['interval'][0])} - {fmt_num(p['interval'][1])})" if p.get("interval") else "")
+                  + f", method {p['method'] or '-'}."]
+        if p.get("signal"):
+            lines.append(p["signal"]["why"] + ".")
+        lines += [f"- {n}" for n in p["notes"]]
     for n in result.get("notes", []):
         lines += ["", f"Note: {n}"]
     for s in result.get("skipped", []):
