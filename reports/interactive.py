@@ -508,13 +508,22 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     b.config["window"] = list(window) if window else None
     b.config["onset"] = b.onset
     return ChartSet(
-        resources="".join(f"<script>{js}</script>" for js in
+        resources="".join(f"<script>{_offline(js)}</script>" for js in
                           bundle_for_objs_and_resources(list(b.plots.values()), INLINE).js_raw),
         script=script,
         main=[panels[p.id] for p in out.main], zoom=[panels[p.id] for p in out.zoom],
         layers=[panels[p.id] for p in out.layers], constant=out.constant, zoom_constant=out.zoom_constant,
         window=window, config=b.config, chain=out.chain,
     )
+
+
+_MATHJAX_CDN = 'src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"'
+
+
+def _offline(js: str) -> str:
+    """BokehJS with its one self-triggered network path cut: the MathJax CDN loader (used only when a
+    text property holds TeX, which the report never puts there) gets an empty ``data:`` script instead."""
+    return js.replace(_MATHJAX_CDN, 'src="data:text/javascript,"')
 
 
 def config_json(config: Mapping[str, Any]) -> str:

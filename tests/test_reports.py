@@ -191,9 +191,10 @@ def test_format_values_and_strings(run: RunData) -> None:
 
 
 def test_render_without_run_has_no_charts() -> None:
-    """run=None renders, with the charts section saying why it is empty."""
+    """run=None renders, with the charts section saying why it is empty (and no BokehJS in the page)."""
     html = render(anomaly(), None, ReportFormat.html)
-    assert 'id="charts"' in html and "<svg" not in html
+    assert 'id="charts"' in html and "data-root-id" not in html and len(html.encode()) < 200_000
+    assert "charts need the run's metrics" in html
 
 
 # ----------------------------------------------------------------------------------- JSON
@@ -254,9 +255,10 @@ def test_schema_rejects_bad_objects() -> None:
 # ----------------------------------------------------------------------------------- HTML
 
 SECTION_IDS = (
-    "verdict", "onset", "charts", "evidence", "hypotheses", "recovery", "sources", "skipped", "config",
+    "verdict", "onset", "charts", "evidence", "hypotheses", "recovery", "sources", "skipped", "config", "glossary",
 )
 _EXTERNAL = re.compile(r"""\b(?:src|href|xlink:href|action|poster)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
+_URL_IN_JS = re.compile(r"""\b(?:src|href)\s*[=:]\s*[`"']https?://|fetch\(\s*[`"']https?://|url\(\s*['"]?https?:""", re.I)
 
 
 @pytest.mark.parametrize("kind", list(ANALYSES))
@@ -265,12 +267,16 @@ def test_html_sections_and_self_contained(kind: str, run: RunData) -> None:
     html = render_html(ANALYSES[kind](), run)
     for sid in SECTION_IDS:
         assert f'id="{sid}"' in html, sid
-    assert "<svg" in html and "<?xml" not in html and "<!DOCTYPE svg" not in html
+    assert html.count("data-root-id") >= 3, "Bokeh panels missing"
     assert not _EXTERNAL.search(html), _EXTERNAL.search(html)
+    scripts = "".join(re.findall(r"<script[^>]*>(.*?)</script>", html, flags=re.S))
+    hits = {m.group(0) for m in _URL_IN_JS.finditer(scripts)}
+    # dormant BokehJS paths the report never triggers (Google Maps tiles, the Bokeh logo link, icon fonts)
+    assert hits <= {'href:"https://', 'src=`https://'}, hits
     assert not re.search(r"@import|url\(\s*['\"]?https?:", html)
     assert html.count('<section id="') == len(SECTION_IDS)
     ids = re.findall(r'\bid="([^"]+)"', html)
-    assert len(ids) == len(set(ids)), "duplicate element ids across inline SVGs"
+    assert len(ids) == len(set(ids)), "duplicate element ids"
 
 
 def test_html_content(run: RunData) -> None:
@@ -343,14 +349,13 @@ def test_markdown_is_short(kind: str) -> None:
 
 
 def test_markdown_content_and_caps() -> None:
-    """Top-5 evidence, trials table with escaped pipes, success criteria, do-not; long lists capped."""
+    """What to do first (resume, first trial, proof), other arms, do-not; long lists capped under 60 lines."""
     a = anomaly()
     md = render_markdown(a)
-    assert "| lr x0.5 |" in md and "Resume from:** `ckpt/step_400` at step 400" in md
-    piped = RecoveryPlan(a.recovery.resume_from, (), (Trial("a|b", "x | y", 5),), ())  # type: ignore[union-attr]
-    md_piped = render_markdown(Analysis(**{**a.__dict__, "recovery": piped}))
-    assert "| a\\|b | x \\| y | 5 |" in md_piped
-    assert "**Do not:**" in md and "Success criteria" in md
+    assert "**Resume from** `ckpt/step_400` at step 400: newest finite checkpoint before onset" in md
+    assert "**First trial: lr x0.5** (150 steps)" in md and "**lr x0.25** (150 steps)" in md
+    assert md.index("## What to do") < md.index("## Evidence")
+    assert "**Do not:**" in md and "It worked if" in md
     many = tuple(
         Finding(f"X{i:02d}", f"x.f{i}", "unknown", None, i, 0, 0.5, "low", f"finding {i}\nsecond line")
         for i in range(40)
@@ -362,7 +367,7 @@ def test_markdown_content_and_caps() -> None:
                       "skipped": tuple(Skip(f"f{i}", "r") for i in range(50))})
     md2 = render_markdown(big)
     assert len(md2.splitlines()) < MAX_LINES
-    assert "X04" in md2 and "X05" not in md2 and "top 5 of 40" in md2
+    assert "X00" in md2 and "X05" not in md2 and "of 40)" in md2
     assert "second line" in md2 and "finding 0\n" not in md2
 
 
@@ -372,19 +377,23 @@ def test_text_plain_and_color() -> None:
     plain = render_text(a, color=False)
     assert "\x1b[" not in plain
     assert "ANOMALY" in plain and "update_scale_growth / lr_too_high" in plain
-    assert "step 450 (segment 1)" in plain and "step 400 (ckpt/step_400)" in plain and "lr x0.5" in plain
-    assert plain.count("evidence:") == 3
+    assert "step 450 (segment 1)" in plain and "step 400 (ckpt/step_400): newest finite checkpoint" in plain
+    assert "lr x0.5" in plain
+    assert plain.count("evidence:") == 3 and "(+0 more" not in plain
     colored = render_text(a, color=True)
     assert "\x1b[" in colored and "ANOMALY" in colored
     assert "HEALTHY" in render_text(healthy(), color=False)
-    assert len(render_text(a, color=False).splitlines()) <= 12
+    assert len(render_text(a, color=False).splitlines()) <= 20
+    verbose = render_text(a, color=False, verbose=True)
+    assert verbose.count("evidence:") == len(a.findings) and "--verbose" not in verbose
+    assert "lr x0.25" in verbose and "no checkpoints found" in verbose
 
 
 # ----------------------------------------------------------------------------------- size bound
 
 
 def test_million_step_report_stays_small() -> None:
-    """A 1M-step run (3 metrics, 2 segments, NaN tail) renders to < 3 MB, in reasonable time."""
+    """A 1M-step run (3 metrics, 2 segments, NaN tail) renders to < 5 MB, extremes and non-finite kept."""
     n = 1_000_000
     steps = np.arange(n, dtype=np.int64)
     segments = (steps >= 600_000).astype(np.int32)
@@ -401,6 +410,6 @@ def test_million_step_report_stays_small() -> None:
     html = render_html(a, r)
     elapsed = time.perf_counter() - t0
     size = len(html.encode("utf-8"))
-    assert size < 3_000_000, size
-    assert 'id="zoom-loss"' in html and "10,000 NaN" in html and "NaN (10,000)" in html
+    assert size < 5_000_000, size
+    assert 'id="zoom-loss"' in html and "10,000 NaN" in html
     assert elapsed < 60, elapsed
