@@ -285,13 +285,12 @@ class _Builder:
         for seg, step in self.bounds:
             p.add_layout(Span(location=step, dimension="height", line_color="#555555", line_dash="dashed",
                               line_width=1))
-            p.add_layout(Label(x=step, y=4, y_units="screen", text=f" seg {seg}", text_font_size="8pt",
-                               text_color="#555555"))
+            p.add_layout(Label(x=step, y=0.88, y_range_name="edge", text=f" seg {seg}", text_font_size="8pt",
+                               text_color="#555555", text_baseline="top"))
         if self.onset is not None:
             p.add_layout(Span(location=self.onset, dimension="height", line_color=_ONSET, line_width=2))
-            p.add_layout(Label(x=self.onset, y=2, y_units="screen", text=f" onset {self.onset:,}",
-                               text_font_size="8pt", text_color=_ONSET, text_font_style="bold",
-                               y_offset=0, x_offset=2, name=f"{pid}-onset-label"))
+            p.add_layout(Label(x=self.onset, y=0.02, y_range_name="edge", text=f" onset {self.onset:,}",
+                               text_font_size="8pt", text_color=_ONSET, text_font_style="bold", x_offset=2))
         cursor = Span(location=0, dimension="height", line_color="#f79009", line_width=2, visible=False,
                       name=f"{pid}-cursor")
         p.add_layout(cursor)
@@ -399,6 +398,7 @@ class _Builder:
         p.xaxis.formatter = _step_formatter()
         p.grid.visible = False
         p.toolbar.logo = None
+        p.extra_y_ranges = {"edge": Range1d(0, 1)}
         self.config["panels"][pid] = {"metric": base, "plot": p.id, "heat": True}
         self._marks(p, pid)
         self.plots[pid] = p
