@@ -17,6 +17,7 @@ titles and axis labels as TeX): titles and captions are HTML, autoescaped by the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -438,8 +439,6 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
         The :class:`ChartSet` (inline BokehJS, the document script, panels, collapsed constant series).
     """
     from bokeh.embed import components
-    from bokeh.embed.bundle import bundle_for_objs_and_resources
-    from bokeh.resources import INLINE
 
     window = chain_window(analysis, run)
     b = _Builder(analysis, run, window)
@@ -508,8 +507,7 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     b.config["window"] = list(window) if window else None
     b.config["onset"] = b.onset
     return ChartSet(
-        resources="".join(f"<script>{_offline(js)}</script>" for js in
-                          bundle_for_objs_and_resources(list(b.plots.values()), INLINE).js_raw),
+        resources=_core_js(),
         script=script,
         main=[panels[p.id] for p in out.main], zoom=[panels[p.id] for p in out.zoom],
         layers=[panels[p.id] for p in out.layers], constant=out.constant, zoom_constant=out.zoom_constant,
@@ -518,6 +516,14 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
 
 
 _MATHJAX_CDN = 'src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"'
+
+
+@functools.cache
+def _core_js() -> str:
+    """BokehJS core, inline (the report uses no widgets, tables, WebGL or MathJax: the core bundle only)."""
+    from bokeh.resources import Resources
+
+    return "".join(f"<script>{_offline(js)}</script>" for js in Resources(mode="inline", components=["bokeh"]).js_raw)
 
 
 def _offline(js: str) -> str:
