@@ -413,3 +413,173 @@ def test_million_step_report_stays_small() -> None:
     assert size < 5_000_000, size
     assert 'id="zoom-loss"' in html and "10,000 NaN" in html
     assert elapsed < 60, elapsed
+
+
+# ----------------------------------------------------------------------------------- plain words, consistency
+
+
+def _with(a: Analysis, **kw: object) -> Analysis:
+    return Analysis(**{**a.__dict__, **kw})
+
+
+def test_glossary_covers_every_cause() -> None:
+    """Every cause family and verdict has plain words; the headline uses no cause code."""
+    from reports._plain import explain, headline
+
+    for cause in CAUSES:
+        assert explain(cause), cause
+    for verdict in ("anomaly", "transient", "healthy"):
+        assert explain(verdict), verdict
+    line = headline(anomaly())
+    assert "step 450" in line and "update_scale_growth" not in line and line.endswith(".")
+
+
+def test_headline_names_a_resume() -> None:
+    """An onset at the first step of a resumed segment is said as 'when the job resumed at step N'."""
+    from reports._plain import headline
+
+    f = Finding("LR01", "lr.schedule_reset", "lr_schedule_reset", "reset_to_initial", 300, 1, 0.9, "high", "m")
+    a = _with(anomaly(), cause="lr_schedule_reset", mechanism="reset_to_initial", findings=(f,),
+              onset={"step": 300, "segment": 1})
+    assert headline(a, make_run()) == ("The learning-rate schedule restarted from its warm-up when the job resumed "
+                                       "at step 300.")
+
+
+def test_consistency_pass_drops_contradicted_hypothesis_text(run: RunData) -> None:
+    """'without a spike' beside a spike finding and 'no grad-norm series confirms' beside a grad-norm finding
+    are left out of every format (and listed as left out in the HTML)."""
+    from reports._plain import consistent
+
+    spike = Finding("SP01", "loss.spike", None, None, 460, 1, 0.9, "high", "loss spike", {"metric": "loss", "z": 94.0})
+    gn = Finding("GN01", "grad_norm.departure", None, None, 455, 1, 0.8, "high", "grad norm 20x",
+                 {"metric": "grad_norm", "z": 20.0})
+    rising = "the loss turns and keeps rising without a spike: the slow-divergence signature"
+    unconfirmed = "no grad-norm, update-ratio or attention-logit series confirms the growth"
+    h = Hypothesis("update_scale_growth", "lr_too_high", 0.55, ("DV01 step 450: diverges", rising), (unconfirmed,))
+    a = _with(anomaly(), findings=(*anomaly().findings, spike, gn), hypotheses=(h,))
+    cons = consistent(a, run)
+    assert cons.hypotheses[0].support == ("DV01 step 450: diverges",) and cons.hypotheses[0].against == ()
+    whys = {r.text: r.why for r in cons.removed}
+    assert "SP01" in whys[rising] and "z=94" in whys[rising] and "on grad_norm" in whys[unconfirmed]
+    html = render_html(a, run)
+    hyp = html[html.index('<ol class="hyp">'):html.index("</ol>", html.index('<ol class="hyp">'))]
+    assert rising not in hyp and unconfirmed not in hyp and 'id="removed"' in html
+    kept = Hypothesis("update_scale_growth", "lr_too_high", 0.55, (rising,), (unconfirmed,))
+    assert consistent(_with(anomaly(), hypotheses=(kept,)), run).hypotheses[0].support == (rising,)
+
+
+def test_criteria_the_failed_run_already_met_are_not_criteria() -> None:
+    """A criterion the failed run met after its onset is left out; one it failed stays."""
+    from reports._plain import consistent
+
+    band = "past the onset, the loss stays within 3 robust sigmas of the pre-onset level (1.6 +- 0.5) or below it"
+    spike = "no loss spike beyond 6 robust sigmas of the trailing 128 steps through the 150-step trial"
+    healthy_after = "`forensics analyze` on the trial run reports it healthy"
+    plan = RecoveryPlan({"checkpoint": "c", "step": 400, "why": "w"}, (), (Trial("t", "c", 150),),
+                        (spike, band, healthy_after))
+    a = _with(anomaly(), recovery=plan, onset={"step": 300, "segment": 1})
+    steps = np.arange(500, dtype=np.int64)
+    flat = metrics_frame({"loss": 1.6 + 0.01 * np.sin(steps)}, steps, (steps >= 300).astype(np.int32))
+    flat_run = RunData("flat", flat, pl.from_arrow(empty_events()), {}, [], [])
+    cons = consistent(a, flat_run)
+    assert cons.success_criteria == (healthy_after,)
+    assert {r.text for r in cons.removed} == {band, spike}
+    diverging = consistent(_with(a, onset={"step": 450, "segment": 1}), make_run())
+    assert band in diverging.success_criteria and healthy_after in diverging.success_criteria
+    assert band not in render_markdown(a, run=flat_run) and band in render_markdown(a)
+
+
+def test_onset_window_is_sized_to_the_chain() -> None:
+    """On a 150k-step run the window spans the causal chain plus a margin, not 10% of the run."""
+    from reports.interactive import chain_window
+
+    n = 150_000
+    steps = np.arange(n, dtype=np.int64)
+    r = RunData("long", metrics_frame({"loss": np.ones(n) + 1e-3 * np.sin(steps), "step_time": 0.5 + 0 * steps},
+                                      steps, np.zeros(n, np.int32)), pl.from_arrow(empty_events()), {}, [], [])
+    f1 = Finding("ST01", "stall.step_time", "hardware_or_distributed", None, 100_000, 0, 0.7, "high", "slow",
+                 {"metric": "step_time"})
+    f2 = Finding("NF01", "nonfinite.first", None, None, 100_200, 0, 1.0, "critical", "nan", {"series": "loss"})
+    a = _with(anomaly(run="long"), findings=(f1, f2), onset={"step": 100_000, "segment": 0},
+              cause="hardware_or_distributed", mechanism=None)
+    lo, hi = chain_window(a, r)
+    assert lo <= 100_000 and hi >= 100_200 and hi - lo < 1_000
+    main, zoom, _ = chart_plan(a, r)
+    assert zoom == ["loss", "step_time"]
+
+
+def test_constant_series_collapse_and_chain_series_get_charts() -> None:
+    """A constant loss scale is one line of text; a step-time finding gets a step-time chart and its row links it."""
+    n = 400
+    steps = np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(3)
+    cols = {"loss": 2 + 0.1 * rng.standard_normal(n), "loss_scale": np.ones(n),
+            "step_time": 0.5 + 0.01 * rng.standard_normal(n)}
+    cols["step_time"][300:] *= 3
+    r = RunData("st", metrics_frame(cols, steps, np.zeros(n, np.int32)), pl.from_arrow(empty_events()), {}, [], [])
+    f = Finding("ST01", "stall.step_time", "hardware_or_distributed", None, 300, 0, 0.7, "high", "3x slower",
+                {"metric": "step_time"})
+    a = _with(anomaly(run="st"), findings=(f,), onset={"step": 300, "segment": 0}, cause="hardware_or_distributed",
+              mechanism=None, hypotheses=())
+    html = render_html(a, r)
+    assert "loss_scale: constant 1 over 400 points" in html and 'id="chart-loss_scale"' not in html
+    assert 'id="zoom-step_time"' in html and 'id="chart-step_time"' in html
+    assert 'data-chart="chart-step_time" data-step="300"' in html
+
+
+def test_finding_rows_link_to_their_chart_at_their_step(run: RunData) -> None:
+    """Every finding with a step links to the chart of the metric it used."""
+    html = render_html(anomaly(), run)
+    assert 'href="#chart-grad_norm" data-chart="chart-grad_norm" data-step="450"' in html
+    assert 'data-chart="chart-loss" data-step="499"' in html
+
+
+def test_hostile_metric_names_stay_text(run: RunData) -> None:
+    """Metric names from the logs never become markup or TeX: escaped in the page, absent from Bokeh text."""
+    n = 200
+    steps = np.arange(n, dtype=np.int64)
+    bad = "</script><script>alert(1)</script>"
+    r = RunData("x", metrics_frame({"loss": np.linspace(3, 2, n), bad: np.linspace(0, 1, n), "$$\\alpha$$": np.ones(n)},
+                                   steps, np.zeros(n, np.int32)), pl.from_arrow(empty_events()), {}, [], [])
+    f = Finding("X01", "x.y", "update_scale_growth", None, 150, 0, 0.5, "low", "m", {"metric": bad})
+    html = render_html(_with(anomaly(run="x"), findings=(f,), onset={"step": 150, "segment": 0}), r)
+    assert "<script>alert(1)" not in html
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)" in html
+
+
+def test_markdown_blocks_are_paste_ready_and_render_as_commonmark() -> None:
+    """TrainingArguments keys and a Megatron command line come as fenced, untruncated blocks (never a list)."""
+    from markdown_it import MarkdownIt
+
+    hf = {"resume_from_checkpoint": "output/checkpoint-400", "learning_rate": 1.5e-4, "warmup_steps": 50,
+          "max_grad_norm": 1.0, "bf16": True, "fp16": False}
+    flags = ["--lr 1.5e-05", "--override-opt_param-scheduler", "--lr-warmup-iters 50", "--clip-grad 1.0"]
+    md_parser = MarkdownIt("commonmark").enable("table")
+    for settings, lang, must in (
+        ({"peak_lr_factor": 0.5, "hf_training_arguments": hf}, "python",
+         [f"{k}={v!r}," for k, v in hf.items()]),
+        ({"peak_lr_factor": 0.5, "megatron_flags": flags}, "bash", ["--load ckpt/step_400 \\", *flags[:-1]]),
+    ):
+        a = anomaly()
+        plan = RecoveryPlan(a.recovery.resume_from, a.recovery.restore,  # type: ignore[union-attr]
+                            (Trial("lr x0.5", "peak lr x0.5", 150, settings), *a.recovery.trials[1:]),  # type: ignore[union-attr]
+                            a.recovery.success_criteria)  # type: ignore[union-attr]
+        md = render_markdown(_with(a, recovery=plan), html_path="r.html")
+        assert len(md.splitlines()) < MAX_LINES
+        fences = [t for t in md_parser.parse(md) if t.type == "fence"]
+        assert [t.info for t in fences] == [lang], md
+        for text in must:
+            assert text in fences[0].content, (text, fences[0].content)
+        assert "[--lr" not in md and "\u2026" not in fences[0].content
+        html = md_parser.render(md)
+        assert "<table>" not in html or "</table>" in html
+        assert "```" not in html  # every fence closed and parsed
+
+
+def test_markdown_code_spans_hold_backticks() -> None:
+    """A run name with backticks stays one code span."""
+    from markdown_it import MarkdownIt
+
+    md = render_markdown(anomaly(run="runs/`odd`name"))
+    first = MarkdownIt("commonmark").parseInline(md.splitlines()[0].lstrip("# "))[0].children
+    assert [t.type for t in first].count("code_inline") == 1 and first[-1].content == "runs/`odd`name"
