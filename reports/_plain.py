@@ -1,5 +1,7 @@
-"""Plain words for every renderer: the glossary, the one-sentence headline, paste-ready launch blocks,
-and the consistency pass over hypotheses and success criteria.
+"""Plain words for every renderer: glossary, headline, paste-ready blocks, consistency pass.
+
+The glossary, the one-sentence headline, paste-ready launch blocks, and the consistency pass over
+hypotheses and success criteria.
 
 The engine and the planner speak in cause/mechanism codes (``update_scale_growth /
 attention_logit_growth``) and in sentences written one finding at a time. A person paged about a run
@@ -207,8 +209,10 @@ class Block:
 
 
 def launch_blocks(settings: Mapping[str, Any], resume: Mapping[str, Any] | None = None) -> list[Block]:
-    """Paste-ready blocks for a trial's settings: ``TrainingArguments`` keys, a Megatron/DeepSpeed
-    command line, or the machine-readable knobs as JSON when no framework was recognised.
+    """Paste-ready blocks for a trial's settings.
+
+    ``TrainingArguments`` keys, a Megatron/DeepSpeed command line, or the machine-readable knobs as
+    JSON when no framework was recognised.
 
     Args:
         settings: A trial's ``settings`` (``hf_training_arguments``, ``megatron_flags``, knobs).
@@ -285,8 +289,11 @@ _TERMS = {
 
 
 def finding_metrics(f: Finding, available: Iterable[str] = ()) -> set[str]:
-    """The metric names a finding used: its evidence ``metric``/``series`` values and the metric names
-    in its dotted detector name (``grad_norm.departure`` -> ``grad_norm``)."""
+    """The metric names a finding used.
+
+    Its evidence ``metric``/``series`` values and the metric names in its dotted detector name
+    (``grad_norm.departure`` -> ``grad_norm``); restricted to ``available`` when given.
+    """
     names: set[str] = set()
     for key in ("metric", "series"):
         v = f.evidence.get(key) if isinstance(f.evidence, Mapping) else None
@@ -336,8 +343,7 @@ def _contradiction(text: str, findings: Sequence[Finding]) -> str | None:
 
 
 def consistent(analysis: Analysis, run: RunData | None = None) -> Consistent:
-    """The consistency pass: no hypothesis sentence contradicts a finding; no success criterion is one the
-    failed run already meets.
+    """The consistency pass: no sentence contradicts a finding, no criterion is already met.
 
     A hypothesis sentence is left out when it claims something absent that a finding shows (``without a
     spike`` beside a spike finding; ``no grad-norm series confirms`` beside a grad-norm finding). A

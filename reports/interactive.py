@@ -527,8 +527,11 @@ def _core_js() -> str:
 
 
 def _offline(js: str) -> str:
-    """BokehJS with its one self-triggered network path cut: the MathJax CDN loader (used only when a
-    text property holds TeX, which the report never puts there) gets an empty ``data:`` script instead."""
+    """BokehJS with its one self-triggered network path cut.
+
+    The MathJax CDN loader (used only when a text property holds TeX, which the report never puts
+    there) gets an empty ``data:`` script instead.
+    """
     return js.replace(_MATHJAX_CDN, 'src="data:text/javascript,"')
 
 

@@ -75,7 +75,9 @@ def render_text(result: dict[str, Any]) -> str:
             div = f"diverged at step {fmt_num(r['divergence_step'])}" if r["diverged"] else "stable"
             lines.append(f"  lr {fmt_num(r['lr'])}: final loss {fmt_num(r['final_loss'])}, {div}")
     for t in result.get("size_trends", []):
-        pred = f", predicted {fmt_num(t['predicted'])} at d_model {t['target_d_model']}" if t["predicted"] is not None else ""
+        pred = ""
+        if t["predicted"] is not None:
+            pred = f", predicted {fmt_num(t['predicted'])} at d_model {t['target_d_model']}"
         lines.append(f"size trend {group_label(t['key'])} lr {fmt_num(t['lr'])} {t['signal']}: slope "
                      f"{fmt_num(t['slope'])}{pred}")
     lines += [f"note: {n}" for n in result.get("notes", [])]

@@ -20,15 +20,15 @@ from forensics.api import analyze_run, load
 from reports import ReportFormat, render
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_logs"
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
-                 if p and os.access(p, os.X_OK)), None)
+_CANDIDATES = ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
+CHROMIUM = next((p for p in _CANDIDATES if p and os.access(p, os.X_OK)), None)
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1300, "height": 900}
 RUNS = ("overflow", "lr_schedule_reset", "healthy")
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs it: apt-get install chromium)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs it)"),
     pytest.mark.skipif(not all((SAMPLES / r).is_dir() for r in RUNS), reason="sample runs missing"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
@@ -79,11 +79,13 @@ class Page:
         self.page.locator("figure.chart canvas").first.wait_for()
 
     def x_range(self, which: str = "main") -> list[float]:
+        """``[start, end]`` of the shared x range of the full-run (``main``) or onset (``zoom``) panels."""
         return self.page.evaluate("""(which) => {
             const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
             const r = Bokeh.documents[0].get_model_by_id(cfg.x[which]); return [r.start, r.end]; }""", which)
 
     def panel(self, pid: str) -> dict[str, Any]:
+        """Visibility of a panel's renderers and the overlay's point count."""
         return self.page.evaluate("""(pid) => {
             const cfg = JSON.parse(document.getElementById('tf-config').dataset.config), p = cfg.panels[pid];
             const m = (id) => Bokeh.documents[0].get_model_by_id(id), ov = m(p.ov).data_source.data;

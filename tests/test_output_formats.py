@@ -24,8 +24,7 @@ import forensics.api
 import forensics.compare
 import forensics.sweep
 from forensics.cli import _FORMATS, main
-from reports import ReportFormat
-from reports import compare_report, sweep_report
+from reports import ReportFormat, compare_report, sweep_report
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_logs"
 COMMANDS = {

@@ -258,7 +258,8 @@ SECTION_IDS = (
     "verdict", "onset", "charts", "evidence", "hypotheses", "recovery", "sources", "skipped", "config", "glossary",
 )
 _EXTERNAL = re.compile(r"""\b(?:src|href|xlink:href|action|poster)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
-_URL_IN_JS = re.compile(r"""\b(?:src|href)\s*[=:]\s*[`"']https?://|fetch\(\s*[`"']https?://|url\(\s*['"]?https?:""", re.I)
+_URL_IN_JS = re.compile(
+    r"""\b(?:src|href)\s*[=:]\s*[`"']https?://|fetch\(\s*[`"']https?://|url\(\s*['"]?https?:""", re.I)
 
 
 @pytest.mark.parametrize("kind", list(ANALYSES))
@@ -446,8 +447,10 @@ def test_headline_names_a_resume() -> None:
 
 
 def test_consistency_pass_drops_contradicted_hypothesis_text(run: RunData) -> None:
-    """'without a spike' beside a spike finding and 'no grad-norm series confirms' beside a grad-norm finding
-    are left out of every format (and listed as left out in the HTML)."""
+    """Contradicted hypothesis sentences are left out (and listed as left out in the HTML).
+
+    'without a spike' beside a spike finding, 'no grad-norm series confirms' beside a grad-norm finding.
+    """
     from reports._plain import consistent
 
     spike = Finding("SP01", "loss.spike", None, None, 460, 1, 0.9, "high", "loss spike", {"metric": "loss", "z": 94.0})
