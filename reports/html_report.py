@@ -151,6 +151,7 @@ def _plan_view(analysis: Analysis, run: RunData | None, cons: Consistent) -> dic
         },
         "proof": proof(analysis, cons)[:4],
         "more_trials": max(0, len(rec.trials) - 1),
+        "met": sum(r.where == "success criterion" for r in cons.removed),
     }
 
 

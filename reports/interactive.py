@@ -395,6 +395,7 @@ class _Builder:
         p.add_tools(HoverTool(renderers=[r], tooltips=[("step", "$x{0,0}"), ("layer", "$y{0}"),
                                                        ("max", "@image{%.4g}")], formatters={"@image": "printf"}))
         p.yaxis.axis_label = "layer index"
+        p.yaxis.ticker = list(range(0, len(layers), max(1, len(layers) // 12)))
         p.xaxis.axis_label = "step"
         p.xaxis.formatter = _step_formatter()
         p.grid.visible = False
