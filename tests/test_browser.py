@@ -58,7 +58,7 @@ def browser() -> Iterator[Any]:
 class Page:
     """A report opened offline, with its console errors and attempted network requests recorded."""
 
-    def __init__(self, browser: Any, path: Path) -> None:
+    def __init__(self, browser: Any, path: Path, fragment: str = "") -> None:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page = browser.new_page(viewport=VIEWPORT)
@@ -74,7 +74,7 @@ class Page:
                 r.abort()
 
         self.page.route("**/*", route)
-        self.page.goto(path.as_uri())
+        self.page.goto(path.as_uri() + fragment)
         self.page.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
         self.page.locator("figure.chart canvas").first.wait_for()
 
@@ -184,3 +184,16 @@ def test_log_smooth_and_overlay_controls(open_report: Any) -> None:
     p.locator('select[data-tf-overlay="chart-loss"]').select_option("grad_norm")
     after = page.panel("chart-loss")
     assert after["log"] and not after["lin"] and after["smooth"] and after["ov"] and after["ov_points"] > 100
+
+
+def test_a_shared_link_opens_the_chart_at_the_step(browser: Any, reports: dict[str, Path]) -> None:
+    """``report.html#chart-lr@301`` (what a finding link leaves in the address bar) reopens at that step."""
+    page = Page(browser, reports["lr_schedule_reset"], fragment="#chart-lr@301")
+    try:
+        page.page.wait_for_function("""() => { const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
+            const r = Bokeh.documents[0].get_model_by_id(cfg.x.main); return r.end - r.start < 200; }""")
+        lo, hi = page.x_range()
+        assert lo < 301 < hi
+        assert _in_first_screen(page.page, "#chart-lr")
+    finally:
+        page.close()

@@ -107,10 +107,12 @@ def test_every_format_to_stdout(cmd: str, fmt: str, tmp_path: Path, monkeypatch:
     assert not list(tmp_path.iterdir()), "files written although the payload went to stdout"
 
 
-@pytest.mark.parametrize("fmt", _FORMATS)
-@pytest.mark.parametrize("cmd", list(COMMANDS))
+@pytest.mark.parametrize(("cmd", "fmt"), [(c, f) for c in COMMANDS for f in _FORMATS if f != "html" or c == "analyze"])
 def test_every_format_to_a_file(cmd: str, fmt: str, tmp_path: Path) -> None:
-    """With -o: the payload in the file, stdout empty, the summary and the path on stderr."""
+    """With -o: the payload in the file, stdout empty, the summary and the path on stderr.
+
+    (compare/sweep html to a file is the path their default ``forensics-*.html`` already takes above.)
+    """
     out = tmp_path / "sub" / f"report.{fmt}"
     res = _run(cmd, *COMMANDS[cmd], "-f", fmt, "-o", str(out))
     assert res.exit_code in (0, 1), res.output

@@ -36,5 +36,5 @@ def test_sample_reports(run_dir: Path) -> None:
     assert len(md.splitlines()) < 60
     if analysis.verdict != "healthy":
         assert analysis.recovery is not None and analysis.recovery.trials
-        assert "Recovery" in md
+        assert "## What to do" in md and "**Resume from**" in md
     assert render(analysis, run, ReportFormat.text).strip()
