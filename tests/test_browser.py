@@ -190,7 +190,8 @@ def test_a_shared_link_opens_the_chart_at_the_step(browser: Any, reports: dict[s
     """``report.html#chart-lr@301`` (what a finding link leaves in the address bar) reopens at that step."""
     page = Page(browser, reports["lr_schedule_reset"], fragment="#chart-lr@301")
     try:
-        page.page.wait_for_function("""() => { const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
+        page.page.wait_for_function("""() => {
+            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
             const r = Bokeh.documents[0].get_model_by_id(cfg.x.main); return r.end - r.start < 200; }""")
         lo, hi = page.x_range()
         assert lo < 301 < hi
