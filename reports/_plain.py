@@ -334,6 +334,17 @@ def _contradiction(text: str, findings: Sequence[Finding]) -> str | None:
             z = f.evidence.get("z") if isinstance(f.evidence, Mapping) else None
             zs = f" (z={fmt_num(z, 3)})" if isinstance(z, int | float) and np.isfinite(z) else ""
             return f"contradicted by {f.code} {f.name} at step {f.step}{zs}"
+    m = re.search(r"\bno precursor\b", t)
+    if m:
+        at = re.search(r"\bat step (\d+)", t)
+        win = re.search(r"previous (\d+) steps", t)
+        if at:
+            s, w = int(at.group(1)), int(win.group(1)) if win else 100
+            lead = [f for f in findings if f.step is not None and s - w <= f.step < s
+                    and not f.name.startswith(("nonfinite", "integrity", "notes"))]
+            if lead:
+                f = lead[0]
+                return f"contradicted by {f.code} {f.name} at step {f.step}, {s - f.step} step(s) before step {s}"
     for metric in sorted(_claimed_absent(text)):
         hits = [f for f in findings if metric in finding_metrics(f) and f.step is not None]
         if hits:

@@ -586,3 +586,17 @@ def test_markdown_code_spans_hold_backticks() -> None:
     md = render_markdown(anomaly(run="runs/`odd`name"))
     first = MarkdownIt("commonmark").parseInline(md.splitlines()[0].lstrip("# "))[0].children
     assert [t.type for t in first].count("code_inline") == 1 and first[-1].content == "runs/`odd`name"
+
+
+def test_no_precursor_claim_beside_a_precursor_finding() -> None:
+    """'with no precursor in the previous 50 steps' beside a grad-norm departure 4 steps earlier is left out."""
+    from reports._plain import consistent
+
+    claim = "DB01 step 460: abrupt loss spike at step 460 with no precursor in the previous 50 steps."
+    gn = Finding("GN01", "grad_norm.departure", None, None, 456, 1, 0.8, "high", "grad norm 20x",
+                 {"metric": "grad_norm"})
+    h = Hypothesis("data_batch", "bad_batch", 0.6, (claim,))
+    cons = consistent(_with(anomaly(), findings=(gn,), hypotheses=(h,)))
+    assert cons.hypotheses[0].support == () and "GN01" in cons.removed[0].why and "4 step(s)" in cons.removed[0].why
+    far = Finding("GN01", "grad_norm.departure", None, None, 300, 1, 0.8, "high", "g", {"metric": "grad_norm"})
+    assert consistent(_with(anomaly(), findings=(far,), hypotheses=(h,))).hypotheses[0].support == (claim,)
