@@ -318,6 +318,9 @@ class _Builder:
                       visible=False, y_range_name="ov")
         mk_r = p.scatter("x", "y", source=self.marker_sources[s.metric], marker="marker", size=9,
                          line_color=_ONSET, fill_color=_ONSET, line_width=2, y_range_name="edge")
+        for r in (lin_r, log_r, sm_r, sm_log_r, ov_r, mk_r):  # no selection, no legend muting: fewer models
+            r.nonselection_glyph = None
+            r.muted_glyph = None
         p.y_range = DataRange1d(renderers=[lin_r], range_padding=0.05)
         pos = s.values[np.isfinite(s.values) & (s.values > 0)]
         log_lo, log_hi = (float(pos.min()), float(pos.max())) if pos.size else (1.0, 10.0)
