@@ -229,12 +229,14 @@ def launch_blocks(settings: Mapping[str, Any], resume: Mapping[str, Any] | None 
                          f"TrainingArguments(\n    ...,  # your other arguments, unchanged\n{body})"))
     flags = settings.get("megatron_flags")
     if isinstance(flags, list | tuple) and flags:
-        lines = ['"${LAUNCH[@]}"  # your usual launch command and arguments, unchanged']
+        lines = ['"${LAUNCH[@]}"']
         ckpt = (resume or {}).get("checkpoint")
         if ckpt:
             lines.append(f"--load {_shell(str(ckpt).split(' (')[0])}")
         lines += [str(f) for f in flags]
-        out.append(Block("bash", "Megatron-LM / DeepSpeed command line (appended flags)", " \\\n  ".join(lines)))
+        head = "# LAUNCH=(your usual launch command and arguments, unchanged), e.g. LAUNCH=(torchrun ... pretrain_gpt.py ...)\n"
+        out.append(Block("bash", "Megatron-LM / DeepSpeed command line (appended flags)",
+                         head + " \\\n  ".join(lines)))
     knobs = {k: v for k, v in settings.items() if k not in ("hf_training_arguments", "megatron_flags")}
     if knobs and not out:
         out.append(Block("json", "settings (map these to your trainer)", json.dumps(_jsonable(knobs), indent=2)))

@@ -574,6 +574,12 @@ def test_markdown_blocks_are_paste_ready_and_render_as_commonmark() -> None:
         for text in must:
             assert text in fences[0].content, (text, fences[0].content)
         assert "[--lr" not in md and "\u2026" not in fences[0].content
+        if lang == "python":  # valid Python as pasted (the ``...`` stands for the other arguments)
+            compile(fences[0].content, "<TrainingArguments block>", "eval")
+        else:  # a shell command line bash accepts, flags as words (not a list literal)
+            import subprocess
+
+            assert subprocess.run(["bash", "-n"], input=fences[0].content, text=True).returncode == 0
         html = md_parser.render(md)
         assert "<table>" not in html or "</table>" in html
         assert "```" not in html  # every fence closed and parsed
