@@ -234,7 +234,7 @@ def launch_blocks(settings: Mapping[str, Any], resume: Mapping[str, Any] | None 
         if ckpt:
             lines.append(f"--load {_shell(str(ckpt).split(' (')[0])}")
         lines += [str(f) for f in flags]
-        head = "# LAUNCH=(your usual launch command and arguments, unchanged), e.g. (torchrun ... pretrain_gpt.py ...)\n"
+        head = "# LAUNCH=(your usual launch command and arguments, unchanged), e.g. (torchrun pretrain_gpt.py ...)\n"
         out.append(Block("bash", "Megatron-LM / DeepSpeed command line (appended flags)",
                          head + " \\\n  ".join(lines)))
     knobs = {k: v for k, v in settings.items() if k not in ("hf_training_arguments", "megatron_flags")}
