@@ -268,6 +268,7 @@ class _Builder:
         self.marker_sources: dict[str, Any] = {}
         self.shown: dict[str, int] = {}
         self.cds = ColumnDataSource
+        self.value_formatter = _value_formatter()  # one model shared by every value axis
         self.config: dict[str, Any] = {"panels": {}, "sources": {}, "x": {"main": self.x_main.id,
                                                                       "zoom": self.x_zoom.id}}
 
@@ -331,9 +332,9 @@ class _Builder:
                             "ov": Range1d(0, 1),  # set from the chosen series by the page script
                             "edge": Range1d(0, 1)}
         p.extra_y_scales = {"log": LogScale()}
-        ylin = LinearAxis(visible=not log)
+        ylin = LinearAxis(visible=not log, formatter=self.value_formatter)
         ylog = LogAxis(y_range_name="log", visible=log)
-        yov = LinearAxis(y_range_name="ov", visible=False, axis_line_color=_OVERLAY,
+        yov = LinearAxis(y_range_name="ov", visible=False, axis_line_color=_OVERLAY, formatter=self.value_formatter,
                          major_label_text_color=_OVERLAY)
         p.add_layout(ylin, "left")
         p.add_layout(ylog, "left")
@@ -423,6 +424,16 @@ def _step_formatter() -> Any:
         "if (a >= 1e6) return (tick / 1e6).toPrecision(3).replace(/\\.?0+$/, '') + 'M';"
         "if (a >= 1e5) return (tick / 1e3).toPrecision(4).replace(/\\.?0+$/, '') + 'k';"
         "return Math.round(tick).toLocaleString('en-US');"))
+
+
+def _value_formatter() -> Any:
+    """Value ticks as 0.0015 / 2.5 / 1.2e+04 (4 significant digits, no trailing zeros)."""
+    from bokeh.models import CustomJSTickFormatter
+
+    return CustomJSTickFormatter(code=(
+        "const a = Math.abs(tick);"
+        "if (tick === 0 || (a >= 1e-3 && a < 1e5)) return String(+tick.toPrecision(4));"
+        "return tick.toExponential(2).replace(/\\.?0+e/, 'e');"))
 
 
 def _layer_key(name: str) -> tuple[Any, ...]:
