@@ -52,7 +52,8 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
         where = f"step {step}" if step is not None else "start"
         where += f" ({ckpt})" if ckpt else " (no checkpoint)"
         why = rec.resume_from.get("why")
-        rows.append(("resume from", where + (f": {oneline(why)}" if why else ""), "bold"))
+        label = "keep training" if a.verdict == "transient" and not ckpt else "resume from"
+        rows.append((label, where + (f": {oneline(why)}" if why else ""), "bold"))
         if rec.trials:
             t = rec.trials[0]
             rows.append(("first trial", f"{t.name}: {oneline(t.change)} ({t.steps} steps)", ""))
