@@ -6,14 +6,20 @@ The CLI, the audit and any service call this same function (DESIGN.md section 6)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from forensics.engine import decide
 from forensics.model import Analysis, RunData
 from forensics.recovery import plan
 
 
-def load(path: str | Path) -> RunData:
+def load(path: str | Path, *, reader: Any = None) -> RunData:
     """Read a run folder into a :class:`RunData` (all parsers, discovery, segments).
+
+    Args:
+        path: The run folder.
+        reader: Optional per-file reader for :func:`parsers.discover.load_run` (the service's
+            :class:`parsers.incremental.IncrementalReader` ``.read``, which re-reads only appended records).
 
     Raises:
         forensics.errors.InputError: the path does not exist, is not a folder, holds no logs, or
@@ -22,7 +28,7 @@ def load(path: str | Path) -> RunData:
     from forensics.errors import InputError
     from parsers.discover import load_run
 
-    run = load_run(path)
+    run = load_run(path, reader=reader)
     if run.metrics.height == 0 and run.tensors.height == 0:
         n = len(run.sources)
         first = f"; first problem: {run.skipped[0].what}: {run.skipped[0].reason}" if run.skipped else ""

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -348,11 +349,14 @@ def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
 
 
-def load_run(run_dir: str | Path) -> RunData:
+def load_run(run_dir: str | Path, *, reader: Callable[[Path, Any, Path], ParseResult] | None = None) -> RunData:
     """Read every training log of a run folder into one :class:`RunData`.
 
     Args:
         run_dir: The run folder (a path to a folder, not a file).
+        reader: Reads one claimed file: ``reader(path, parser module, root) -> ParseResult``; the default
+            is the module's own ``read(path, root)``. The service passes
+            :meth:`parsers.incremental.IncrementalReader.read`, which re-reads only appended records.
 
     Returns:
         :class:`RunData` with ``metrics``/``events`` (polars; ``run`` = the folder name, ``segment``
@@ -375,7 +379,7 @@ def load_run(run_dir: str | Path) -> RunData:
         rel = path.relative_to(root).as_posix()
         fmt = getattr(mod, "FORMAT", mod.__name__.rpartition(".")[2])
         try:
-            pr = mod.read(path, root)
+            pr = mod.read(path, root) if reader is None else reader(path, mod, root)
         except ParseError as exc:
             failures.append(Skip(rel, _one_line(exc.message)))
             continue
