@@ -417,23 +417,17 @@ class _Builder:
 
 
 def _step_formatter() -> Any:
-    from bokeh.models import CustomJSTickFormatter
+    """Step ticks as 1,200 / 250,000 (no ``1e6`` offset; no JS code, so no ``eval`` under a CSP)."""
+    from bokeh.models import NumeralTickFormatter
 
-    return CustomJSTickFormatter(code=(
-        "const a = Math.abs(tick);"
-        "if (a >= 1e6) return (tick / 1e6).toPrecision(3).replace(/\\.?0+$/, '') + 'M';"
-        "if (a >= 1e5) return (tick / 1e3).toPrecision(4).replace(/\\.?0+$/, '') + 'k';"
-        "return Math.round(tick).toLocaleString('en-US');"))
+    return NumeralTickFormatter(format="0,0")
 
 
 def _value_formatter() -> Any:
-    """Value ticks as 0.0015 / 2.5 / 1.2e+04 (4 significant digits, no trailing zeros)."""
-    from bokeh.models import CustomJSTickFormatter
+    """Value ticks as 0.0015 / 2.5 / 12000, scientific only beyond 1e-5..1e6 (no JS code)."""
+    from bokeh.models import BasicTickFormatter
 
-    return CustomJSTickFormatter(code=(
-        "const a = Math.abs(tick);"
-        "if (tick === 0 || (a >= 1e-3 && a < 1e5)) return String(+tick.toPrecision(4));"
-        "return tick.toExponential(2).replace(/\\.?0+e/, 'e');"))
+    return BasicTickFormatter(power_limit_low=-5, power_limit_high=6)
 
 
 def _layer_key(name: str) -> tuple[Any, ...]:

@@ -198,3 +198,18 @@ def test_a_shared_link_opens_the_chart_at_the_step(browser: Any, reports: dict[s
         assert _in_first_screen(page.page, "#chart-lr")
     finally:
         page.close()
+
+
+def test_the_page_policy_refuses_any_connection(browser: Any, reports: dict[str, Path]) -> None:
+    """The report's own Content-Security-Policy blocks a fetch before it leaves the page.
+
+    BokehJS runs under it (no eval, no external resource): every other test sees no console error.
+    """
+    page = Page(browser, reports["overflow"])
+    try:
+        outcome = page.page.evaluate("() => fetch('http://example.com/x').then(() => 'fetched', () => 'blocked')")
+        assert outcome == "blocked" and not page.requests
+        assert any("Content Security Policy" in e for e in page.errors)
+        page.errors.clear()  # the refusal itself is the one expected console error
+    finally:
+        page.close()

@@ -275,6 +275,7 @@ def test_html_sections_and_self_contained(kind: str, run: RunData) -> None:
     # dormant BokehJS paths the report never triggers (Google Maps tiles, the Bokeh logo link, icon fonts)
     assert hits <= {'href:"https://', 'src=`https://'}, hits
     assert not re.search(r"@import|url\(\s*['\"]?https?:", html)
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html  # the page refuses any fetch
     assert html.count('<section id="') == len(SECTION_IDS)
     ids = re.findall(r'\bid="([^"]+)"', html)
     assert len(ids) == len(set(ids)), "duplicate element ids"
