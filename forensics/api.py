@@ -13,11 +13,15 @@ from forensics.model import Analysis, RunData
 from forensics.recovery import plan
 
 
-def load(path: str | Path, *, reader: Any = None) -> RunData:
-    """Read a run folder into a :class:`RunData` (all parsers, discovery, segments).
+def load(path: str | Path, metric_map: dict[str, str] | None = None, *, reader: Any = None) -> RunData:
+    """Read a run folder into a :class:`RunData` (all parsers, discovery, segments), objective resolved.
+
+    ``meta["objective"]`` names the series taken as the training objective and why (``None``: none was
+    found, the verdict will be ``inconclusive``); ``meta["names"]`` says what each raw name became and why.
 
     Args:
         path: The run folder.
+        metric_map: ``{canonical: raw name}`` from ``--metric loss=COLUMN`` (wins over every rule).
         reader: Optional per-file reader for :func:`parsers.discover.load_run` (the service's
             :class:`parsers.incremental.IncrementalReader` ``.read``, which re-reads only appended records).
 
@@ -26,9 +30,16 @@ def load(path: str | Path, *, reader: Any = None) -> RunData:
             its logs hold no metric record that could be read.
     """
     from forensics.errors import InputError
+    from forensics.userconfig import find
     from parsers.discover import load_run
 
-    run = load_run(path, reader=reader)
+    user = find(path) if Path(path).expanduser().is_dir() else None
+    run = load_run(path, ignore=user.ignore if user else (), step_key=user.step_key if user else None,
+                   reader=reader)
+    mapping = {**(user.aliases if user else {}), **(metric_map or {})}  # the command line wins
+    if user and user.path:
+        run.meta["user_config"] = user.as_meta()
+    _resolve_objective(run, mapping)
     if run.metrics.height == 0 and run.tensors.height == 0:
         n = len(run.sources)
         first = f"; first problem: {run.skipped[0].what}: {run.skipped[0].reason}" if run.skipped else ""
@@ -37,8 +48,72 @@ def load(path: str | Path, *, reader: Any = None) -> RunData:
     return run
 
 
+def _resolve_objective(run: RunData, metric_map: dict[str, str]) -> None:
+    from forensics.objective import apply_user_map, per_step_counters, resolve
+
+    metrics = run.metrics
+    user: dict[str, str] = {}
+    if metric_map and metrics.height:
+        metrics, user = apply_user_map(metrics, metric_map)
+    metrics, objective, names = resolve(metrics)
+    metrics = per_step_counters(metrics, names)
+    for raw, why in user.items():
+        names[raw] = {"metric": next((c for c, r in metric_map.items() if r == raw), raw), "why": why}
+    if metrics is not run.metrics:
+        run.metrics = metrics
+        run._cache.clear()
+    run.meta["objective"] = objective
+    run.meta["names"] = names
+    run.meta["step_axis"] = _step_axis(run)
+
+
+def _step_axis(run: RunData) -> dict[str, object] | None:
+    """What the step counts, for the objective's source, with the column and the source it was read from.
+
+    ``optimizer_step``, ``epoch``, ``micro_batch``, ``samples``, ``row_index`` or ``batch_within_epoch``.
+    """
+    obj = run.meta.get("objective")
+    if not obj or run.metrics.height == 0:
+        return None
+    s = run.series(obj["metric"])
+    if s is None:
+        return None
+    meta = (run.meta.get("by_source") or {}).get(s.source) or {}
+    axis = meta.get("step_axis")
+    if isinstance(axis, dict):
+        return {**axis, "source": s.source}
+    unit = str(meta.get("step_unit") or "")
+    kind = ("epoch" if unit == "epoch" else "batch_within_epoch" if unit.startswith("batch within")
+            else "optimizer_step")
+    return {"column": meta.get("step_key") or meta.get("step_source") or "step", "kind": kind, "source": s.source}
+
+
+def _coverage(run: RunData, skipped_detectors: int) -> tuple[float, list[str]]:
+    """How much the verdict's confidence is lowered by what was not read or not evaluated, and why.
+
+    Each skipped input lowers it by 0.03 (at most 0.15), each detector that could not run by 0.02 (at most
+    0.2): a verdict over part of the evidence is weaker than over all of it. The weights are this project's
+    choice (no published calibration), stated here so that a report can say them.
+    """
+    inputs = len(run.skipped)
+    factor = 1.0 - min(0.15, 0.03 * inputs) - min(0.2, 0.02 * skipped_detectors)
+    notes = []
+    if inputs:
+        notes.append(f"{inputs} input(s) skipped or damaged")
+    if skipped_detectors:
+        notes.append(f"{skipped_detectors} detector(s) not evaluated (their metrics are missing)")
+    return round(factor, 3), notes
+
+
 def analyze_run(run: RunData) -> Analysis:
-    """Diagnose an already loaded run."""
+    """Diagnose an already loaded run.
+
+    ``healthy`` needs the training objective (``meta["objective"]``); without it a healthy-looking run is
+    ``inconclusive``, with what was found and how to map it in the summary. The confidence of a healthy or
+    inconclusive verdict is lowered by the coverage (:func:`_coverage`), said in ``meta["coverage"]``.
+    """
+    if "objective" not in run.meta:
+        _resolve_objective(run, {})
     d = decide(run)
     main_ev: dict[str, object] = {}
     if d.cause and d.cause != "unknown":
@@ -53,11 +128,24 @@ def analyze_run(run: RunData) -> Analysis:
     if d.verdict in ("anomaly", "transient"):
         recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev,
                         transient=d.verdict == "transient")
+    verdict, confidence = d.verdict, d.confidence
+    factor, notes = _coverage(run, len(d.skipped))
+    inconclusive = verdict == "healthy" and not run.meta.get("objective")
+    if verdict in ("healthy",):
+        confidence = confidence * factor
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
+    if inconclusive:
+        from forensics.objective import how_to_map
+
+        verdict, confidence = "inconclusive", 0.0
+        summary = "inconclusive: " + how_to_map(run.metrics) + "."
+    elif notes and verdict == "healthy":
+        summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
+    meta["coverage"] = {"factor": factor, "why": notes or ["everything found was read and every detector ran"]}
     return Analysis(
-        run=str(run.run), verdict=d.verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
-        confidence=d.confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,
+        run=str(run.run), verdict=verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
+        confidence=confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,
         sources=tuple(run.sources), skipped=tuple(run.skipped) + d.skipped, summary=summary, meta=meta,
     )
 

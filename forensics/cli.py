@@ -1,6 +1,7 @@
 """The ``forensics`` command line (click group).
 
-Exit codes: 0 nothing at or above ``--fail-on``; 1 findings; 2 usage or input error.
+Exit codes: 0 nothing at or above ``--fail-on``; 1 findings; 2 usage or input error; 3 inconclusive
+(the training objective was not found: map it with ``--metric loss=COLUMN``).
 Payload to stdout or ``-o``; the summary and progress to stderr.
 """
 
@@ -20,32 +21,49 @@ from forensics.errors import ForensicsError
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
+EXIT_INCONCLUSIVE = 3
+"""The verdict is ``inconclusive``: the training objective was not found (not an error, not healthy)."""
 
 _FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown; every command takes all of them
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, *, json_error: tuple[str, object] | None = None) -> None:
+    """One line on stderr and exit 2; with ``json_error=(kind, path)`` also one JSON object on stdout.
+
+    The object is ``{"schema_version", "error": {"kind", "message", "path"}}`` (DESIGN.md section 7), so
+    that ``-f json`` automation never parses an empty stdout.
+    """
     click.echo(f"forensics: error: {message}", err=True)
+    if json_error is not None:
+        from forensics import SCHEMA_VERSION
+
+        kind, path = json_error
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION,
+                               "error": {"kind": kind, "message": message, "path": str(path)}}))
     sys.exit(EXIT_ERROR)
 
 
 @contextmanager
-def _errors(path: object) -> Iterator[None]:
+def _errors(path: object, *, as_json: bool = False) -> Iterator[None]:
     """The one place errors become a one-line message and exit 2 (STYLE.md item 7).
 
     Project errors carry their path; OS errors get the file they name (or ``path``); anything
-    else is an internal error, still one line (``FORENSICS_DEBUG=1`` re-raises it).
+    else is an internal error, still one line (``FORENSICS_DEBUG=1`` re-raises it). With ``as_json``
+    (``-f json``) the error is also printed as one JSON object on stdout; ``kind`` is ``input`` (a
+    project error: the path cannot be read as a run), ``os`` or ``internal``.
     """
     try:
         yield
     except ForensicsError as exc:
-        _fail(str(exc))
+        _fail(str(exc), json_error=("input", path) if as_json else None)
     except OSError as exc:
-        _fail(f"{getattr(exc, 'filename', None) or path}: {exc.strerror or exc}")
+        where = getattr(exc, "filename", None) or path
+        _fail(f"{where}: {exc.strerror or exc}", json_error=("os", where) if as_json else None)
     except Exception as exc:  # noqa: BLE001 - never a traceback on the terminal
         if os.environ.get("FORENSICS_DEBUG"):
             raise
-        _fail(f"{path}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)")
+        _fail(f"{path}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)",
+              json_error=("internal", path) if as_json else None)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,22 +81,32 @@ def main() -> None:
 @click.option("--fail-on", type=click.Choice(["anomaly", "transient", "never"]), default="anomaly",
               show_default=True, help="Exit 1 when the verdict is at least this.")
 @click.option("--strict", is_flag=True, help="Exit 2 when any input was skipped or damaged.")
+@click.option("--metric", "metric_map", multiple=True, metavar="NAME=COLUMN",
+              help="Say which logged series is a canonical metric, e.g. --metric loss=train/total (repeatable).")
 @click.option("--summary", is_flag=True,
               help="Also print the summary on stderr when the payload goes to stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Text: list every finding, trial and skipped item.")
-def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool, summary: bool,
-            verbose: bool) -> None:
+def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool,
+            metric_map: tuple[str, ...], summary: bool, verbose: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
     fmt, output = _format_and_output(fmt, output)
     explicit_output = output is not None
-    with _errors(run_dir):
+    as_json = fmt == "json"
+    try:
+        mapping = _metric_map(metric_map)
+    except click.BadParameter as exc:
+        if not as_json:
+            raise
+        _fail(f"--metric: {exc.message}", json_error=("usage", run_dir))
+    with _errors(run_dir, as_json=as_json):
         from forensics.api import analyze_run, load
         from reports import ReportFormat, render
 
-        run = load(run_dir)
+        run = load(run_dir, mapping)
         if strict and run.skipped:
             _fail(f"{run_dir}: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
-                  f"{run.skipped[0].what}: {run.skipped[0].reason}")
+                  f"{run.skipped[0].what}: {run.skipped[0].reason}",
+                  json_error=("strict", run_dir) if as_json else None)
         analysis = analyze_run(run)
         html_path = None
         if fmt == "html" and output is None:
@@ -100,9 +128,23 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             click.echo(_text(analysis, run, color=sys.stderr.isatty(), verbose=verbose), err=True)
         if output is not None:
             click.echo(f"report written to {output}", err=True)
+    if analysis.verdict == "inconclusive":
+        sys.exit(EXIT_INCONCLUSIVE)
     levels = {"healthy": 0, "transient": 1, "anomaly": 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
+
+
+def _metric_map(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``("loss=train/total",)`` -> ``{"loss": "train/total"}``; a malformed pair is a usage error."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        name, sep, column = p.partition("=")
+        if not sep or not name.strip() or not column.strip():
+            raise click.BadParameter(f"{p!r}: expected NAME=COLUMN, e.g. loss=train/total_loss",
+                                     param_hint="--metric")
+        out[name.strip()] = column.strip()
+    return out
 
 
 def _format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:
@@ -119,14 +161,16 @@ def _text(analysis, run, *, color: bool, verbose: bool = False) -> str:  # noqa:
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Folder for the tables.")
-def ingest(run_dir: Path, output: Path) -> None:
+@click.option("--metric", "metric_map", multiple=True, metavar="NAME=COLUMN",
+              help="Say which logged series is a canonical metric (repeatable).")
+@click.option("--explain", is_flag=True, help="Also print, per file, the reader, the names and the skipped lines.")
+def ingest(run_dir: Path, output: Path, metric_map: tuple[str, ...], explain: bool) -> None:
     """Write the run's Arrow tables as Parquet (metrics, events) plus run.json."""
-    import json
-
+    mapping = _metric_map(metric_map)
     with _errors(run_dir):
         from forensics.api import load
 
-        run = load(run_dir)
+        run = load(run_dir, mapping)
     with _errors(output):
         output.mkdir(parents=True, exist_ok=True)
         run.metrics.write_parquet(output / "metrics.parquet")
@@ -141,6 +185,34 @@ def ingest(run_dir: Path, output: Path) -> None:
         }
         (output / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     click.echo(f"{run.metrics.height} metric rows, {run.events.height} events -> {output}", err=True)
+    if explain:
+        click.echo(_explain(run))
+
+
+def _explain(run) -> str:  # noqa: ANN001
+    """Per file: the reader, records, segments; what each raw name became and why; skips; the objective."""
+    lines = []
+    by_source = run.meta.get("by_source") or {}
+    names = run.meta.get("names") or {}
+    tags_by_source: dict[str, list[str]] = {}
+    if run.metrics.height:
+        for src, tag in run.metrics.select("source", "tag").unique().sort(["source", "tag"]).iter_rows():
+            tags_by_source.setdefault(src, []).append(tag)
+    for s in run.sources:
+        lines.append(f"{s.path}: read by {s.format}, {s.records} records, {s.segments} segment(s)")
+        meta = by_source.get(s.path) or {}
+        for k in ("framework", "step_unit", "total_steps", "skipped_lines", "ranks", "units"):
+            if meta.get(k):
+                lines.append(f"  {k}: {meta[k]}")
+        for tag in tags_by_source.get(s.path, []):
+            if tag in names:
+                lines.append(f"  {tag!r} -> {names[tag]['metric']!r}: {names[tag]['why']}")
+    for sk in run.skipped:
+        lines.append(f"skipped {sk.what}: {sk.reason}")
+    obj = run.meta.get("objective")
+    lines.append(f"objective: {obj['metric']} ({obj['why']})" if obj else
+                 "objective: none found (the verdict would be inconclusive; map one with --metric loss=COLUMN)")
+    return "\n".join(lines)
 
 
 @main.command()

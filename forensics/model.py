@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from forensics.schema import empty_events, empty_metrics
 
-Verdict = Literal["healthy", "anomaly", "transient"]
+Verdict = Literal["healthy", "anomaly", "transient", "inconclusive"]
+"""``inconclusive``: the training objective (or the records needed to judge) was not found; see
+:mod:`forensics.objective`."""
 
 CAUSES = (
     "lr_schedule_reset", "overflow", "data_batch", "update_scale_growth", "grad_scaling_bug",

@@ -79,7 +79,7 @@ EVENT_KINDS = frozenset(
 CANONICAL_METRICS = (
     "loss", "lr", "grad_norm", "loss_scale", "skipped_step", "nan_step", "param_norm", "update_ratio",
     "tokens", "seq_len", "batch_index", "attn_logit_max", "log_z", "output_logit_max", "throughput",
-    "step_time", "eval_loss", "samples", "batch_size",
+    "step_time", "eval_loss", "samples", "batch_size", "ppl", "eval_ppl",
 )
 
 # Raw name (lower-cased, with common prefixes such as "train/" stripped) -> canonical name.
@@ -120,6 +120,75 @@ _ALIASES: dict[str, str] = {
 _PREFIXES = ("train/", "training/", "train_inner/", "optim/", "trainer/", "metrics/", "train_")
 
 
+_EVAL = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "holdout"})
+_WRAP = frozenset({"train", "training", "sft", "trainer", "metrics", "metric", "optim", "train_inner", "step",
+                   "avg", "mean", "global", "total", "reduced", "running", "smoothed", "lm", "ce", "nll", "objective",
+                   "loss_metrics", "losses", "value", "main", "overall", "final", "batch", "iter", "cur", "current",
+                   "loss", "with", "at", "of", "is", "the", "a", "an", "in", "on", "for", "and", "mean_of"})
+_AGGREGATE = frozenset({"epoch", "ema", "min", "max", "std", "sum", "count", "best"})
+_SHORT = {"trl": ("loss", "abbreviation of train loss"), "tl": ("loss", "abbreviation of train loss"),
+          "tel": ("eval_loss", "abbreviation of test/eval loss"), "vl": ("eval_loss", "abbreviation of val loss")}
+
+
+def name_rule(raw: str) -> tuple[str, str] | None:
+    """The canonical name of a loss- or perplexity-like raw name, by rule, with why; ``None`` if no rule applies.
+
+    Rules (DESIGN.md section 2): the name is split into words at ``/ _ - . space`` and camel case
+    (``CrossEntropyLoss``); an eval word (``val``, ``eval``, ``test``, ...) makes it ``eval_loss``; an
+    aggregate word (``epoch``, ``ema``, ``min``...) leaves it under its raw name (a per-epoch mean is not the
+    per-step objective); wrapper words (``train``, ``sft``, ``total``, ``avg``, ``global``, ``step``...) are
+    dropped; any other word is a part: ``box_loss`` -> ``loss/box``; perplexity -> ``ppl`` (``eval_ppl``).
+
+    Args:
+        raw: The name as logged.
+
+    Returns:
+        ``(canonical, why)`` or ``None``.
+    """
+    low = raw.strip().lower()
+    if low in _SHORT:
+        return _SHORT[low]
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", raw.strip()).lower()
+    words = [w for w in re.split(r"[/_\-.\s]+", spaced) if w]
+    words = ["loss" if w.endswith("loss") and w != "loss" and w[:-4] in ("crossentropy", "ce", "nll", "lm")
+             else w for w in words]
+    if "loss" in words or low.endswith("loss"):
+        kind = "loss"
+    elif any(w in ("ppl", "perplexity") for w in words):
+        kind = "ppl"
+    else:
+        return None
+    ev = [w for w in words if w in _EVAL]
+    agg = [w for w in words if w in _AGGREGATE]
+    if agg:
+        return None
+    parts = [w for w in words if w not in _WRAP and w not in _EVAL and w not in ("ppl", "perplexity")
+             and not w.isdigit()]
+    if kind == "ppl":
+        return ("eval_ppl", f"perplexity with the eval word {ev[0]!r}") if ev else ("ppl", "perplexity")
+    base = "eval_loss" if ev else "loss"
+    why = f"a loss with the eval word {ev[0]!r}" if ev else "the training loss (wrapper words dropped)"
+    if parts:
+        return f"{base}/{'_'.join(parts)}", f"a component of the {'eval ' if ev else ''}loss: {'_'.join(parts)!r}"
+    return base, why
+
+
+def explain_metric(raw: str) -> tuple[str, str]:
+    """The canonical name of ``raw`` and why (alias table, rule, or kept as logged)."""
+    name = canonical_metric(raw)
+    low = re.sub(r"\s+", " ", raw.strip().lower())
+    if name == raw:
+        if name in CANONICAL_METRICS:
+            return name, "already a canonical name"
+        return name, "no alias or rule applies: kept as logged"
+    if low in _ALIASES:
+        return name, f"alias table: {low!r} -> {name!r}"
+    rule = name_rule(raw)
+    if rule is not None and rule[0] == name:
+        return name, f"rule: {rule[1]}"
+    return name, f"alias table after a prefix or with a per-layer suffix: {raw!r} -> {name!r}"
+
+
 def canonical_metric(raw: str) -> str:
     """Map a metric name as logged to its canonical name (DESIGN.md section 2).
 
@@ -150,6 +219,9 @@ def canonical_metric(raw: str) -> str:
             head2, _, tail2 = tail.partition("/")
             if head2 in _ALIASES:
                 return f"{_ALIASES[head2]}/{tail2}"
+    rule = name_rule(name)
+    if rule is not None:
+        return rule[0]
     return name
 
 

@@ -7,6 +7,7 @@ parsers already treat as a truncated tail.
 
 from __future__ import annotations
 
+import contextvars
 import gzip
 import stat
 from pathlib import Path
@@ -62,3 +63,8 @@ def open_text(path: Path) -> IO[str]:
     if path.name.lower().endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="")  # type: ignore[return-value]
     return open(path, encoding="utf-8-sig", errors="replace", newline="")  # noqa: SIM115 - the caller closes it
+
+
+STEP_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("forensics_step_key", default=None)
+"""The step column the user named (``forensics.toml`` ``step_key``), set by :func:`parsers.discover.load_run`
+while it reads a run; table readers prefer it to their rules."""

@@ -38,25 +38,63 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from parsers._io import logical_suffix, open_binary, open_text
+from parsers._io import STEP_KEY, logical_suffix, open_binary, open_text
 from parsers.lines import Rows, metric
 
 FORMAT = "csv"
 STEP_COLUMNS = ("_step", "step", "Step", "global_step", "trainer/global_step", "iteration", "iter",
-                "num_updates", "train/global_step")
+                "num_updates", "train/global_step", "global step", "current_steps", "current_step", "it", "steps",
+                "train_step", "optimizer_step", "update", "updates", "s", "batch", "iterations")
+"""Step columns, in priority order (compared exactly, then ignoring case and padding)."""
+EPOCH_COLUMNS = ("epoch", "Epoch", "ep", "epochs")
+"""Used as the step only when no step column exists (an epoch-indexed table, YOLOv5 ``results.csv``)."""
+SAMPLE_COLUMNS = ("samples", "consumed_samples", "num_samples", "examples")
+ROW_INDEX = "(row index)"
+"""The step of a table with no step, epoch or sample column but a loss column: its row number (0-based)."""
+
+
+def step_axis(col: str | None) -> str:
+    """The kind of step axis a column names: ``optimizer_step``, ``epoch``, ``samples`` or ``row_index``."""
+    if col is None or col == ROW_INDEX:
+        return "row_index"
+    low = col.lower()
+    if low in EPOCH_COLUMNS:
+        return "epoch"
+    if low in SAMPLE_COLUMNS:
+        return "samples"
+    if low in ("batch", "micro_step", "micro_batch"):
+        return "micro_batch"
+    return "optimizer_step"
+
+
+def _lossy_header(header: list[str]) -> bool:
+    from forensics.schema import canonical_metric
+
+    return any(canonical_metric(h).split("/")[0] in ("loss", "eval_loss", "ppl", "eval_ppl") for h in header)
 _WALL = ("_timestamp", "timestamp", "wall_time")
 _SKIP_COLS = {"_runtime", "_timestamp", "_wandb", "timestamp", "wall_time", "Wall time",
               "Relative Time (Process)"}
 
 
-def _step_column(header: list[str]) -> str | None:
-    for name in STEP_COLUMNS:
-        if name in header:
-            return name
-    low = {h.lower(): h for h in header}
-    for name in STEP_COLUMNS:
-        if name.lower() in low:
-            return low[name.lower()]
+def _step_column(header: list[str], *, row_index: bool = True) -> str | None:
+    """The step column of a header by rule: a step name, else an epoch or sample count, else the row index.
+
+    The row index (:data:`ROW_INDEX`) is taken only when ``row_index`` and a column is a loss by name. A
+    step column the user named (``forensics.toml`` ``step_key``) wins when the header has it.
+    """
+    user = STEP_KEY.get()
+    if user and user in header:
+        return user
+    for names in (STEP_COLUMNS, EPOCH_COLUMNS, SAMPLE_COLUMNS):
+        for name in names:
+            if name in header:
+                return name
+        low = {h.strip().lower(): h for h in header}
+        for name in names:
+            if name.lower() in low:
+                return low[name.lower()]
+    if row_index and _lossy_header(header):
+        return ROW_INDEX
     return None
 
 
@@ -99,9 +137,12 @@ def sniff(path: Path) -> bool:
         suffix = logical_suffix(path)
         if suffix == ".json" and path.is_file():
             return path.name != "trainer_state.json" and _json_array_head(path)
-        if suffix == ".csv" and path.is_file():
+        if suffix in (".log", ".txt", ".out") and path.is_file():
+            return _table_in_text(path)
+        if suffix in (".csv", ".tsv") and path.is_file():
             with open_text(path) as fh:
-                header = next(csv.reader(io.StringIO(fh.readline())), [])
+                first = fh.readline()
+            header = next(csv.reader(io.StringIO(first), delimiter=_delimiter(first, suffix)), [])
             return _step_column([h.strip() for h in header]) is not None
         if suffix == ".parquet" and path.is_file():
             import pyarrow.parquet as pq
@@ -114,6 +155,31 @@ def sniff(path: Path) -> bool:
     except (OSError, ValueError, StopIteration, ImportError, RuntimeError, EOFError):
         return False
     return False
+
+
+def _table_in_text(path: Path) -> bool:
+    """True for a text log that is a table (a script that prints a header, then its rows).
+
+    The first line is a tab- or comma-separated header with a step (or loss) column; the second a row of as
+    many numbers.
+    """
+    with open_text(path) as fh:
+        first, second = fh.readline(), fh.readline()
+    if not first.strip() or ("\t" not in first and "," not in first):
+        return False
+    delim = _delimiter(first, ".txt")
+    header = [h.strip() for h in first.rstrip("\r\n").split(delim)]
+    cells = [c.strip() for c in second.rstrip("\r\n").split(delim)]
+    if len(header) < 2 or len(cells) != len(header) or any(_to_float(h) is not None for h in header):
+        return False
+    return all(_to_float(c) is not None for c in cells) and _step_column(header) is not None
+
+
+def _delimiter(first_line: str, suffix: str) -> str:
+    """A tab for a TSV (by suffix, or a header with tabs and no commas), else a comma."""
+    if suffix == ".tsv" or ("\t" in first_line and "," not in first_line):
+        return "\t"
+    return ","
 
 
 def _to_float(cell: str) -> float | None:
@@ -162,12 +228,12 @@ def _columns(header: list[str], step_col: str, meta: dict[str, Any]) -> list[tup
 def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], step_col: str,
           meta: dict[str, Any], skipped: list[Skip], rel: str) -> None:
     cols = _columns(header, step_col, meta)
-    si = header.index(step_col)
+    si = header.index(step_col) if step_col in header else None
     wi = next((header.index(w) for w in _WALL if w in header), None)
     names = {c[1]: metric(c[1], None)[0] for c in cols if c}
     segment, last = 0, None
-    for lineno, cells in table:
-        step = _to_float(cells[si])
+    for row_no, (lineno, cells) in enumerate(table):
+        step = _to_float(cells[si]) if si is not None else float(row_no)
         if step is None or not math.isfinite(step):
             skipped.append(Skip(f"{rel}:{lineno}", f"no numeric {step_col!r} in this row"))
             continue
@@ -192,7 +258,7 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     lines = text.splitlines(keepends=True)
     if not lines:
         raise ParseError(rel, "empty CSV file")
-    reader = csv.reader(lines)
+    reader = csv.reader(lines, delimiter=_delimiter(lines[0], logical_suffix(path)))
     header = [h.strip() for h in next(reader)]
     step_col = _step_column(header)
     if step_col is None:
@@ -220,6 +286,7 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
         skipped.append(Skip(f"{rel}:{reader.line_num}", f"unreadable CSV from here on: {exc}"))
     meta["columns"] = header
     meta["step_column"] = step_col
+    meta["step_axis"] = {"column": step_col, "kind": step_axis(step_col)}
     meta["kind"] = "wandb_export" if step_col in ("_step", "Step") else "lightning" if "epoch" in header \
         and step_col == "step" else "generic"
     _emit(rows, table, header, step_col, meta, skipped, rel)
@@ -248,6 +315,7 @@ def _read_parquet(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skippe
     meta["columns"] = header
     meta["step_column"] = step_col
     meta["container"] = "parquet"
+    meta["step_axis"] = {"column": step_col, "kind": step_axis(step_col)}
     meta["kind"] = "wandb_export" if step_col == "_step" else "generic"
     meta["null_values"] = int(sum(df.get_column(c).null_count() for c in header if _metric_tag(c, step_col)))
     _emit(rows, table, header, step_col, meta, skipped, rel)
@@ -367,12 +435,17 @@ def _read_json(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: 
     records = 0
     nulls = 0
     segment, last = 0, None
+    dicts = [o for _, o in elements if isinstance(o, dict)]
+    by_row = bool(dicts) and all(_step_column(list(o), row_index=False) is None for o in dicts) and any(
+        _step_column(list(o)) == ROW_INDEX for o in dicts)
+    row_no = -1
     for lineno, obj in elements:
         if not isinstance(obj, dict):
             skipped.append(Skip(f"{rel}:{lineno}", f"array element is a {type(obj).__name__}, not an object"))
             continue
-        step_col = _step_column(list(obj))
-        step = _json_value(obj.get(step_col)) if step_col else None
+        row_no += 1
+        step_col = ROW_INDEX if by_row else _step_column(list(obj), row_index=False)
+        step = float(row_no) if by_row else _json_value(obj.get(step_col)) if step_col else None
         if step is None or not math.isfinite(step) or abs(step) >= 2.0 ** 63:
             skipped.append(Skip(f"{rel}:{lineno}", "row without a numeric step"))
             continue
@@ -397,7 +470,8 @@ def _read_json(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: 
         raise ParseError(rel, "no rows in the JSON array")
     header = list(keys)
     meta["columns"] = header
-    meta["step_column"] = _step_column(header)
+    meta["step_column"] = ROW_INDEX if by_row else _step_column(header, row_index=False)
+    meta["step_axis"] = {"column": meta["step_column"], "kind": step_axis(meta["step_column"])}
     meta["container"] = "json"
     meta["records"] = records
     meta["null_values"] = nulls

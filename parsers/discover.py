@@ -9,17 +9,20 @@ parser may read are always listed in ``skipped`` and never reach a parser: FIFOs
 dangling symlinks (checked with ``os.stat``, never opened), files without read permission, ``*.gz``
 files that are not gzip data.
 
-Global segments: the files of one *group* are put in time order, and a file whose first step is at
-or below the previous file's last step starts a new segment (a resume that went back); a file that
-continues forward stays in the segment. Groups: TensorBoard files of the whole run form chains of
-files that follow one another in time (``version_0``, ``version_1``, ... of one job; writers running
-at the same time, like Keras ``train/`` and ``validation/``, are separate chains); W&B transaction logs
-are grouped by run id (each ``offline-run-*`` folder of the run, a resume, is a new segment); other
-formats are grouped by (format, folder). Each group numbers its segments from 0.
+Global segments: the files of one *group* are put in time order, and a file whose first step is at or
+below the previous file's last step starts a new segment (a resume that went back); a file that continues
+forward stays in the segment, except a text log: each stdout file is one launch, so a later one is a new
+segment even when its steps continue (with a ``restart`` event naming the file boundary). A Git LFS
+pointer file (the content never downloaded) is listed in ``skipped`` as one. Groups: TensorBoard files of
+the whole run form chains of files that follow one another in time (``version_0``, ``version_1``, ... of
+one job; writers running at the same time, like Keras ``train/`` and ``validation/``, are separate
+chains); W&B transaction logs are grouped by run id (each ``offline-run-*`` folder of the run, a resume,
+is a new segment); other formats are grouped by (format, folder). Each group numbers its segments from 0.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import math
@@ -27,7 +30,7 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
@@ -38,7 +41,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
 from parsers import PARSER_MODULES
-from parsers._io import gzip_problem
+from parsers._io import STEP_KEY, gzip_problem
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".jsonl.gz", ".log.gz",
                 ".txt.gz", ".out.gz", ".csv.gz")
@@ -226,7 +229,25 @@ def _unreadable(path: Path) -> str | None:
         return None
     if not os.access(path, os.R_OK):
         return PERMISSION_DENIED
+    if _lfs_pointer(path):
+        return LFS_POINTER
     return gzip_problem(path)
+
+
+LFS_POINTER = ("a Git LFS pointer file, not the file itself (the content was never downloaded: run "
+               "`git lfs pull` in the repository); not read")
+_LFS_MAGIC = b"version https://git-lfs.github.com/spec/v1"
+
+
+def _lfs_pointer(path: Path) -> bool:
+    """True for a Git LFS pointer (a small text file that starts with the LFS spec line)."""
+    try:
+        if path.stat().st_size > 1024:
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(_LFS_MAGIC)) == _LFS_MAGIC
+    except OSError:
+        return False
 
 
 def _discover(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Path], dict[str, str]]:
@@ -320,9 +341,16 @@ def _groups(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
     return out
 
 
-def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str]) -> dict[str, int]:
-    """Global segment offset of each source: local segment + offset = global segment."""
+def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str],
+             continued: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Global segment offset of each source: local segment + offset = global segment.
+
+    A text log that follows another one of its folder is a new launch, so a new segment, even when its
+    steps continue forward; such files are put in ``continued`` (rel -> (previous last step, first step))
+    and get a ``restart`` event.
+    """
     offsets: dict[str, int] = {}
+    continued.clear()
     state: dict[str, tuple[int, int]] = {}  # group -> (global segment of the last file's end, its last step)
     for rel, _, b in sorted(items, key=_order_key):
         g = groups[rel]
@@ -334,6 +362,10 @@ def _offsets(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str])
             off = 0
         elif g.startswith("wandb:"):  # each W&B run folder of a run id is a new process (a resume)
             off = prev[0] + 1
+        elif g.startswith("textlog:"):  # each stdout file is one launch: a later file is a new segment
+            off = prev[0] + 1
+            if b["first_step"] is not None and b["first_step"] > prev[1]:
+                continued[rel] = (prev[1], b["first_step"])
         else:
             off = prev[0] + 1 if b["first_step"] is None or b["first_step"] <= prev[1] else prev[0]
         offsets[rel] = off
@@ -349,11 +381,15 @@ def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
 
 
-def load_run(run_dir: str | Path, *, reader: Callable[[Path, Any, Path], ParseResult] | None = None) -> RunData:
+def load_run(run_dir: str | Path, ignore: tuple[str, ...] = (), step_key: str | None = None, *,
+             reader: Callable[[Path, Any, Path], ParseResult] | None = None) -> RunData:
     """Read every training log of a run folder into one :class:`RunData`.
 
     Args:
         run_dir: The run folder (a path to a folder, not a file).
+        ignore: Glob patterns (relative to the run folder) of files not to read (``forensics.toml``);
+            each file left out is listed in ``skipped``.
+        step_key: The step column of tables, when the user named one (``forensics.toml``).
         reader: Reads one claimed file: ``reader(path, parser module, root) -> ParseResult``; the default
             is the module's own ``read(path, root)``. The service passes
             :meth:`parsers.incremental.IncrementalReader.read`, which re-reads only appended records.
@@ -373,6 +409,24 @@ def load_run(run_dir: str | Path, *, reader: Callable[[Path, Any, Path], ParseRe
     """
     root = _check_root(run_dir)
     claims, skipped, configs, unavailable = _discover(root)
+    if ignore:
+        kept = []
+        for path, mod in claims:
+            rel = path.relative_to(root).as_posix()
+            if any(PurePosixPath(rel).match(g) or fnmatch.fnmatch(rel, g) for g in ignore):
+                skipped.append(Skip(rel, "ignored (forensics.toml: ignore)"))
+            else:
+                kept.append((path, mod))
+        claims = kept
+    token = STEP_KEY.set(step_key)
+    try:
+        return _load(root, run_dir, claims, skipped, configs, unavailable, reader)
+    finally:
+        STEP_KEY.reset(token)
+
+
+def _load(root: Path, run_dir: str | Path, claims: list, skipped: list[Skip], configs: list[Path],
+          unavailable: dict[str, str], reader: Callable[[Path, Any, Path], ParseResult] | None) -> RunData:
     results: list[tuple[str, ParseResult, dict]] = []
     failures: list[Skip] = []
     for path, mod in claims:
@@ -396,7 +450,8 @@ def load_run(run_dir: str | Path, *, reader: Callable[[Path, Any, Path], ParseRe
         raise InputError(root, _with_skips(NO_LOGS, skipped))
     skipped.extend(failures)
     groups = _groups(results)
-    offsets = _offsets(results, groups)
+    continued: dict[str, tuple[int, int]] = {}
+    offsets = _offsets(results, groups, continued)
     run = root.name
     metrics, events, sources = [], [], []
     meta: dict[str, Any] = {"run": run, "formats": sorted({pr.format for _, pr, _ in results}),
@@ -409,6 +464,13 @@ def load_run(run_dir: str | Path, *, reader: Callable[[Path, Any, Path], ParseRe
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as exc:
             skipped.append(Skip(rel, f"the {pr.format} parser returned a malformed table: {exc}"))
             continue
+        if rel in continued:
+            last, first = continued[rel]
+            e = pa.concat_tables([e, pa.table({
+                "run": [run], "segment": pa.array([offsets[rel]], pa.int32()), "step": pa.array([first], pa.int64()),
+                "kind": ["restart"], "message": [f"{rel}: a new log file (a new launch) continues at step {first} "
+                                                 f"after step {last} of the previous file"],
+                "source": [rel]}, schema=EVENTS_SCHEMA)])
         metrics.append(m)
         events.append(e)
         segs = pc.count_distinct(m.column("segment")).as_py() if m.num_rows else 0

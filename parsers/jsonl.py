@@ -49,7 +49,9 @@ from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import open_binary
 
 FORMAT = "jsonl"
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "it")
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "it", "current_steps", "current_step",
+             "trainer/global_step", "train/global_step", "global step", "train_step", "optimizer_step", "steps",
+             "update", "updates", "iters", "s")
 """Keys that hold the step, in priority order (the first present in a record wins)."""
 TIME_KEYS = ("wall_time", "time", "timestamp", "_timestamp")
 """Keys read as the wall time (s since epoch; ms when > 1e11; ISO-8601 strings accepted)."""
@@ -761,6 +763,8 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
         keys = ", ".join(STEP_KEYS)
         skipped.append(Skip(rel, f"{st.no_step} record(s) without a step key ({keys}) ignored"))
     meta["step_key"] = st.step_key
+    meta["step_axis"] = {"column": st.step_key or "(line index)",
+                         "kind": "row_index" if st.step_key is None else "optimizer_step"}
     meta["engine"], meta["python_lines"] = engine, st.python_lines
     if st.runtime_seen:
         meta["runtime_key"] = "_runtime (s since run start; wall time, not a metric)"

@@ -1,9 +1,13 @@
 r"""Trainer stdout and text logs: Megatron-LM, DeepSpeed, HF, fairseq/metaseq, torchtitan, NeMo, nanoGPT, scripts.
 
-Lines are split on ``\n`` and ``\r`` (tqdm), ANSI escapes and ``[rankN]:`` prefixes are removed,
-then each line goes to the framework modules of :mod:`parsers.lines` in turn (Megatron, DeepSpeed,
-fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT, generic), then to the framework-neutral ones
-(checkpoints, resumes, errors). This module assembles what they return: segments, events, configuration dumps and diffs,
+Lines are split on ``\n`` and ``\r`` (tqdm) and read in blocks of 65,536: ANSI escapes and rank prefixes
+(``[rankN]:``, ``N: ``, kept as the line's rank) are removed with polars; a line that may be a metric line
+is reduced to its shape, and the first line of each shape goes to the framework modules of
+:mod:`parsers.lines` in turn (Megatron, DeepSpeed, fairseq/metaseq, HF stdout, torchtitan, NeMo, nanoGPT,
+the ImageNet/non-finite traps), then to the general reader :mod:`parsers.lines.kv`, then to the
+framework-neutral rules (checkpoints, resumes, errors). Every later line of a shape the general reader
+took is read in bulk (:class:`_Reader`); printed script source is skipped and counted. This module
+assembles what they return: segments, events, configuration dumps and diffs,
 tracebacks, and the log-format traps of DESIGN.md section 4:
 
 - a Megatron iteration line without ``lm loss`` when other lines have it is a NaN average loss:
@@ -25,9 +29,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from forensics.schema import canonical_metric
+from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import logical_name, logical_suffix, open_binary, open_text
 from parsers.lines import (
     LineRecord,
@@ -38,16 +46,19 @@ from parsers.lines import (
     fairseq,
     generic,
     hf_stdout,
+    kv,
     megatron,
     nanogpt,
     nemo,
+    repeat_string,
     torchtitan,
 )
 from parsers.lines.pyrepr import flatten
 
 FORMAT = "textlog"
 HEAD_BYTES = 64 * 1024
-_MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic)
+_MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic, kv)
+_TRAPS = _MODULES[:-1]  # the framework modules, each kept for a trap; kv (the general reader) always goes last
 _LOG_NAMES = ("log", "stdout", "stderr", "output")
 _PRECISION = {"megatron": "%.6E", "fairseq": "%.3f", "metaseq": "%.3f", "hf_trainer_stdout": "float64",
               "imagenet": "%.4f", "torchtitan": "%.4f", "nemo": "%.4g",
@@ -57,6 +68,8 @@ _QUIET_META = {"step_source", "value_format", "loss_scale_zero_means_small", "ba
 _ERROR_KINDS = {"error", "hardware_error", "oom"}
 _MAX_DAMAGED = 20
 _TB = "Traceback (most recent call last)"
+_BAR = re.compile(r"\d%\|")
+_TRACEBACK = object()  # asm.line's answer for a line inside a traceback
 _TQDM = re.compile(r"^[^{|]{0,80}\d+%\|[^|]{0,200}\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
@@ -71,10 +84,38 @@ def _recognised(text: str) -> bool:
     return False
 
 
+_SCAN_BYTES = 64 << 20  # how far sniff looks for metric lines (after a script dump, a banner, a traceback)
+_CAND = re.compile(kv.CANDIDATE)
+
+
+def _metric_lines_later(path: Path) -> bool:
+    """True when a general metric line with a step appears anywhere in the first 64 MiB (read in 1 MiB pieces)."""
+    seen = 0
+    tail = b""
+    with open_binary(path) as fh:
+        while seen < _SCAN_BYTES:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                return False
+            if b"\0" in chunk:
+                return False
+            seen += len(chunk)
+            data = tail + chunk
+            cut = data.rfind(b"\n")
+            data, tail = (data, b"") if cut < 0 else (data[:cut], data[cut + 1:])
+            for line in data.decode("utf-8", errors="replace").splitlines():
+                if _CAND.search(line):
+                    r = kv.parse_line(common.clean(line), {})
+                    if r is not None and r.step is not None:
+                        return True
+    return False
+
+
 def sniff(path: Path) -> bool:
     """True for text logs: ``*.log|out|err``, ``stdout*``, log-like ``*.txt``, or any text with a metric line.
 
-    Never raises.
+    The metric line may come after 64 KiB of other text (a script that prints its own source first):
+    the first 64 MiB are searched. Never raises.
     """
     try:
         if not path.is_file():
@@ -88,8 +129,8 @@ def sniff(path: Path) -> bool:
             return True
         text = head.decode("utf-8", errors="replace")
         if suffix == ".txt":
-            return any(k in name for k in _LOG_NAMES) or _recognised(text)
-        return suffix == "" and _recognised(text)
+            return any(k in name for k in _LOG_NAMES) or _recognised(text) or _metric_lines_later(path)
+        return suffix == "" and (_recognised(text) or _metric_lines_later(path))
     except (OSError, ValueError, EOFError):
         return False
 
@@ -120,6 +161,12 @@ class _Assembler:
         self.tb: list[str] | None = None
         self.order = list(_MODULES)
         self.skipped: list[Skip] = []
+        self.skip_counts: Counter[str] = Counter()
+        self.rank: int | None = None
+        self.hint: tuple[bool, bool] | None = None  # (may be a general metric line, may be an event line)
+        self.ranks: Counter[int] = Counter()
+        self.rank_last: dict[int, int] = {}
+        self.rank_seen: set[tuple[int, int, str]] = set()
 
     # -- segments and events -------------------------------------------------------------------
     def brk(self) -> None:
@@ -127,6 +174,7 @@ class _Assembler:
             self.segment += 1
             self.seg_rows = 0
             self.last_step = None
+            self.rank_last = {}
             self.scale = None
 
     def event(self, kind: str, message: str, step: int | None) -> None:
@@ -223,13 +271,46 @@ class _Assembler:
         if r.metrics:
             self.metrics(r)
 
+    def rank_rows(self, step: int, metrics: list) -> list:
+        """The metrics of a rank-prefixed line that no rank logged yet at this (segment, step).
+
+        Interleaved ranks (``[rank3]:``, ``3: ``) are one run: a value that several ranks print is kept
+        once (the first rank's), a step that only one rank printed is kept, and the rank is counted in
+        ``meta["ranks"]``; a rank's step never goes back because another rank is behind.
+        """
+        if self.rank is None:
+            return metrics
+        self.ranks[self.rank] += 1
+        out = []
+        for m in metrics:
+            key = (self.segment, step, m[0])
+            if key not in self.rank_seen:
+                self.rank_seen.add(key)
+                out.append(m)
+        if len(out) < len(metrics):
+            self.skip_counts["values another rank already logged"] += len(metrics) - len(out)
+        return out
+
+    def went_back(self, step: int) -> bool:
+        """True when the current rank's step goes back (a restart), per rank when lines carry one."""
+        last = self.last_step if self.rank is None else self.rank_last.get(self.rank)
+        return last is not None and step < last
+
+    def set_last(self, step: int) -> None:
+        self.last_step = step
+        if self.rank is not None:
+            self.rank_last[self.rank] = step
+
     def metrics(self, r: LineRecord) -> None:
         step = r.step if r.step is not None else self.any_step
         if step is None:
+            self.skip_counts["metric line before any step"] += 1
             return
-        if r.step is not None and self.last_step is not None and r.step < self.last_step:
+        if r.step is not None and self.went_back(r.step):
             self.brk()
-        metrics = dedupe_canonical(r.metrics)
+        metrics = self.rank_rows(step, dedupe_canonical(r.metrics))
+        if not metrics:
+            return
         if r.agg_last:
             for name, tag, value in metrics:
                 key = (self.segment, step, name)
@@ -250,45 +331,191 @@ class _Assembler:
         if r.has_loss is not None:
             self.loss_lines.append((self.segment, step, r.has_loss, r.wall_time))
         if r.step is not None:
-            self.last_step = step
+            self.set_last(step)
         self.any_step = step
         self.activity = True
         self.launch_open = False
         self.block_kinds.clear()
         self.last_ckpt = None
 
+    def bulk(self, lines: list[tuple[int | None, list, float | None, int | None]]) -> None:
+        """Metric lines read by the general reader (:mod:`parsers.lines.kv`) in bulk, in file order.
+
+        Each item is ``(step or None, [(metric, tag, value)], wall_time, rank)``; the rules are those of
+        :meth:`metrics` for a general line (a step that goes back opens a segment; a line without a step
+        belongs to the last step seen; another rank's lines are counted, not kept).
+        """
+        rows = self.rows
+        for step, mets, wall, rank in lines:
+            self.rank = rank
+            explicit = step is not None
+            if step is None:
+                step = self.any_step
+                if step is None:
+                    self.skip_counts["metric line before any step"] += 1
+                    continue
+            if explicit and self.went_back(step):
+                self.brk()
+            mets = self.rank_rows(step, dedupe_canonical(mets))
+            if not mets:
+                continue
+            for name, tag, v in mets:
+                if v is not None and not math.isfinite(v) and kv.is_objective(name):
+                    self.event("nan_detected", kv.nonfinite_message(tag, v), step)
+            rows.extend(self.segment, step, mets, wall)
+            self.frameworks["generic"] += len(mets)
+            self.seg_rows += len(mets)
+            if explicit:
+                self.set_last(step)
+            self.any_step = step
+        if lines:
+            self.activity = True
+            self.launch_open = False
+            self.block_kinds.clear()
+            self.last_ckpt = None
+
+    def bulk_frame(self, lines: pl.DataFrame, mets: pl.DataFrame, walls: np.ndarray, lo: int) -> bool:
+        """A long run of general metric lines without rank prefixes, as arrays (the rules of :meth:`bulk`).
+
+        Args:
+            lines: ``line``, ``step`` (null: the last step seen) per metric line, in line order.
+            mets: ``line``, ``metric``, ``tag``, ``value`` per metric, in line order.
+            walls: Wall time (NaN: none) of every line of the run; ``walls[0]`` is line ``lo``.
+            lo: The run's first line.
+
+        Returns:
+            False (nothing done) when a line names one metric twice: :meth:`bulk` then handles the run.
+        """
+        if lines.height == 0:
+            return True
+        if mets.select(pl.struct("line", "metric").is_duplicated().any()).item():
+            return False
+        line_no = lines.get_column("line").to_numpy().astype(np.int64)
+        st = lines.get_column("step")
+        explicit = st.is_not_null().to_numpy()
+        steps = st.fill_null(-1).to_numpy().astype(np.int64)
+        # a step below the previous explicit step opens a segment (the rule of ``metrics``)
+        exp_steps = steps[explicit]
+        prev = np.empty_like(exp_steps)
+        if exp_steps.size:
+            prev[0] = self.last_step if self.last_step is not None else np.iinfo(np.int64).min
+            prev[1:] = exp_steps[:-1]
+        brk = np.zeros(steps.shape[0], dtype=bool)
+        brk[np.flatnonzero(explicit)] = exp_steps < prev
+        # a line without a step belongs to the last step seen
+        idx = np.where(explicit, np.arange(steps.shape[0]), -1)
+        np.maximum.accumulate(idx, out=idx)
+        filled = np.where(idx >= 0, steps[np.maximum(idx, 0)], -1)
+        have = idx >= 0
+        if self.any_step is not None:
+            filled[~have] = self.any_step
+            have[:] = True
+        if not self.seg_rows and brk[0]:
+            brk[0] = False
+        n_skip = int((~have).sum())
+        if n_skip:
+            self.skip_counts["metric line before any step"] += n_skip
+            brk &= have
+        seg = (np.cumsum(brk) + self.segment).astype(np.int32)
+        # per metric row: the row of its line
+        ml = mets.get_column("line").to_numpy().astype(np.int64)
+        row = np.searchsorted(line_no, ml)
+        keep = have[row]
+        row = row[keep]
+        n = int(row.shape[0])
+        vals = mets.get_column("value").to_numpy()[keep]
+        wt = walls[ml[keep] - lo]
+        src = self.rows.source
+        names = mets.get_column("metric").to_arrow().filter(pa.array(keep))
+        tags = mets.get_column("tag").to_arrow().filter(pa.array(keep))
+        table = pa.Table.from_arrays([
+            repeat_string("", n), pa.array(seg[row], pa.int32()), pa.array(filled[row], pa.int64()),
+            names.cast(pa.string()), pa.array(vals, pa.float64()),
+            pa.array(wt, pa.float64(), mask=np.isnan(wt)), tags.cast(pa.string()),
+            repeat_string(src, n)], schema=METRICS_SCHEMA)
+        self.rows.add_chunk(table)
+        bad = np.flatnonzero(~np.isfinite(vals))
+        if bad.size:
+            names_l, tags_l = names.to_pylist(), tags.to_pylist()
+            segs, stps = seg[row], filled[row]
+            for k in bad.tolist():
+                if kv.is_objective(names_l[k]):
+                    self.segment, seg_now = int(segs[k]), self.segment
+                    self.event("nan_detected", kv.nonfinite_message(tags_l[k], float(vals[k])), int(stps[k]))
+                    self.segment = seg_now
+        n_brk = int(brk.sum())
+        self.segment += n_brk
+        if n_brk:
+            self.seg_rows = int((seg[row] == self.segment).sum())
+            self.last_step = None
+        else:
+            self.seg_rows += n
+        if exp_steps.size:
+            last_brk = np.flatnonzero(brk)
+            after = np.flatnonzero(explicit)
+            if not last_brk.size or after[-1] >= last_brk[-1]:
+                self.last_step = int(exp_steps[-1])
+        self.rank_last = {}
+        if have.any():
+            self.any_step = int(filled[have][-1])
+        self.frameworks["generic"] += n
+        self.activity = True
+        self.launch_open = False
+        self.block_kinds.clear()
+        self.last_ckpt = None
+        return True
+
     # -- one line --------------------------------------------------------------------------------
-    def line(self, line: str, lineno: int) -> None:
+    def line(self, line: str, lineno: int) -> Any:
+        """Handle one cleaned line; returns the module that read it (``None``: nobody, or inside a traceback)."""
         if self.tb is not None:
             if not line or line[0] in " \t" or line.startswith(("File ", "During handling", "The above")):
-                return
+                self.skip_counts["traceback"] += 1
+                return _TRACEBACK
             m = common.EXC_LINE.match(line.strip())
             self.tb = None
             if m:
                 self.event(common.error_kind(line), line.strip()[:500], None)
-                return
+                return _TRACEBACK
             self.event("error", f"line {lineno}: traceback without an exception line", None)
         if line.startswith(_TB) or line.endswith(_TB + ":"):  # after a tqdm bar drawn without a newline too
             self.end_dump(lineno)
             self.tb = []
-            return
+            return _TRACEBACK
         if not line.strip() or (_TQDM.match(line) and "=" not in line):  # NeMo bars carry metrics after '='
-            return
+            self.skip_counts["blank or progress bar"] += 1
+            return None
         for mod in self.order:
+            if mod is kv:
+                if "%|" in line and _BAR.search(line):  # a progress bar repeats stale values: the NeMo
+                    break                                  # module's trap; a bar it refused is not read
+                r = kv.parse_line(line, self.state) if self.hint is None or self.hint[0] else None
+                if r is None:
+                    break
+                c = common.parse_line(line, self.state, nan_text=False)
+                if c is not None:  # checkpoint, resume, configuration and job-end lines are events
+                    self.record(c, lineno)
+                    return common
+                self.record(r, lineno)
+                return kv
             r = mod.parse_line(line, self.state)
             if r is not None:
-                if r.metrics and mod is not self.order[0]:  # the framework that logs metrics goes first
-                    self.order.remove(mod)
-                    self.order.insert(0, mod)
+                if r.metrics and mod is not self.order[0] and mod is not kv:  # the framework that logs
+                    self.order.remove(mod)                                     # metrics goes first; the
+                    self.order.insert(0, mod)                                  # general reader stays last
                 self.record(r, lineno)
-                return
+                return mod
+        if self.hint is not None and not self.hint[1]:  # the block's scan says: no event, no error
+            self.end_dump(lineno)
+            return None
         r = common.parse_line(line, self.state)
         if r is not None:
             self.record(r, lineno)
-            return
+            return common
         self.end_dump(lineno)
         if common.is_error_line(line):
             self.event(common.error_kind(line), line.strip()[:500], None)
+        return None
 
     # -- end of file -----------------------------------------------------------------------------
     def finish(self, lineno: int) -> tuple[list[bool] | None, dict[str, Any]]:
@@ -339,11 +566,274 @@ class _Assembler:
             self.meta["args_history"] = self.history
         self.meta["lines"] = lineno
         self.meta["segments"] = self.segment + 1
+        for k, v in kv.meta_of(self.state).items():
+            self.meta.setdefault(k, v)
+        if self.ranks:
+            self.meta["ranks"] = {"metric_lines_per_rank": dict(sorted(self.ranks.items())),
+                                  "why": "interleaved rank-prefixed lines are one run: a value several ranks print "
+                                         "is kept once, a rank's step never reads as a restart of another's"}
+        if self.skip_counts:
+            self.meta["skipped_lines"] = dict(self.skip_counts)
         return keep, self.meta
 
 
 def _both_nan(a: Any, b: Any) -> bool:
     return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
+_BLOCK = 1 << 16  # lines per block: memory stays bounded, polars' kernels stay busy
+_RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
+_RANK_NUM = r"^(\d{1,5}):\s"
+_RANK_ANY = r"^(?:\[(?:rank|default|Rank)|[0-9]{1,5}:\s)"
+_ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_DIGITS = r"[0-9]+"
+_US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+_ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
+
+
+def _clean_block(pieces: list[str]) -> tuple[pl.Series, list[int | None]]:
+    """:func:`parsers.lines.common.clean` over many lines at once, with each line's rank prefix.
+
+    Returns:
+        The cleaned lines and, per line, the rank of a ``[rankN]:``/``[defaultN]:``/``N: `` prefix (or None).
+    """
+    t = pl.Series("t", pieces, dtype=pl.Utf8)
+    if t.str.contains("\x1b", literal=True).any():
+        t = t.str.replace_all(_ANSI, "")
+    t = t.str.strip_chars_end()
+    ranks: list[int | None] = [None] * t.len()
+    has = t.str.contains(_RANK_ANY).arg_true()
+    if has.len() == 0:
+        return t, ranks
+    sub = t.gather(has)
+    df = pl.DataFrame({"t": sub}).select(
+        "t",
+        pl.col("t").str.extract(_RANK_BRACKET, 1).cast(pl.Int64, strict=False).alias("r1"),
+        pl.col("t").str.extract(_RANK_NUM, 1).cast(pl.Int64, strict=False).alias("r2"),
+        pl.col("t").str.replace(_RANK_BRACKET, "").alias("c1"),
+        pl.col("t").str.replace(_RANK_NUM, "").alias("c2"),
+    ).select(
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("c1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("c2"))
+        .otherwise(pl.col("t")).alias("line"),
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("r1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("r2"))
+        .alias("rank"),
+    )
+    t = t.scatter(has, df.get_column("line"))
+    for i, r in zip(has.to_list(), df.get_column("rank").to_list(), strict=True):
+        ranks[i] = r
+    return t, ranks
+
+
+def _wall_times(lines: pl.Series) -> list[float | None]:
+    """:func:`parsers.lines.common.wall_time` over many lines (ISO timestamps vectorised; others per line)."""
+    head = lines.str.slice(0, 64)
+    walls: list[float | None] = [None] * head.len()
+    iso = head.str.contains(_ISO).arg_true()
+    if iso.len():
+        g = pl.DataFrame({"h": head.gather(iso)}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
+        g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
+        stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
+                               pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
+        w = g.select(
+            (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
+             .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
+             .fill_null(0.0)).alias("w")).get_column("w").to_list()
+        for i, v in zip(iso.to_list(), w, strict=True):
+            walls[i] = v
+    for i in head.str.contains(_US).arg_true().to_list():
+        if walls[i] is None:
+            walls[i] = common.wall_time(head[i])
+    return walls
+
+
+class _Reader:
+    """Feeds blocks of lines to the assembler: the general reader's lines in bulk, the rest one by one.
+
+    A line that may be a metric line (:data:`parsers.lines.kv.CANDIDATE`) is reduced to its *shape* (digits
+    replaced). The first line of each shape goes through the framework modules and the general reader
+    one by one; when the general reader took it, every later line of that shape is read in bulk by
+    :func:`parsers.lines.kv.parse_block` (a framework module's trap is never bypassed: its shapes are
+    never bulk-read). A long run of such lines becomes rows without a Python loop over them
+    (:meth:`_Assembler.bulk_frame`); a short run, or one with rank prefixes, goes through
+    :meth:`_Assembler.bulk`.
+    """
+
+    LONG_RUN = 48
+    SMALL = 2000
+
+    def __init__(self, asm: _Assembler) -> None:
+        self.asm = asm
+        self.owned: dict[str, bool] = {}
+        self.inert: dict[str, str] = {}
+
+    def block(self, pieces: list[str], lineno: int) -> int:
+        """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
+        if not pieces:
+            return lineno
+        linenos = []
+        for p in pieces:
+            linenos.append(lineno)
+            lineno += p.endswith("\n")
+        if len(pieces) < self.SMALL:  # a short file: per line is faster than setting up the column kernels
+            return self.small(pieces, linenos, lineno)
+        lines, ranks = _clean_block(pieces)
+        n = lines.len()
+        code = lines.str.contains(kv.CODE)
+        cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
+        eventish = lines.str.strip_chars().str.contains(common.EVENT_ANY).to_list()
+        cand_idx = cand_mask.arg_true()
+        asm, owned = self.asm, self.owned
+        text = lines.to_list()
+        skip_code = (code & ~cand_mask).to_numpy()
+        all_shapes = lines.str.replace_all(_DIGITS, "#")
+        self._other = (text, linenos, ranks, eventish, skip_code, all_shapes.to_list())
+        if cand_idx.len() == 0:
+            for i in range(n):
+                self.other(i)
+            asm.hint = None
+            return lineno
+        cl = lines.gather(cand_idx)
+        shape_s = all_shapes.gather(cand_idx)
+        uniq = shape_s.unique(maintain_order=True)
+        codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
+        uniq_list = uniq.to_list()
+        own = np.array([(1 if owned[u] else 0) if u in owned else -1 for u in uniq_list], dtype=np.int8)
+        cand_np = cand_idx.to_numpy().astype(np.int64)
+        pos_arr = np.full(n, -1, dtype=np.int64)
+        pos_arr[cand_np] = np.arange(cand_np.shape[0])
+        first_pos = np.unique(codes, return_index=True)[1]
+        first_pos = first_pos[own[codes[first_pos]] == -1]
+        per_line = np.ones(n, dtype=bool)
+        per_line[cand_np] = False
+        per_line[cand_np[first_pos]] = True
+        per_idx = np.flatnonzero(per_line).tolist()
+        line_df, met_df = kv.frames_of(kv.parse_block(cl, shape_s), asm.state)
+        gl = pl.Series(cand_np, dtype=pl.UInt32)  # positions in ``cl`` -> indices in the block
+        line_df = line_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
+        met_df = met_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
+        walls = np.full(n, np.nan)
+        wl = np.array(_wall_times(cl), dtype=np.float64)
+        walls[cand_np] = wl
+        self._ctx = (text, linenos, ranks, walls, line_df, met_df)
+        self._eventish = eventish
+        self._steps: dict[int, int | None] | None = None
+        pos = 0
+        for j in [*per_idx, n]:
+            if j > pos:
+                ok = own[codes[pos_arr[pos:j]]] == 1
+                self.gap(pos, j, ok)
+            if j < n:
+                k = pos_arr[j]
+                if k < 0:
+                    self.other(j)
+                    pos = j + 1
+                    continue
+                asm.rank = ranks[j]
+                asm.hint = (True, eventish[j])
+                mod = asm.line(text[j], linenos[j])
+                if k >= 0 and own[codes[k]] == -1:
+                    own[codes[k]] = 1 if mod is kv else 0
+                    owned[uniq_list[codes[k]]] = mod is kv
+            pos = j + 1
+        asm.hint = None
+        return lineno
+
+    def small(self, pieces: list[str], linenos: list[int], lineno: int) -> int:
+        """A block too short for the column kernels: every line one by one (the same rules, the same rows)."""
+        asm = self.asm
+        asm.hint = None
+        for piece, ln in zip(pieces, linenos, strict=True):
+            line, asm.rank = common.clean_rank(piece)
+            if asm.tb is None and asm.dump is None and kv.is_code(line) and not kv.is_candidate(line):
+                asm.skip_counts["script source"] += 1
+                continue
+            asm.line(line, ln)
+        return lineno
+
+    def other(self, i: int) -> None:
+        """A line that is not a metric candidate: script source is counted; a repeated inert shape skipped.
+
+        A shape is *inert* when its first line, read one by one with no dump or traceback open, changed
+        nothing (no record, event or open dump: no module and no rule took it) and the block's event scan
+        says no event; later lines of that shape are then counted under the same reason, not re-read.
+        """
+        asm = self.asm
+        text, linenos, ranks, eventish, skip_code, shapes = self._other
+        idle = asm.tb is None and asm.dump is None
+        if skip_code[i] and idle:
+            asm.skip_counts["script source"] += 1
+            return
+        sh = shapes[i]
+        if idle and not eventish[i]:
+            why = self.inert.get(sh)
+            if why is not None:
+                asm.skip_counts[why] += 1
+                return
+        asm.rank = ranks[i]
+        asm.hint = (False, eventish[i])
+        before = (len(asm.rows), len(asm.rows.events), len(asm.meta), len(asm.configs), len(asm.state),
+                  sum(asm.skip_counts.values()))
+        counts = dict(asm.skip_counts)
+        mod = asm.line(text[i], linenos[i])
+        after = (len(asm.rows), len(asm.rows.events), len(asm.meta), len(asm.configs), len(asm.state))
+        if (mod is None and idle and not eventish[i] and asm.tb is None and asm.dump is None
+                and after == before[:5]):
+            grew = [k for k, v in asm.skip_counts.items() if v != counts.get(k, 0)]
+            why = grew[0] if grew else "no metric, event or configuration"
+            if not grew:
+                asm.skip_counts[why] += 1
+            self.inert[sh] = why
+
+    def _items(self, lo: int, hi: int) -> list:
+        """The metric lines ``lo..hi-1`` as :meth:`_Assembler.bulk` items."""
+        text, linenos, ranks, walls, line_df, met_df = self._ctx
+        if self._steps is None:
+            self._steps = dict(zip(line_df.get_column("line").to_list(), line_df.get_column("step").to_list(),
+                                   strict=True))
+            self._cols = (met_df.get_column("line").to_numpy(), met_df.get_column("metric").to_list(),
+                          met_df.get_column("tag").to_list(), met_df.get_column("value").to_list())
+        steps = self._steps
+        ml, mm, mt, mv = self._cols
+        a, b = np.searchsorted(ml, [lo, hi])
+        out = []
+        k = int(a)
+        for x in range(lo, hi):
+            if x not in steps:
+                continue
+            k0 = k
+            while k < b and ml[k] == x:
+                k += 1
+            w = walls[x]
+            out.append((steps[x], list(zip(mm[k0:k], mt[k0:k], mv[k0:k], strict=True)),
+                        None if w != w else float(w), ranks[x]))
+        return out
+
+    def gap(self, a: int, b: int, ok: np.ndarray) -> None:
+        """Lines ``a..b-1``: candidates whose shape was seen before; bulk where the general reader owns it."""
+        asm = self.asm
+        text, linenos, ranks, walls, line_df, met_df = self._ctx
+        # runs of equal ``ok``
+        edges = np.flatnonzero(np.diff(ok.astype(np.int8))) + 1
+        starts = [0, *edges.tolist()]
+        ends = [*edges.tolist(), len(ok)]
+        for s0, e0 in zip(starts, ends, strict=True):
+            lo, hi = a + s0, a + e0
+            if not ok[s0] or asm.tb is not None:
+                for i in range(lo, hi):
+                    asm.rank = ranks[i]
+                    asm.hint = (True, self._eventish[i])
+                    asm.line(text[i], linenos[i])
+                continue
+            if asm.dump is not None:
+                asm.end_dump(linenos[lo])
+            if hi - lo >= self.LONG_RUN and all(r is None for r in ranks[lo:hi]):
+                ld = line_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
+                md = met_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
+                if asm.bulk_frame(ld, md, walls[lo:hi], lo):
+                    continue
+            asm.bulk(self._items(lo, hi))
 
 
 def read(path: Path, root: Path) -> ParseResult:
@@ -362,30 +852,60 @@ def read(path: Path, root: Path) -> ParseResult:
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     skipped: list[Skip] = []
     asm = _Assembler(rel)
+    reader = _Reader(asm)
     lineno = 1
-    pending: str | None = None
+    buf: list[str] = []
     try:
         with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
             for piece in fh:
-                if pending is not None:
-                    asm.line(common.clean(pending), lineno)
-                    lineno += pending.endswith("\n")
-                pending = piece
+                buf.append(piece)
+                if len(buf) > _BLOCK:
+                    last = buf.pop()  # the newest piece waits: it may be the unterminated last line
+                    lineno = reader.block(buf, lineno)
+                    buf = [last]
     except (OSError, EOFError) as exc:
-        if lineno == 1 and pending is None:
+        if lineno == 1 and not buf:
             raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
         why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
-        skipped.append(Skip(f"{rel}:{lineno}", why))
-    if pending is not None:
-        if pending.endswith(("\n", "\r")):
-            asm.line(common.clean(pending), lineno)
-            lineno += pending.endswith("\n")
-        elif pending.strip():
+        skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
+    if buf and not buf[-1].endswith(("\n", "\r")):
+        last = buf.pop()
+        lineno = reader.block(buf, lineno)
+        if last.strip():
             skipped.append(Skip(f"{rel}:{lineno}", "unterminated last line (the writer was killed mid-line); "
                                                    "not parsed"))
+    else:
+        lineno = reader.block(buf, lineno)
     lines = lineno - 1
     keep, meta = asm.finish(lines)
     skipped[:0] = asm.skipped
     precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
-    return ParseResult(format=FORMAT, path=rel, metrics=asm.rows.metrics_table(keep),
+    table = _terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta)
+    return ParseResult(format=FORMAT, path=rel, metrics=table,
                        events=asm.rows.events_table(), meta=meta, skipped=tuple(skipped), precision=precision)
+
+
+_NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",
+                        "step_time", "throughput", "tokens", "samples", "batch_size", "grad_norm", "loss_scale"})
+
+
+def _terms_of_a_loss_log(table: Any, path: Path, meta: dict[str, Any]) -> Any:
+    """Short keys named by their file: the unnamed terms of a file named for its losses are loss components.
+
+    CycleGAN's ``loss_log.txt`` prints ``D_A: x G_A: x cycle_A: x ...``: they become ``loss/<term>``, each with
+    why in ``meta["names_from_context"]``.
+    """
+    if "loss" not in path.name.lower() or table.num_rows == 0:
+        return table
+    df = pl.from_arrow(table)
+    names = df.get_column("metric").unique().to_list()
+    if any(n.split("/")[0] in ("loss", "eval_loss", "ppl", "eval_ppl") for n in names):
+        return table
+    terms = [n for n in names if n == canonical_metric(n) and n.lower() not in _NOT_TERMS]
+    if not terms:
+        return table
+    meta["names_from_context"] = {t: f"loss/{t}: a term of {path.name} (the file is named for its losses)"
+                                  for t in sorted(terms)}
+    df = df.with_columns(pl.when(pl.col("metric").is_in(terms)).then(pl.lit("loss/") + pl.col("metric"))
+                         .otherwise(pl.col("metric")).alias("metric"))
+    return df.to_arrow().cast(METRICS_SCHEMA)

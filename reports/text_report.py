@@ -23,6 +23,7 @@ TOP_FINDINGS = 3
 TOP_SKIPPED = 1
 _VERDICT_STYLE = {
     "anomaly": "bold white on red", "transient": "bold black on yellow", "healthy": "bold white on green",
+    "inconclusive": "bold black on white",
 }
 
 

@@ -45,7 +45,16 @@ def memoised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         shutil.copytree(SAMPLES / "sweep" / name, root / name)
     COMMANDS["sweep"] = [str(root)]
     mp = pytest.MonkeyPatch()
-    mp.setattr(forensics.api, "load", functools.cache(forensics.api.load))
+    loaded: dict[str, object] = {}
+    real_load = forensics.api.load
+
+    def load(path: object, metric_map: object = None, **kw: object) -> object:  # dicts are not hashable
+        key = repr((str(path), sorted((metric_map or {}).items()), sorted(kw.items(), key=str)))  # type: ignore[union-attr]
+        if key not in loaded:
+            loaded[key] = real_load(path, metric_map, **kw)  # type: ignore[arg-type]
+        return loaded[key]
+
+    mp.setattr(forensics.api, "load", load)
     analyses: dict[int, object] = {}
     real = forensics.api.analyze_run
 

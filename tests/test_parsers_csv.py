@@ -83,8 +83,10 @@ def test_wandb_panel_export(tmp_path):
 def test_sniff_and_errors(tmp_path):
     """Sniff and errors."""
     (tmp_path / "a.csv").write_text("name,value\nx,1\n")
-    (tmp_path / "b.txt").write_text("step,loss\n1,2\n")
-    assert not csv_metrics.sniff(tmp_path / "a.csv") and not csv_metrics.sniff(tmp_path / "b.txt")
+    (tmp_path / "b.txt").write_text("step,loss\n1,2\n")  # a table printed to a text file is read as one
+    (tmp_path / "c.txt").write_text("step, then loss\nrun 1, fine\n")
+    assert not csv_metrics.sniff(tmp_path / "a.csv") and csv_metrics.sniff(tmp_path / "b.txt")
+    assert not csv_metrics.sniff(tmp_path / "c.txt")
     assert not csv_metrics.sniff(tmp_path / "missing.csv")
     with pytest.raises(ParseError):
         csv_metrics.read(tmp_path / "a.csv", tmp_path)
@@ -106,8 +108,8 @@ def test_case_br16_wandb_history(cases_dir):
     r = csv_metrics.read(folder / "wandb_export/history.csv", folder)
     df = pl.from_arrow(r.metrics)
     assert vals(df, "loss", 180000) == [2.418428] and vals(df, "lr", 192000) == [0.0]
-    assert vals(df, "eval/paloma/c4_en/loss", 180000) == [2.537988]
-    assert vals(df, "eval/paloma/c4_en/loss", 180100) == []
+    assert vals(df, "eval_loss/paloma_c4_en", 180000) == [2.537988]  # a per-dataset eval loss, by rule
+    assert vals(df, "eval_loss/paloma_c4_en", 180100) == []
     assert df.filter(pl.col("step") == 180000).get_column("wall_time")[0] == 1748912345.0
     assert r.meta["segments"] == 1 and not r.skipped
 
@@ -260,12 +262,15 @@ def test_wandb_json_export_corrupt_row_is_skipped(tmp_path):
 
 
 def test_json_sniff(tmp_path):
-    """Only arrays of row objects with a step key are claimed."""
+    """Only arrays of row objects with a step key, or with a loss column (read by row index), are claimed."""
     cases = {"a.json": '[{"_step": 0, "loss": 1}]', "b.json": '{"_step": 0}', "c.json": "[1, 2]",
-             "d.json": '[{"loss": 1}]', "e.json": '  \n[\n {"step": 3, "loss": 1}\n]', "f.json": ""}
+             "d.json": '[{"loss": 1}]', "e.json": '  \n[\n {"step": 3, "loss": 1}\n]', "f.json": "",
+             "g.json": '[{"name": "x", "size": 3}]'}
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
-    assert [n for n in sorted(cases) if csv_metrics.sniff(tmp_path / n)] == ["a.json", "e.json"]
+    assert [n for n in sorted(cases) if csv_metrics.sniff(tmp_path / n)] == ["a.json", "d.json", "e.json"]
+    d = csv_metrics.read(tmp_path / "d.json", tmp_path)
+    assert d.meta["step_axis"]["kind"] == "row_index" and pl.from_arrow(d.metrics)["step"].to_list() == [0]
     with pytest.raises(ParseError):
         csv_metrics.read(tmp_path / "b.json", tmp_path)
 

@@ -4,7 +4,9 @@ Each framework module exports ``parse_line(line, state) -> LineRecord | None``: 
 physical line already cleaned by :mod:`parsers.textlog` (ANSI escapes and ``[rankN]:`` prefixes
 removed, split on ``\r`` too), ``state`` a per-file dict the module may use for its own counters.
 A module returns ``None`` when the line is not one of its shapes; :mod:`parsers.textlog` then
-tries the next module. Modules never raise on odd input.
+tries the next module. Modules never raise on odd input. The general reader :mod:`parsers.lines.kv`
+reads any ``key value`` line and goes last; a framework module exists only for a trap of its
+framework, named in its docstring.
 
 :class:`Rows` collects metrics and events column-wise and builds the Arrow tables of
 :mod:`forensics.schema`; :mod:`parsers.hf_trainer` and :mod:`parsers.csv_metrics` use it too.
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
@@ -117,6 +120,13 @@ def dedupe_canonical(metrics: list[Metric]) -> list[Metric]:
     return out
 
 
+def repeat_string(value: str, n: int) -> pa.Array:
+    """``n`` copies of one string as an Arrow string array, built from buffers (no Python list of ``n``)."""
+    data = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
+
+
 class Rows:
     """Column buffers for the metrics and events tables of one source file.
 
@@ -133,9 +143,17 @@ class Rows:
         self.wall: list[float | None] = []
         self.tag: list[str] = []
         self.events: list[dict[str, Any]] = []
+        self.chunks: list[pa.Table] = []
+        self.chunk_rows = 0
 
     def __len__(self) -> int:
-        return len(self.step)
+        return len(self.step) + self.chunk_rows
+
+    def add_chunk(self, table: pa.Table) -> None:
+        """Append rows read in bulk (a table with :data:`METRICS_SCHEMA`); they come after the list rows."""
+        if table.num_rows:
+            self.chunks.append(table)
+            self.chunk_rows += table.num_rows
 
     def add(self, segment: int, step: int, name: str, value: float | None, tag: str,
             wall_time: float | None = None) -> int:
@@ -169,8 +187,17 @@ class Rows:
                             "message": message, "source": self.source})
 
     def metrics_table(self, keep: list[bool] | None = None) -> pa.Table:
-        """The metrics table (:data:`METRICS_SCHEMA`), optionally only rows where ``keep`` is true."""
-        idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep) if k]
+        """The metrics table (:data:`METRICS_SCHEMA`), optionally only rows where ``keep`` is true.
+
+        ``keep`` covers the rows added one by one; rows added in bulk (:meth:`add_chunk`) are all kept.
+        """
+        table = self._list_table(keep)
+        if not self.chunks:
+            return table
+        return pa.concat_tables([table, *[c.replace_schema_metadata(None) for c in self.chunks]]).combine_chunks()
+
+    def _list_table(self, keep: list[bool] | None) -> pa.Table:
+        idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep[:len(self.step)]) if k]
         pick = (lambda col: [col[i] for i in idx]) if keep is not None else (lambda col: col)
         n = len(idx)
         return pa.Table.from_arrays(

@@ -52,6 +52,29 @@ _VERSIONS = re.compile(r"\b([A-Za-z][\w-]*)==(\d[\w.+-]*)")
 _VERSIONS_LINE = re.compile(r"^(?:[A-Za-z][\w-]*==\d[\w.+-]*[\s,]*)+$")
 
 
+def _scoped(pattern: str) -> str:
+    return f"(?i:{pattern[4:]})" if pattern.startswith("(?i)") else f"(?:{pattern})"
+
+
+EVENT_ANY = "|".join(_scoped(p.pattern) for p in (HARDWARE, OOM, _ERRORISH, EXC_LINE, _NAN_TEXT, _SAVE, _LOAD,
+                                                  _JOB_END)) + r"|Namespace\(|=="
+"""One pattern (Python ``re`` and Rust ``regex``) for a stripped line that :func:`parse_line` or
+:func:`is_error_line` may take: a line it does not match is neither (lets a block of lines skip both)."""
+
+
+_RANK_OF = re.compile(r"^(?:\[(?:rank|default|Rank)\s*(\d+)\]:\s?|(\d{1,5}):\s(?=\s*\S))")
+
+
+def clean_rank(line: str) -> tuple[str, int | None]:
+    """:func:`clean` and the rank of the prefix it removed (``None``: no rank prefix)."""
+    rank = None
+    if line[:1] in "[0123456789":
+        m = _RANK_OF.match(line if "\x1b" not in line else ANSI.sub("", line))
+        if m:
+            rank = int(m.group(1) or m.group(2))
+    return clean(line), rank
+
+
 def clean(line: str) -> str:
     """Remove ANSI escapes and one launcher prefix (``[rank0]:``, ``[default7]:``, ``0: ``)."""
     if "\x1b" in line:
@@ -113,12 +136,14 @@ def is_error_line(text: str) -> bool:
     return bool(HARDWARE.search(s) or OOM.search(s) or _ERRORISH.match(s) or EXC_LINE.match(s))
 
 
-def parse_line(line: str, state: dict) -> LineRecord | None:
+def parse_line(line: str, state: dict, *, nan_text: bool = True) -> LineRecord | None:
     """Framework-neutral lines: checkpoint load/save, resume, NaN notices, job end, versions.
 
     Args:
         line: A cleaned line.
         state: Per-file state (unused).
+        nan_text: Whether to take a line that says the loss is NaN (``False``: leave it to the metric
+            readers first, so that ``step 5 | loss nan`` keeps its row).
 
     Returns:
         A record, or ``None``.
@@ -139,7 +164,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return LineRecord("common", events=[("checkpoint_saved", s[:300], step_in(s))])
     if _JOB_END.search(s):
         return LineRecord("common", events=[("job_end", s[:300], None)])
-    if _NAN_TEXT.search(s):
+    if nan_text and _NAN_TEXT.search(s):
         return LineRecord("common", events=[("nan_detected", s[:300], step_in(s))])
     if "==" in s and _VERSIONS_LINE.match(s):
         return LineRecord("common", meta={"versions": dict(_VERSIONS.findall(s))})

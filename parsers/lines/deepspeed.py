@@ -1,5 +1,9 @@
 """DeepSpeed engine lines, reference/formats.md section 4.2.
 
+Why a module: ``skipped=K`` is a running total (the per-step count is its difference), the overflow and
+hysteresis messages are events with a loss-scale change that no ``key value`` pair states, and the
+engine configuration is a multi-line dump.
+
 Shapes: ``[ts] [INFO] [logging.py:128:log_dist] [Rank 0] step=N, skipped=K, lr=[X], mom=[...]``
 (``skipped`` is cumulative; it becomes ``skipped_step``, the count since the previous line), the
 fp16 overflow messages of ``deepspeed/runtime/fp16/loss_scaler.py`` (``[deepspeed] OVERFLOW! Rank 0 Skipping

@@ -1,5 +1,8 @@
 """fairseq and metaseq ``train.log`` lines.
 
+Why a module: fairseq rounds small loss scales to ``loss_scale=0`` (a value, not zero), and its epoch
+summary lines repeat the inner lines' names as averages.
+
 Shapes (with or without the ``YYYY-MM-DD hh:mm:ss | INFO | logger |`` prefix):
 
 - ``train_inner | epoch 002:    243 / 356 loss=9.912, nll_loss=8.982, ..., num_updates=590, lr=...,

@@ -1,4 +1,11 @@
-"""Custom training scripts: a ``key value`` tokenizer keyed on a step token, and the ImageNet example.
+"""Two traps of custom scripts: ImageNet running averages, and a step line with a non-finite loss in words.
+
+Trap 1 (ImageNet): the value to read is the running average in parentheses (``Loss 1.9 (1.6)``), numbered by
+epoch, the last batch line of an epoch winning; a general ``key value`` reader would read the instantaneous
+value. Trap 2: ``[step 55895] non-finite loss (nan)`` carries no ``loss`` pair, yet says the loss was NaN.
+Every other step line is read by the general reader (:mod:`parsers.lines.kv`).
+
+History: this module used to hold a ``key value`` tokenizer keyed on a step token:
 
 The tokenizer finds a step token near the start of the line (``step``, ``iter``, ``iteration``,
 ``global_step``, ``num_updates``, ``update``; after timestamps, ``[tags]`` and log levels only), then
@@ -75,39 +82,37 @@ def _name(tag: str) -> str:
 
 
 def parse_line(line: str, state: dict) -> LineRecord | None:
-    """Parse one line of a custom script's stdout.
+    """Parse one line of the ImageNet example, or a step line that says its loss is non-finite.
+
+    Every other ``key value`` line is left to the general reader (:mod:`parsers.lines.kv`).
 
     Args:
         line: A cleaned line.
         state: Per-file state (``imagenet_epoch``).
 
     Returns:
-        A record with a step and at least one metric, or ``None``.
+        A record, or ``None``.
     """
     r = _imagenet(line, state)
     if r is not None:
         return r
+    if "loss" not in line:
+        return None
     m = _STEP.match(line)
-    if not m:
+    if not m or not _NANLOSS.search(line, m.end()):
         return None
     step = int(m.group(2))
+    if any(n == "loss" for n, _, _ in _pairs(line, m.end())):
+        return None
+    return LineRecord("generic", step=step, metrics=[metric("loss", math.nan)],
+                      events=[("nan_detected", line.strip()[:300], step)], wall_time=wall_time(line))
+
+
+def _pairs(line: str, start: int) -> list:
     out = []
-    for tag, val in _PAIR.findall(line, m.end()):
-        tag = tag.strip()
+    for tag, val in _PAIR.findall(line, start):
         try:
-            v = float(val.replace(",", ""))
+            out.append(metric(tag.strip(), float(val.replace(",", ""))))
         except ValueError:
             continue
-        out.append(metric(tag, v, _name(tag)))
-    events = []
-    if not any(n == "loss" for n, _, _ in out) and _NANLOSS.search(line, m.end()):
-        out.append(metric("loss", math.nan))
-        events.append(("nan_detected", line.strip()[:300], step))
-    if not out:
-        return None
-    names = {n for n, _, _ in out}
-    if "eval_loss" in names:
-        out = [(f"eval_{t.replace(' ', '_')}" if n == "loss" else n, t, v) for n, t, v in out]
-    is_eval = names <= {"eval_loss", "Val took"}
-    return LineRecord("generic", step=step, metrics=out, events=events, eval=is_eval,
-                      wall_time=wall_time(line))
+    return out

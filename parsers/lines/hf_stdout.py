@@ -1,5 +1,8 @@
 """Hugging Face Trainer stdout, reference/formats.md section 3.2.
 
+Why a module: recent dict lines carry no step (it is derived from the epoch and the printed training
+block), transformers 5 quotes every float as ``%.4g`` text, and the summary dict is not a step.
+
 Shapes: the dict lines ``{'loss': 2.3, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.01}``
 (a Python repr: ``nan``/``inf`` tokens), the same with every float as a ``f"{v:.4g}"`` string
 (``{'loss': '3.914', 'grad_norm': 'nan', 'learning_rate': '0.0006', 'epoch': '0.01562'}``: ``ProgressCallback``

@@ -1,5 +1,9 @@
 """Megatron-LM / Megatron-DeepSpeed stdout (``main_log.txt``), reference/formats.md section 4.1.
 
+Why a module and not the general reader (:mod:`parsers.lines.kv`): Megatron omits ``lm loss`` from the line
+when its average is NaN (the absence is the NaN), prints placeholder zeros (``grad norm: 0.000`` on every
+line), a constant ``loss scale: 1.0`` in bf16, and multi-line argument dumps.
+
 Shapes: `` [ts] iteration N/ M | key: value | ... |`` (``lm loss`` absent when its average is
 NaN), `` validation loss at iteration N ... | lm loss value: X | lm loss PPL: X |``, the argument
 dump (``  name ....... value`` between dashed headers), ``using torch.float16 for parameters``,

@@ -1,5 +1,8 @@
 """nanoGPT ``train.py`` stdout, reference/formats.md section 4.5 (``karpathy/nanoGPT:train.py``).
 
+Why a module: ``mfu -100.00%`` is a placeholder until the fifth iteration, and the ``train loss`` of the
+``step N:`` line is an evaluation estimate (``eval_train_loss``), not the training objective.
+
 Shapes (``print`` calls of ``train.py``)::
 
     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")

@@ -1,5 +1,8 @@
 r"""NVIDIA NeMo stdout (NeMo 2 ``ProgressPrinter``, NeMo 1 / NeMo 2 tqdm bars), reference/formats.md section 4.3.
 
+Why a module: a tqdm bar repeats the last validation value on every later bar (only the first one after
+validation is a sample), and the global step is the bar position minus one.
+
 NeMo 2 ``ProgressPrinter`` (``NVIDIA/NeMo:nemo/lightning/pytorch/callbacks/progress_printer.py``,
 ``on_train_batch_end`` and ``format_string``) prints with ``print``, one line per ``log_interval``::
 

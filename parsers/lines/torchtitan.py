@@ -1,5 +1,8 @@
 r"""torchtitan stdout, reference/formats.md section 4.4.
 
+Why a module: lines cut by interleaved writes start like a metric line but must not be read in part
+(listed as damaged), and ``Training starts at step N`` says a resume without a checkpoint line.
+
 The logger is the root logger with the format ``[titan] %(asctime)s - %(name)s - %(levelname)s -
 %(message)s`` (``pytorch/torchtitan:torchtitan/tools/logging.py``); torchrun may put ``[rank0]:`` in
 front (removed by :func:`parsers.lines.common.clean`, as are the ANSI colours: ``Color`` in
@@ -51,6 +54,7 @@ _VALID = re.compile(
 _LOAD = re.compile(r"^Loading the checkpoint (?:at step (\d+)|from (\S*?))\.?$")
 _LAST_SAVE = re.compile(r"^Saving a (?:full|model only) checkpoint .*at last step, step (\d+)\.$")
 _STARTS = re.compile(r"^Training starts at step (\d+)\.?$")
+_SHAPE = re.compile(r"(?:validate )?step:\s+\d+  ")  # torchtitan's f"step: {step:2}  loss: ..." (two spaces)
 _STEP_DIR = re.compile(r"step-(\d+)/?$")
 
 
@@ -84,7 +88,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     """
     m = _PREFIX.match(line)
     if m is None:
-        if not line.startswith(("step:", "validate step:")):
+        if not _SHAPE.match(line):
             return None
         msg, ts = line, None
     else:
@@ -106,7 +110,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         out = _rows([("validate loss", "eval_loss", loss), ("validate memory", "eval_memory_reserved_gib", gib),
                      ("validate memory %", "eval_memory_reserved_pct", pct), ("validate tps", "eval_throughput", tput)])
         return LineRecord("torchtitan", step=int(step), metrics=out, eval=True, wall_time=ts)
-    if msg.startswith(("step:", "validate step:")):
+    if _SHAPE.match(msg):
         return LineRecord("torchtitan", damaged=f"torchtitan metric line that does not parse (cut or garbled): "
                                                 f"{msg[:120]!r}")
     if m is None:

@@ -1,0 +1,241 @@
+"""Which series is the run's training objective, and how each raw name was mapped (DESIGN.md section 2).
+
+Runs log their objective under many names (``train/loss``, ``total_loss``, ``train_loss_step``, only
+components such as ``box_loss``, only an evaluation loss or a perplexity). :func:`resolve` looks at the
+whole run and picks, in rank order:
+
+1. ``loss``: the training objective read directly (a name mapped to ``loss`` by
+   :func:`forensics.schema.canonical_metric`), unless it is constant zero (a placeholder, not a loss);
+2. the sum of the training loss components ``loss/<part>`` (YOLOv5 ``box+obj+cls``, detectron2 parts,
+   DeepSpeed-Chat ``act+cri``) at the steps where they all were logged, constant-zero components left out;
+   the rows are added as ``loss`` with the tag ``sum(...)``;
+3. ``eval_loss``, then ``ppl`` / ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
+   ``meta["objective"]["kind"]`` says ``evaluation``).
+
+A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none of them
+the verdict is ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import polars as pl
+
+from forensics.schema import explain_metric
+
+_EVAL_OBJECTIVES = ("eval_loss", "ppl", "eval_ppl")
+ZERO = "constant_zero:"
+"""Prefix of the name a constant-zero ``loss`` series is kept under (it is not the loss)."""
+
+
+def _single_eval_part(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+    """The only evaluation loss of a run, logged per dataset or split, is ``eval_loss`` (said in ``names``).
+
+    ``eval/paloma/c4_en/loss`` (named ``eval_loss/paloma_c4_en`` by rule) alone is the eval loss; several
+    per-dataset eval losses stay as parts.
+    """
+    present = metrics.get_column("metric").unique().to_list()
+    if "eval_loss" in present:
+        return metrics
+    parts = [m for m in present if m.startswith("eval_loss/") and not re.search(_STAT, m)]
+    if len(parts) != 1:
+        return metrics
+    part = parts[0]
+    for t in metrics.filter(pl.col("metric") == part).get_column("tag").unique().to_list():
+        names[t] = {"metric": "eval_loss", "why": f"the run's only evaluation loss ({part})"}
+    return metrics.with_columns(pl.when(pl.col("metric") == part).then(pl.lit("eval_loss"))
+                                .otherwise(pl.col("metric")).alias("metric"))
+
+
+def _constant_zero(df: pl.DataFrame) -> bool:
+    v = df.get_column("value").drop_nulls().drop_nans()
+    return v.len() > 0 and bool((v == 0.0).all())
+
+
+def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Rename series as the user said: ``{canonical: raw tag or metric}`` (``--metric loss=COLUMN``).
+
+    Returns:
+        The metrics and ``{raw: why}`` for every mapping applied.
+    """
+    why: dict[str, str] = {}
+    for canon, raw in mapping.items():
+        hit = (pl.col("tag") == raw) | (pl.col("metric") == raw)
+        if metrics.filter(hit).height == 0:
+            why[raw] = f"user mapping {canon}={raw}: no series named {raw!r} was found"
+            continue
+        metrics = metrics.with_columns(
+            pl.when(pl.col("metric") == canon).then(pl.col("tag")).otherwise(pl.col("metric")).alias("metric"))
+        metrics = metrics.with_columns(pl.when(hit).then(pl.lit(canon)).otherwise(pl.col("metric")).alias("metric"))
+        why[raw] = f"user mapping: {raw!r} is {canon!r} (--metric or forensics.toml)"
+    return metrics, why
+
+
+def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None, dict[str, Any]]:
+    """Find the objective; returns the metrics (maybe with added ``loss`` rows), the objective, and the names.
+
+    Returns:
+        ``(metrics, objective, names)``: ``objective`` is ``{"metric", "tags", "kind", "why"}`` or ``None``;
+        ``names`` maps each raw tag to ``{"metric", "why"}`` (only tags whose name changed, plus demotions).
+    """
+    names: dict[str, Any] = {}
+    if metrics.height == 0:
+        return metrics, None, names
+    metrics = _single_eval_part(metrics, names)
+    pairs = metrics.select("tag", "metric").unique().sort("tag").iter_rows()
+    for tag, metric in pairs:
+        if tag != metric:
+            canon, why = explain_metric(tag)
+            if canon != metric:
+                why = "named by its reader (a format-specific rule)"
+            names[tag] = {"metric": metric, "why": why}
+    loss = metrics.filter(pl.col("metric") == "loss")
+    if loss.height and _constant_zero(loss):
+        tags = sorted(set(loss.get_column("tag").to_list()))
+        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
+                                       .otherwise(pl.col("metric")).alias("metric"))
+        for t in tags:
+            names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}
+        loss = metrics.filter(pl.col("metric") == "loss")
+    if not loss.height:  # the loss logged as a statistic over the interval: ``Loss/loss`` {mean, std, num}
+        for cand in ("loss/mean", "loss/loss", "loss/loss/mean"):
+            df = metrics.filter(pl.col("metric") == cand)
+            if df.height and not _constant_zero(df):
+                metrics = metrics.with_columns(pl.when(pl.col("metric") == cand).then(pl.lit("loss"))
+                                               .otherwise(pl.col("metric")).alias("metric"))
+                for t in sorted(set(df.get_column("tag").to_list())):
+                    names[t] = {"metric": "loss", "why": f"{cand}: the loss (its mean over each logging interval)"}
+                loss = metrics.filter(pl.col("metric") == "loss")
+                break
+    if loss.height:
+        tags = sorted(set(loss.get_column("tag").to_list()))
+        return metrics, {"metric": "loss", "tags": tags, "kind": "training",
+                         "why": "the training objective, read directly: " + ", ".join(tags)}, names
+    parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
+    if parts.height:
+        # a part logged as statistics (``loss/G/loss/mean``, ``/std``, ``/num``): its mean is the part
+        plain = set(parts.get_column("metric").unique().to_list())
+        parts = parts.with_columns(
+            pl.when(pl.col("metric").str.ends_with("/mean")
+                    & ~pl.col("metric").str.replace(r"/mean$", "").is_in(list(plain)))
+            .then(pl.col("metric").str.replace(r"/mean$", "")).otherwise(pl.col("metric")).alias("metric"))
+        parts = parts.filter(~pl.col("metric").str.contains(_STAT))
+        keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
+        keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
+        zero = sorted(set(parts.get_column("metric").unique().to_list()) - set(keep))
+        if keep:
+            sub = parts.filter(pl.col("metric").is_in(keep))
+            # per (source, segment, step): the sum over the parts, only where every part was logged
+            agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
+                   .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
+                   .filter(pl.col("n") == len(keep)))
+            if agg.height:
+                tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
+                rows = agg.select(
+                    "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
+                    pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
+                    pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
+                metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+                why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
+                       f"{agg.height} steps where all were logged (the objective of detection and RLHF "
+                       f"trainers is their sum)")
+                if zero:
+                    why += f"; constant-zero component(s) left out: {', '.join(zero)}"
+                return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)",
+                                 "why": why}, names
+            top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
+            rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
+            metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+            why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
+                   f"same steps; the most logged one, {top}, is taken")
+            return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
+                             "kind": "training (one component)", "why": why}, names
+    promoted = _promote(metrics)
+    if promoted is not None:
+        tag, kind, why = promoted
+        metrics = metrics.with_columns(pl.when((pl.col("tag") == tag) & (pl.col("metric") == tag))
+                                       .then(pl.lit("loss")).otherwise(pl.col("metric")).alias("metric"))
+        names[tag] = {"metric": "loss", "why": why}
+        return metrics, {"metric": "loss", "tags": [tag], "kind": kind, "why": why}, names
+    for m in _EVAL_OBJECTIVES:
+        df = metrics.filter(pl.col("metric") == m)
+        if df.height and not _constant_zero(df):
+            tags = sorted(set(df.get_column("tag").to_list()))
+            return metrics, {"metric": m, "tags": tags, "kind": "evaluation",
+                             "why": f"no training loss was logged; the evaluation objective {m} ({', '.join(tags)}) "
+                                    "is the only objective read"}, names
+    return metrics, None, names
+
+
+_STAT = r"/(?:mean|num|std|min|max|count|sum)$"
+_LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
+                             "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})
+"""Names of loss functions that trainers log the objective under (CatBoost ``RMSE``, ``Logloss``, ...)."""
+_EVAL_WORDS = re.compile(r"(?i)(?:^|[/_ .-])(?:val|valid|validation|eval|test|dev)(?:$|[/_ .-])")
+
+
+def _promote(metrics: pl.DataFrame) -> tuple[str, str, str] | None:
+    """A raw series to take as the objective when no loss was named, or ``None``.
+
+    A per-epoch training loss first, else a loss function by name; ``(tag, kind, why)``. Eval-side names never
+    qualify.
+    """
+    raw = metrics.filter(pl.col("metric") == pl.col("tag"))
+    tags = raw.get_column("tag").unique(maintain_order=True).to_list() if raw.height else []
+    tags = [t for t in tags if not _EVAL_WORDS.search(t)]
+    for t in tags:
+        low = t.lower()
+        if "loss" in low and not _constant_zero(raw.filter(pl.col("tag") == t)):
+            return t, "training (an aggregate: per epoch)", (
+                f"no per-step training loss was logged; {t!r} is the training loss aggregated per epoch")
+    for t in tags:
+        if t.lower().replace(" ", "") in _LOSS_FUNCTIONS and not _constant_zero(raw.filter(pl.col("tag") == t)):
+            return t, "training (a loss function by name)", (
+                f"no series is named loss; {t!r} is a loss function's name and no eval word qualifies it")
+    return None
+
+
+COUNTERS = ("skipped_step", "nan_step")
+"""Canonical names that mean a count per step; a writer may print them as a running total."""
+
+
+def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+    """A running total logged under a per-step counter's name becomes the per-step count, with why.
+
+    A series is a running total when, within each (source, segment), its values are integers that never
+    go down and rise at least once over at least 3 rows (DeepSpeed's ``skipped=K``, a script's
+    ``skipped: 6``); its per-step value is the difference from the previous row (the first row keeps its
+    value). Readers that already convert (``parsers.lines.deepspeed``) log per-step counts, which go down,
+    so they are left alone.
+    """
+    for name in COUNTERS:
+        df = metrics.filter(pl.col("metric") == name)
+        if df.height < 3:
+            continue
+        v = df.get_column("value")
+        if v.null_count() or not bool((v == v.floor()).all()):
+            continue
+        g = df.with_row_index("_i").with_columns(
+            pl.col("value").diff().over(["source", "segment"]).alias("_d"))
+        d = g.get_column("_d").drop_nulls()
+        if d.len() == 0 or bool((d < 0).any()) or not bool((d > 0).any()):
+            continue
+        per_step = g.with_columns(pl.col("_d").fill_null(pl.col("value")).alias("value")).drop("_i", "_d")
+        metrics = pl.concat([metrics.filter(pl.col("metric") != name), per_step.select(metrics.columns)],
+                            how="vertical_relaxed")
+        for t in sorted(set(df.get_column("tag").to_list())):
+            names[t] = {"metric": name, "why": f"{t!r} is a running total (it never goes down): read as the "
+                                                "per-step count, the difference from the previous row"}
+    return metrics
+
+
+def how_to_map(metrics: pl.DataFrame, limit: int = 12) -> str:
+    """A sentence for an inconclusive verdict: what was found and how to name the objective."""
+    found = sorted(set(metrics.get_column("tag").unique().to_list())) if metrics.height else []
+    shown = ", ".join(found[:limit]) + (f" (+{len(found) - limit} more)" if len(found) > limit else "")
+    example = next((t for t in found if "loss" in t.lower()), found[0] if found else "COLUMN")
+    return (f"no training objective (a loss) was found among the series read: {shown or 'none'}; "
+            f"if one of them is the objective, say so: forensics analyze RUN --metric loss={example} "
+            f"(or aliases in a forensics.toml)")

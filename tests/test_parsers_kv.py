@@ -1,0 +1,177 @@
+"""The general metric reader (parsers/lines/kv.py).
+
+Its grammar, one line and a block giving the same rows, the bulk path of parsers.textlog giving the rows
+of the one-by-one path, ranks and script dumps.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsers import textlog
+from parsers.lines import kv
+
+
+def one(line: str):
+    """(step, {metric: value}) of one line, or None."""
+    r = kv.parse_line(line, {})
+    return None if r is None else (r.step, {m: v for m, _, v in r.metrics})
+
+
+def block(lines: list[str]):
+    """What parse_block + frames_of read from the candidate lines (as parsers.textlog sends them), as one() says."""
+    s = pl.Series(lines, dtype=pl.Utf8)
+    cand = (s.str.contains(kv.CANDIDATE) & ~s.str.contains(kv.CODE)).arg_true().to_list()
+    ld, md = kv.frames_of(kv.parse_block(s.gather(cand)), {})
+    steps = dict(ld.iter_rows())
+    out: list = [None] * len(lines)
+    for i in steps:
+        out[cand[i]] = (steps[i], {})
+    for i, m, _, v in md.iter_rows():
+        out[cand[i]][1][m] = v
+    return out
+
+
+@pytest.mark.parametrize(("line", "step", "expect"), [
+    ("step:12/6200 train_loss:3.2785 train_time:1234ms step_avg:102.8ms", 12,
+     {"loss": 3.2785, "train_time": 1234.0, "step_avg": 102.8}),
+    ("epoch: 0|step: 7|ppo_ep: 1|act_loss: 0.2099|cri_loss: 0.1204|unsuper_loss: 0.0", 7,
+     {"epoch": 0.0, "ppo_ep": 1.0, "loss/act": 0.2099, "loss/cri": 0.1204, "loss/unsuper": 0.0}),
+    ("iter 40: loss 3.5012, time 1431.27ms, mfu 0.01%", 40, {"loss": 3.5012, "time": 1431.27, "mfu": 0.01}),
+    ("step=5, loss=NaN, lr=[5e-05, 5e-05], grad_norm=INF", 5, {"loss": math.nan, "lr": 5e-05, "grad_norm": math.inf}),
+    ("[2024-05-01 10:00:00] step 9\tloss 1.25\tlr 1e-4", 9, {"loss": 1.25, "lr": 1e-4}),
+    ("global_step 100  total_loss 2.50  tokens 1.5M  throughput 12,345", 100,
+     {"loss": 2.5, "tokens": 1.5e6, "throughput": 12345.0}),
+    ('INFO {"iteration": 3, "sft/loss/avg": 0.75, "val/loss": 0.8}', 3, {"loss": 0.75, "eval_loss": 0.8}),
+    ("{'global_step': 4, 'loss_metrics/global_avg_loss': 1.5, 'train/box_loss': 0.2}", 4,
+     {"loss": 1.5, "loss/box": 0.2}),
+    ("Iter(train) [50/500]  lr: 1.0000e-04  loss: 2.3456  loss_cls: 1.2", 50,
+     {"lr": 1e-4, "loss": 2.3456, "loss/cls": 1.2}),
+    ("chosen: 0.0, rejected: 0.0, loss: 0.693359375", None, {"chosen": 0.0, "rejected": 0.0, "loss": 0.693359375}),
+    ("ppl: 2.0179834365844727", None, {"ppl": 2.0179834365844727}),
+    ("Epoch 3 | train loss 1.20 | val loss 1.31", 3, {"epoch": 3.0, "loss": 1.2, "eval_loss": 1.31}),
+    ("acc (higher is better) : 0.49, step 3", 3, {"acc": 0.49}),
+    ("[100/200000] Train loss: 0.00414, Valid loss: 0.00665", 100, {"loss": 0.00414, "eval_loss": 0.00665}),
+    ("Epoch[002/100], Step[0100/0196], Avg Loss: 0.9829", 2 * 196 + 100, {"epoch": 2.0, "loss": 0.9829}),
+])
+def test_grammar(line, step, expect):
+    """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""
+    got = one(line)
+    assert got is not None and got[0] == step
+    assert got[1].keys() == expect.keys()
+    for k, v in expect.items():
+        assert (math.isnan(got[1][k]) and math.isnan(v)) or got[1][k] == pytest.approx(v), k
+    assert block([line]) == [got] or all(  # NaN != NaN: compare the keys and the finite values
+        b[0] == got[0] and b[1].keys() == got[1].keys() for b in block([line]))
+
+
+@pytest.mark.parametrize("line", [
+    "def zeropower_via_newtonschulz5(G, steps=10, eps=1e-7):",
+    "        val_loss = 0.0",
+    "    if step == 10:",
+    "Loading 5 files",
+    "Total optimization steps = 1000",
+])
+def test_not_metric_lines(line):
+    """Script source and prose are not metric lines."""
+    assert one(line) is None
+
+
+_KEYS = st.sampled_from(["step", "iter", "loss", "train_loss", "lr", "grad_norm", "val loss", "tokens", "x/lr0",
+                         "epoch", "loss_cls", "mfu", "ppl", "current_steps", "throughput"])
+_VALS = st.one_of(st.integers(0, 10**6).map(str), st.floats(-1e6, 1e6, allow_nan=False).map(lambda f: f"{f:.4g}"),
+                  st.sampled_from(["nan", "NaN", "inf", "-inf", "1,234", "1.5e-05", "3.2K", "12ms", "45%", "7/100"]))
+_SEPS = st.sampled_from([": ", "=", " ", ":", " = "])
+_JOIN = st.sampled_from([" | ", ", ", "\t", "  ", " ", "|"])
+
+
+@st.composite
+def _lines(draw):
+    n = draw(st.integers(1, 6))
+    pairs = [f"{draw(_KEYS)}{draw(_SEPS)}{draw(_VALS)}" for _ in range(n)]
+    pre = draw(st.sampled_from(["", "[rank0]: ", "2024-01-01 10:00:00,123 INFO ", "{", "[step] "]))
+    return pre + draw(_JOIN).join(pairs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_lines(), min_size=1, max_size=30))
+def test_line_and_block_agree(lines):
+    """parse_line and parse_block/frames_of read the same steps and values (the bulk path's contract)."""
+    lines = [textlog.common.clean(x) for x in lines]
+    got = block(lines)
+    for line, b in zip(lines, got, strict=True):
+        a = one(line)
+        if a is None or b is None:
+            assert a == b, line
+            continue
+        assert a[0] == b[0] and a[1].keys() == b[1].keys(), line
+        for k in a[1]:
+            assert (math.isnan(a[1][k]) and math.isnan(b[1][k])) or a[1][k] == b[1][k], (line, k)
+
+
+def _read(tmp_path: Path, text: str, long_run: int) -> tuple[pl.DataFrame, dict]:
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    old, small = textlog._Reader.LONG_RUN, textlog._Reader.SMALL
+    textlog._Reader.LONG_RUN = long_run
+    textlog._Reader.SMALL = 0 if long_run < 10**9 else 10**9  # bulk path vs one by one for every line
+    try:
+        r = textlog.read(p, tmp_path)
+    finally:
+        textlog._Reader.LONG_RUN, textlog._Reader.SMALL = old, small
+    df = pl.from_arrow(r.metrics).sort(["segment", "step", "metric"], maintain_order=True)
+    return df, dict(r.meta)
+
+
+def test_bulk_rows_equal_one_by_one(tmp_path):
+    """The block path (runs read by arrays) gives the rows of the one-by-one path.
+
+    Steps that go back, step-less lines, wall times; script source counted.
+    """
+    lines = ["import os", "def f(x):", "    return x"]
+    for i in range(300):
+        lines.append(f"2024-01-01 10:{i // 60:02d}:{i % 60:02d} step {i % 200} | loss {1 + i / 1000:.4f} | lr 1e-4")
+        if i % 50 == 7:
+            lines.append(f"eval loss: {2 + i / 1000:.3f}")
+    text = "\n".join(lines) + "\n"
+    bulk, meta = _read(tmp_path, text, 8)
+    single, _ = _read(tmp_path, text, 10**9)
+    assert bulk.equals(single)
+    assert bulk.get_column("segment").max() == 1  # the step went back at i = 200
+    assert meta["skipped_lines"]["script source"] == 3
+
+
+def test_script_dump_then_metrics(tmp_path):
+    """Metric lines after more than 64 KiB of printed source are found by sniff and read."""
+    src = "".join(f"def f{i}(x):\n    step = x + {i}\n    return step\n" for i in range(3000))
+    p = tmp_path / "run.txt"
+    p.write_text(src + "".join(f"step:{i}/100 train_loss:{3 - i / 100:.4f} train_time:{i}ms\n" for i in range(100)))
+    assert p.stat().st_size > 64 * 1024 and textlog.sniff(p)
+    r = textlog.read(p, tmp_path)
+    df = pl.from_arrow(r.metrics)
+    assert df.filter(pl.col("metric") == "loss").height == 100
+    assert r.meta["total_steps"] == 100 and r.meta["units"]["train_time"] == "ms"
+
+
+def test_interleaved_ranks_no_restart(tmp_path):
+    """Eight ranks printing the same steps: one row per (step, metric), no segment, ranks counted."""
+    lines = []
+    for step in range(20):
+        for rank in (3, 0, 7, 1):
+            lines.append(f"[rank{rank}]: step {step} | loss {2 - step / 100:.3f}")
+    _, df, _ = (None, *_rows(tmp_path, "\n".join(lines) + "\n"))
+    assert df.get_column("segment").max() == 0
+    assert df.filter(pl.col("metric") == "loss").height == 20
+
+
+def _rows(tmp_path: Path, text: str):
+    p = tmp_path / "ranks.log"
+    p.write_text(text)
+    r = textlog.read(p, tmp_path)
+    return pl.from_arrow(r.metrics), r.meta
