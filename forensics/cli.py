@@ -25,7 +25,7 @@ EXIT_ERROR = 2
 EXIT_INCONCLUSIVE = 3
 """The verdict is ``inconclusive``: the training objective was not found (not an error, not healthy)."""
 
-_FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown
+_FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown; every command takes all of them
 
 
 def _fail(message: str, *, json_error: tuple[str, object] | None = None) -> None:
@@ -88,10 +88,14 @@ def main() -> None:
               help="Say which logged series is a canonical metric, e.g. --metric loss=train/total (repeatable).")
 @click.option("--follow-symlinks", is_flag=True,
               help="Follow symlinks that lead out of the run folder (default: not followed, listed as skipped).")
+@click.option("--summary", is_flag=True,
+              help="Also print the summary on stderr when the payload goes to stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Text: list every finding, trial and skipped item.")
 def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: bool,
-            metric_map: tuple[str, ...], follow_symlinks: bool) -> None:
+            metric_map: tuple[str, ...], follow_symlinks: bool, summary: bool, verbose: bool) -> None:
     """Diagnose one run folder: onset, cause, evidence, recovery trial."""
     fmt, output = _format_and_output(fmt, output)
+    explicit_output = output is not None
     as_json = fmt == "json"
     try:
         mapping = _metric_map(metric_map)
@@ -116,15 +120,17 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             output = Path(f"forensics-{Path(analysis.run).resolve().name or 'run'}.html")
         if fmt == "html":
             html_path = str(output)
-        payload = render(analysis, run, ReportFormat(fmt), html_path=html_path)
+        color = fmt == "text" and output is None and sys.stdout.isatty()
+        payload = render(analysis, run, ReportFormat(fmt), html_path=html_path, color=color, verbose=verbose)
         if output is None:
             click.echo(payload, nl=not payload.endswith("\n"))
         else:
             atomic.write_text(output, payload)  # whole or absent; an error names the output
-            if analysis.recovery is not None:  # the machine-readable plan, for a launcher
+            if explicit_output and analysis.recovery is not None:  # the machine-readable plan, for a launcher
                 trial_path = output.with_name(f"{output.stem}.recovery_trial.json")
                 atomic.write_text(trial_path, json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n")
-        click.echo(_text(analysis, color=sys.stderr.isatty()), err=True)
+        if output is not None or summary:  # stdout is not the payload, or asked for
+            click.echo(_text(analysis, run, color=sys.stderr.isatty(), verbose=verbose), err=True)
         if output is not None:
             click.echo(f"report written to {_shown(output)}", err=True)
     if analysis.verdict == "inconclusive":
@@ -158,10 +164,10 @@ def _format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]
     return ("markdown" if fmt == "md" else fmt), (None if output is not None and str(output) == "-" else output)
 
 
-def _text(analysis, *, color: bool) -> str:  # noqa: ANN001
+def _text(analysis, run, *, color: bool, verbose: bool = False) -> str:  # noqa: ANN001
     from reports.text_report import render_text
 
-    return render_text(analysis, color=color).rstrip("\n")
+    return render_text(analysis, color=color, run=run, verbose=verbose).rstrip("\n")
 
 
 @main.command()
@@ -287,11 +293,12 @@ def _emit(payload: str, output: Path | None) -> None:
 @main.command()
 @click.argument("proxy", type=click.Path(path_type=Path))
 @click.argument("target", type=click.Path(path_type=Path))
-@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown", "md")), default="html",
-              show_default=True, help="Report format.")
+@click.option("-f", "--format", "fmt", type=click.Choice(_FORMATS), default="html", show_default=True,
+              help="Report format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the report (default: stdout; for html ./forensics-compare.html).")
-def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
+@click.option("--summary", is_flag=True, help="Also print the summary on stderr when the payload goes to stdout.")
+def compare(proxy: Path, target: Path, fmt: str, output: Path | None, summary: bool) -> None:
     """What changed between a PROXY run and its TARGET, where they parted, and the trial to test it."""
     fmt, output = _format_and_output(fmt, output)
     with _errors(proxy):
@@ -302,23 +309,26 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None) -> None:
         if fmt == "html" and output is None:
             output = Path("forensics-compare.html")
         _emit(render_compare(result, fmt), output)
-        dep, top = result["departure"], (result["explanations"] or [None])[0]
-        where = f"{dep['signal']} at step {dep['step']}" if dep else "none"
-        what = (top["setting"] or top["mechanism"]) if top else "none"
-        click.echo(f"departure: {where}; top explanation: {what}", err=True)
+        if output is not None or summary:  # stdout is not the payload, or asked for
+            dep, top = result["departure"], (result["explanations"] or [None])[0]
+            where = f"{dep['signal']} at step {dep['step']}" if dep else "none"
+            what = (top["setting"] or top["mechanism"]) if top else "none"
+            click.echo(f"departure: {where}; top explanation: {what}", err=True)
 
 
 @main.command()
 @click.argument("root", type=click.Path(path_type=Path))
-@click.option("-f", "--format", "fmt", type=click.Choice(("html", "json", "markdown", "md")), default="html",
-              show_default=True, help="Report format.")
+@click.option("-f", "--format", "fmt", type=click.Choice(_FORMATS), default="html", show_default=True,
+              help="Report format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the report (default: stdout; for html ./forensics-sweep.html).")
 @click.option("--target-width", "--target-d-model", "target_width", type=click.IntRange(min=1), default=None,
               help="Width (d_model) to extrapolate the size trends and the largest stable lr to.")
 @click.option("--target-params", type=click.FloatRange(min=1), default=None,
               help="Parameter count to extrapolate to (e.g. 7e10; converted to width or depth).")
-def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, target_params: float | None) -> None:
+@click.option("--summary", is_flag=True, help="Also print the summary on stderr when the payload goes to stdout.")
+def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, target_params: float | None,
+          summary: bool) -> None:
     """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
     fmt, output = _format_and_output(fmt, output)
     with _errors(root):
@@ -329,7 +339,7 @@ def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, t
         if fmt == "html" and output is None:
             output = Path("forensics-sweep.html")
         _emit(render_sweep(result, fmt), output)
-        for g in result["groups"]:
+        for g in (result["groups"] if output is not None or summary else ()):
             key = ", ".join(f"{k}={v}" for k, v in g["key"].items()) or "all runs"
             click.echo(f"{key}: LR sensitivity {g['lr_sensitivity']:.3f}, largest stable lr "
                        f"{g['largest_stable_lr']}, best lr {g['best_lr']}", err=True)

@@ -1,7 +1,7 @@
 """Renderers of an :class:`~forensics.model.Analysis`: HTML, JSON, Markdown and text.
 
-One module per format, behind one enum (STYLE.md item 8). Imports stay light: matplotlib is
-imported lazily inside the HTML renderer, so ``import reports`` costs almost nothing.
+One module per format, behind one enum (STYLE.md item 8). Imports stay light: Bokeh is imported
+lazily inside the HTML renderer, so ``import reports`` costs almost nothing.
 
 Example::
 
@@ -36,15 +36,18 @@ def render(
     *,
     html_path: str | None = None,
     color: bool = False,
+    verbose: bool = False,
 ) -> str:
     """Render one analysis in one format.
 
     Args:
         analysis: The engine's result.
-        run: The run's data; only the HTML report uses it (for charts). ``None`` draws no charts.
+        run: The run's data: charts (HTML), the plain sentence and the consistency pass (HTML, Markdown,
+            text). ``None`` draws no charts and keeps every success criterion.
         fmt: A :class:`ReportFormat` member or its value (``"html"``, ``"json"``, ...).
         html_path: Where the HTML report is (or will be) written; the Markdown report links it.
         color: Text format only: ANSI colours through rich (for a terminal).
+        verbose: Text format only: every finding, trial, criterion and skipped item.
 
     Returns:
         The report as one string (a complete HTML document for ``html``).
@@ -64,7 +67,7 @@ def render(
     if fmt is ReportFormat.markdown:
         from reports.markdown_report import render_markdown
 
-        return render_markdown(analysis, html_path=html_path)
+        return render_markdown(analysis, html_path=html_path, run=run)
     from reports.text_report import render_text
 
-    return render_text(analysis, color=color)
+    return render_text(analysis, color=color, run=run, verbose=verbose)

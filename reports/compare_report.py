@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from forensics.model import RunData
     from reports.charts import Chart
 
-FORMATS = ("html", "json", "markdown")
+FORMATS = ("html", "json", "markdown", "text")
 _PROXY, _TARGET, _DEPART = "#1f5fa8", "#c62828", "#b54708"
 
 
@@ -87,6 +87,32 @@ def render_markdown(result: dict[str, Any]) -> str:
     if ta:
         lines += ["", f"Target's own analysis: {ta['summary']}"]
     return "\n".join(lines) + "\n"
+
+
+def render_text(result: dict[str, Any]) -> str:
+    """The terminal summary: departure, the top explanations, the trial (plain lines)."""
+    dep = result.get("departure")
+    rows = [("proxy", str(result["proxy"])), ("target", str(result["target"])),
+            ("departure", f"{dep['signal']} at step {dep['step']}" if dep else
+             "none (the target stays inside the proxy's band on every aligned signal)")]
+    for d in result["differences"][:5]:
+        if d["matters"]:
+            rows.append(("difference", f"{d['setting']}: {compact(d['proxy'])} -> {compact(d['target'])} ({d['why']})"))
+    for i, e in enumerate(result["explanations"][:3], 1):
+        rows.append((f"explanation {i}", f"{e['setting'] or '(no recorded setting)'}: {e['mechanism']}, "
+                                          f"confidence {fmt_conf(e['confidence'])}"))
+    if len(result["explanations"]) > 3:
+        rows.append(("", f"(+{len(result['explanations']) - 3} more explanations: -f markdown or -f html lists them)"))
+    t = result.get("trial")
+    if t:
+        rows.append(("trial", f"{t['name']} ({t['steps']} steps): {t['change']}"))
+        rows.append(("control", str(t["control"])))
+        rows += [("worked if", str(c)) for c in t["success_criteria"][:1]]
+    ta = result.get("target_analysis")
+    if ta:
+        rows.append(("target alone", str(ta["summary"])))
+    width = max(len(k) for k, _ in rows) + 1
+    return "".join(f"{(k + ':') if k else '':<{width}} {' '.join(str(v).split())}\n" for k, v in rows)
 
 
 def _load(path: str) -> RunData | None:
@@ -167,9 +193,10 @@ def render_html(result: dict[str, Any], proxy: RunData | None = None, target: Ru
 
 
 def render(result: dict[str, Any], fmt: str) -> str:
-    """Render a compare result as ``html``, ``json`` or ``markdown``.
+    """Render a compare result as ``html``, ``json``, ``markdown`` or ``text``.
 
     Raises:
         ValueError: an unknown format.
     """
-    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown})
+    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown,
+                                  "text": render_text})

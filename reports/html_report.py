@@ -1,7 +1,12 @@
-"""The HTML report: one self-contained file (inline CSS and SVG charts, no external requests).
+"""The HTML report: one self-contained file (inline CSS, inline BokehJS, no external requests).
 
-Rendered with Jinja2 (autoescape, StrictUndefined) from ``reports/templates/report.html.j2``.
-Charts are drawn by matplotlib into inline SVG (see :mod:`reports.charts`).
+Rendered with Jinja2 (autoescape, StrictUndefined) from ``reports/templates/report.html.j2``. The first
+screen says what happened in one plain sentence, how sure and why, and what to do (checkpoint, first
+trial as a paste-ready block, what would prove it worked); the jargon follows as labels with a
+glossary. Charts are interactive Bokeh panels (see :mod:`reports.interactive`); every finding row links
+to its chart at its step.
+
+Entry point for every front end (CLI, audit, service): :func:`render_html` ``(analysis, run) -> str``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from forensics.model import Analysis
 from reports._common import environment, flatten, key_evidence, pretty_json
 
 if TYPE_CHECKING:
-    from forensics.model import RunData, Series
-    from reports.charts import Chart
+    from forensics.model import Finding, RunData
+    from reports._plain import Consistent
+    from reports.interactive import ChartSet
 
 MAX_EXTRA_METRICS = 12
 """Metrics referenced by findings charted beyond :data:`reports.charts.DEFAULT_METRICS`."""
@@ -61,7 +67,7 @@ def referenced_metrics(analysis: Analysis, available: Iterable[str]) -> list[str
 
 
 def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], dict[str, list[str]]]:
-    """Which metrics get a full-run chart, an onset zoom, and a per-layer chart.
+    """Which metrics get a full-run chart, an "around the onset" chart, and a per-layer heat map.
 
     Args:
         analysis: The engine's result.
@@ -69,16 +75,17 @@ def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], 
 
     Returns:
         ``(main, zoom, layers)``: metric names for full-run charts (defaults first, then those
-        the findings reference), metric names for the onset zoom, and per-layer groups
-        ``{base: [base/layer0, ...]}``.
+        the findings reference), every series a finding on the causal chain used (loss first; see
+        :func:`reports.interactive.chain_metrics`), and per-layer groups ``{base: [base/layer0, ...]}``.
     """
-    from reports.charts import DEFAULT_METRICS, ZOOM_METRICS
+    from reports.charts import DEFAULT_METRICS
+    from reports.interactive import chain_metrics
 
     names = run.metric_names
     refs = referenced_metrics(analysis, names)
     main = [m for m in DEFAULT_METRICS if m in names]
     main += [m for m in refs if "/" not in m and m not in main][:MAX_EXTRA_METRICS]
-    zoom = [m for m in ZOOM_METRICS if m in names] if analysis.onset else []
+    zoom = chain_metrics(analysis, run)
     groups: dict[str, list[str]] = {}
     for m in names:
         if "/" in m:
@@ -88,55 +95,88 @@ def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], 
     return main, zoom, {b: groups[b] for b in order[:MAX_LAYER_GROUPS]}
 
 
-def build_charts(analysis: Analysis, run: RunData) -> dict[str, list[Chart]]:
-    """Draw every chart of the report.
+def build_charts(analysis: Analysis, run: RunData) -> ChartSet:
+    """Build every chart of the report (Bokeh, one document; see :mod:`reports.interactive`).
 
     Args:
         analysis: The engine's result.
         run: The run's data.
 
     Returns:
-        ``{"main": [...], "zoom": [...], "layers": [...]}`` lists of charts.
+        The :class:`~reports.interactive.ChartSet`.
     """
-    from reports import charts as ch
+    from reports.interactive import build
 
-    marks = ch.marks_for(analysis.onset, run)
-    main, zoom, groups = chart_plan(analysis, run)
-    out: dict[str, list[Chart]] = {"main": [], "zoom": [], "layers": []}
-    n = 0
+    main, _, groups = chart_plan(analysis, run)
+    main += [m for m in analysis_chain_extra(analysis, run) if m not in main]
+    return build(analysis, run, main, groups)
 
-    def usable(name: str) -> Series | None:
-        s = run.series(name)
-        return s if s is not None and len(s) > 0 else None
 
-    for name in main:
-        if (s := usable(name)) is not None:
-            chart, _ = ch.metric_chart(s, marks, index=n)
-            out["main"].append(chart)
-            n += 1
-    for name in zoom:
-        if (s := usable(name)) is not None and (z := ch.zoom_chart(s, marks, index=n)) is not None:
-            out["zoom"].append(z)
-            n += 1
-    for base, members in groups.items():
-        layers = [s for m in members if (s := usable(m)) is not None]
-        if layers:
-            out["layers"].append(ch.layer_chart(base, layers, marks, index=n))
-            n += 1
-    seen: set[str] = set()
-    for group in out.values():
-        for i, c in enumerate(group):
-            if c.id in seen:
-                group[i] = type(c)(f"{c.id}-{len(seen)}", c.title, c.caption, c.svg)
-            seen.add(group[i].id)
-    return out
+def analysis_chain_extra(analysis: Analysis, run: RunData) -> list[str]:
+    """Chain series without a full-run panel yet (a step-time finding gets a step-time panel)."""
+    from reports.interactive import chain_metrics
+
+    return [m for m in chain_metrics(analysis, run) if "/" not in m]
+
+
+def _target(f: Finding, names: list[str], panels: Mapping[str, str], zoom: Mapping[str, str]) -> str | None:
+    """The chart a finding row links to: the panel of the first metric it used (main, then zoom)."""
+    from reports._plain import finding_metrics
+
+    used = sorted(finding_metrics(f, names), key=lambda m: (m == "loss", m))
+    for m in used:
+        if m in panels:
+            return panels[m]
+    for m in used:
+        if m in zoom:
+            return zoom[m]
+    return panels.get("loss") or next(iter(panels.values()), None)
+
+
+def _plan_view(analysis: Analysis, run: RunData | None, cons: Consistent) -> dict[str, Any] | None:
+    from reports._plain import launch_blocks, proof, split_restore
+
+    rec = analysis.recovery
+    if rec is None:
+        return None
+    rf = dict(rec.resume_from)
+    first = rec.trials[0] if rec.trials else None
+    steps, _ = split_restore(rec.restore)
+    return {
+        "checkpoint": rf.get("checkpoint"), "step": rf.get("step"), "why": rf.get("why", ""),
+        "restore": steps,
+        "trial": None if first is None else {
+            "name": first.name, "change": first.change, "steps": first.steps,
+            "blocks": [b.__dict__ for b in launch_blocks(first.settings, rf)],
+        },
+        "proof": proof(analysis, cons)[:4],
+        "more_trials": max(0, len(rec.trials) - 1),
+        "met": sum(r.where == "success criterion" for r in cons.removed),
+    }
 
 
 def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> dict[str, Any]:
+    from reports._plain import certainty, consistent, glossary, headline, launch_blocks
+    from reports.interactive import config_json
+
+    cons = consistent(analysis, run)
     onset = dict(analysis.onset) if analysis.onset else None
     onset_findings = [
         f for f in analysis.findings if onset is not None and f.step == onset.get("step")
     ]
+    chartset = None
+    if run is not None and run.metrics.height > 0:
+        chartset = build_charts(analysis, run)
+    names = run.metric_names if run is not None and run.metrics.height else []
+    panels = {p.metric: p.id for p in chartset.main} if chartset else {}
+    zpanels = {p.metric: p.id for p in chartset.zoom} if chartset else {}
+    span = 1
+    if run is not None and run.metrics.height:
+        col = run.metrics.get_column("step")
+        span = max(1, int(col.max()) - int(col.min()))  # type: ignore[arg-type]
+    half = max(20, span // 50)
+    if chartset is not None and chartset.window:
+        half = max(10, (chartset.window[1] - chartset.window[0]) // 2)
     findings = [
         {
             "code": f.code, "name": f.name, "step": f.step, "segment": f.segment, "cause": f.cause,
@@ -144,6 +184,8 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
             "severity_rank": _SEVERITY_RANK.get(f.severity, 0), "message": f.message,
             "key_evidence": key_evidence(f.evidence), "evidence_json": pretty_json(f.evidence),
             "against": list(f.against), "at_onset": f in onset_findings,
+            "chart": _target(f, names, panels, zpanels) if chartset and f.step is not None else None,
+            "half": half,
         }
         for f in analysis.findings
     ]
@@ -155,20 +197,33 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
             "checkpoint": rf.get("checkpoint"), "step": rf.get("step"), "why": rf.get("why", ""),
             "resume_extra": {k: v for k, v in rf.items() if k not in ("checkpoint", "step", "why")},
             "restore": list(rec.restore),
-            "trials": [{"name": t.name, "change": t.change, "steps": t.steps, "settings": dict(t.settings)}
+            "trials": [{"name": t.name, "change": t.change, "steps": t.steps, "settings": dict(t.settings),
+                        "blocks": [b.__dict__ for b in launch_blocks(t.settings, rf)]}
                        for t in rec.trials],
-            "success_criteria": list(rec.success_criteria), "do_not": list(rec.do_not),
+            "success_criteria": list(cons.success_criteria), "do_not": list(rec.do_not),
         }
     config: Mapping[str, Any] = analysis.meta
     config_from = "analysis"
     if not config and run is not None and run.meta:
         config, config_from = run.meta, "run"
-    charts: dict[str, list[Any]] = {"main": [], "zoom": [], "layers": []}
-    if run is not None and run.metrics.height > 0:
+    charts: dict[str, Any] = {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [],
+                              "window": None, "resources": "", "script": "", "config": "{}", "chain": [],
+                              "overlay_names": []}
+    if chartset is not None:
+        def panel(p: Any) -> dict[str, Any]:
+            return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
+                    "kind": p.kind, "log": p.log}
+
         charts = {
-            k: [{"id": c.id, "title": c.title, "caption": c.caption, "svg": Markup(c.svg)} for c in v]
-            for k, v in build_charts(analysis, run).items()
+            "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],
+            "layers": [panel(p) for p in chartset.layers], "constant": chartset.constant,
+            "zoom_constant": chartset.zoom_constant, "window": chartset.window,
+            # BokehJS and Bokeh's document script: library output (Bokeh escapes the JSON it embeds)
+            "resources": Markup(chartset.resources), "script": Markup(chartset.script),
+            "config": config_json(chartset.config), "chain": chartset.chain,
+            "overlay_names": list(chartset.config.get("overlay", [])),
         }
+    hyps = cons.hypotheses
     return {
         "run": str(analysis.run),
         "verdict": analysis.verdict,
@@ -176,13 +231,21 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
         "mechanism": analysis.mechanism,
         "confidence": analysis.confidence,
         "summary": analysis.summary,
+        "headline": headline(analysis, run),
+        "certainty": certainty(analysis, hyps),
+        "labels": glossary([analysis.cause, analysis.mechanism]),
+        "glossary": glossary([analysis.verdict, analysis.cause, analysis.mechanism,
+                              *(x for h in hyps for x in (h.cause, h.mechanism)),
+                              *(x for f in analysis.findings for x in (f.cause, f.mechanism))]),
+        "plan": _plan_view(analysis, run, cons),
+        "removed": [r.__dict__ for r in cons.removed],
         "onset": onset,
         "onset_findings": [{"code": f.code, "name": f.name, "message": f.message} for f in onset_findings],
         "findings": findings,
         "hypotheses": [
             {"cause": h.cause, "mechanism": h.mechanism, "confidence": h.confidence,
              "support": list(h.support), "against": list(h.against)}
-            for h in analysis.hypotheses
+            for h in hyps
         ],
         "recovery": recovery,
         "sources": [{"path": s.path, "format": s.format, "records": s.records, "segments": s.segments}
@@ -199,7 +262,7 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
 
 
 def render_html(analysis: Analysis, run: RunData | None, *, generated_at: datetime | None = None) -> str:
-    """Render the self-contained HTML report.
+    """Render the self-contained HTML report (the stable entry point the CLI, audit and service share).
 
     Args:
         analysis: The engine's result.

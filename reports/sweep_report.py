@@ -18,7 +18,7 @@ from markupsafe import Markup
 import forensics
 from reports._common import dispatch, environment, fmt_num, md_cell, plain
 
-FORMATS = ("html", "json", "markdown")
+FORMATS = ("html", "json", "markdown", "text")
 _COLORS = ("#1f5fa8", "#c62828", "#2e7d32", "#8e44ad", "#b9770e", "#00838f", "#ad1457", "#5d4037")
 
 
@@ -76,6 +76,28 @@ def render_markdown(result: dict[str, Any]) -> str:
     for s in result.get("skipped", []):
         lines += [f"Skipped `{s['what']}`: {s['reason']}"]
     return "\n".join(lines) + "\n"
+
+
+def render_text(result: dict[str, Any]) -> str:
+    """The terminal summary: one line per group, then one line per run (plain text)."""
+    lines = [f"sweep: {result['root']}"]
+    for g in result["groups"]:
+        lines.append(f"{group_label(g['key'])}: LR sensitivity {fmt_num(g['lr_sensitivity'])}, best lr "
+                     f"{fmt_num(g['best_lr'])}, largest stable lr {fmt_num(g['largest_stable_lr'])}, "
+                     f"{len(g['runs'])} runs")
+        for r in g["runs"]:
+            div = f"diverged at step {fmt_num(r['divergence_step'])}" if r["diverged"] else "stable"
+            lines.append(f"  lr {fmt_num(r['lr'])}: final loss {fmt_num(r['final_loss'])}, {div}")
+    for t in result.get("size_trends", []):
+        pred = ""
+        if t["predicted"] is not None:
+            pred = f", predicted {fmt_num(t['predicted'])} at d_model {t['target_d_model']}"
+        lines.append(f"size trend {group_label(t['key'])} lr {fmt_num(t['lr'])} {t['signal']}: slope "
+                     f"{fmt_num(t['slope'])}{pred}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
+    lines += [f"skipped {s['what']}: {s['reason']}" for s in result.get("skipped", [])]
+    return "\n".join(" ".join(ln.split()) if not ln.startswith("  ") else "  " + " ".join(ln.split())
+                     for ln in lines) + "\n"
 
 
 def _chart(result: dict[str, Any], what: str, index: int) -> str | None:
@@ -150,9 +172,10 @@ def render_html(result: dict[str, Any], *, generated_at: datetime | None = None)
 
 
 def render(result: dict[str, Any], fmt: str) -> str:
-    """Render a sweep result as ``html``, ``json`` or ``markdown``.
+    """Render a sweep result as ``html``, ``json``, ``markdown`` or ``text``.
 
     Raises:
         ValueError: an unknown format.
     """
-    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown})
+    return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown,
+                                  "text": render_text})

@@ -49,11 +49,13 @@ def test_detectors_lists_registry() -> None:
 
 @pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not generated")
 def test_json_to_stdout_and_exit_codes() -> None:
-    """JSON goes to stdout (parseable), the summary to stderr; healthy exits 0, a fault exits 1."""
+    """JSON goes to stdout (parseable), the summary to stderr only with --summary; healthy exits 0, a fault 1."""
     res = _run("analyze", str(SAMPLES / "healthy"), "-f", "json")
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["verdict"] == "healthy"
-    assert "healthy" in res.stderr
+    assert res.stderr == ""
+    res = _run("analyze", str(SAMPLES / "healthy"), "-f", "json", "--summary")
+    assert json.loads(res.stdout)["verdict"] == "healthy" and "HEALTHY" in res.stderr
     res = _run("analyze", str(SAMPLES / "lr_schedule_reset"), "-f", "json")
     assert res.exit_code == 1
     assert json.loads(res.stdout)["cause"] == "lr_schedule_reset"
@@ -66,7 +68,7 @@ def test_html_written_to_output(tmp_path: Path) -> None:
     res = _run("analyze", str(SAMPLES / "data_batch"), "-o", str(out))
     assert res.exit_code == 1
     html = out.read_text()
-    assert "<svg" in html and 'id="recovery"' in html
+    assert "data-root-id" in html and 'id="recovery"' in html
 
 
 @pytest.mark.parametrize("where", ["a_file", "under_a_file"])
