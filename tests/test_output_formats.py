@@ -66,7 +66,7 @@ def memoised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.setattr(forensics.api, "analyze_run", analyze_run)
     mp.setattr(forensics.compare, "compare", functools.cache(forensics.compare.compare))
     sweep = functools.cache(forensics.sweep.sweep)
-    mp.setattr(forensics.sweep, "sweep", lambda root, target_d_model=None: sweep(root, target_d_model=target_d_model))
+    mp.setattr(forensics.sweep, "sweep", lambda root, **options: sweep(root, **options))
     yield
     mp.undo()
 
