@@ -1,4 +1,4 @@
-"""DeepSpeed engine lines, reference/formats.md section 4.2.
+"""DeepSpeed engine lines, docs/formats.md#deepspeed.
 
 Shapes: ``[ts] [INFO] [logging.py:128:log_dist] [Rank 0] step=N, skipped=K, lr=[X], mom=[...]``
 (``skipped`` is cumulative; it becomes ``skipped_step``, the count since the previous line), the

@@ -1,4 +1,4 @@
-"""Hugging Face Trainer stdout, reference/formats.md section 3.2.
+"""Hugging Face Trainer stdout, docs/formats.md#hf-stdout.
 
 Shapes: the dict lines ``{'loss': 2.3, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.01}``
 (a Python repr: ``nan``/``inf`` tokens), the same with every float as a ``f"{v:.4g}"`` string

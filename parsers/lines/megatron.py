@@ -1,4 +1,4 @@
-"""Megatron-LM / Megatron-DeepSpeed stdout (``main_log.txt``), reference/formats.md section 4.1.
+"""Megatron-LM / Megatron-DeepSpeed stdout (``main_log.txt``), docs/formats.md#megatron.
 
 Shapes: `` [ts] iteration N/ M | key: value | ... |`` (``lm loss`` absent when its average is
 NaN), `` validation loss at iteration N ... | lm loss value: X | lm loss PPL: X |``, the argument

@@ -1,4 +1,4 @@
-"""nanoGPT ``train.py`` stdout, reference/formats.md section 4.5 (``karpathy/nanoGPT:train.py``).
+"""nanoGPT ``train.py`` stdout, docs/formats.md#nanogpt (``karpathy/nanoGPT:train.py``).
 
 Shapes (``print`` calls of ``train.py``)::
 

@@ -1,4 +1,4 @@
-r"""NVIDIA NeMo stdout (NeMo 2 ``ProgressPrinter``, NeMo 1 / NeMo 2 tqdm bars), reference/formats.md section 4.3.
+r"""NVIDIA NeMo stdout (NeMo 2 ``ProgressPrinter``, NeMo 1 / NeMo 2 tqdm bars), docs/formats.md#nemo.
 
 NeMo 2 ``ProgressPrinter`` (``NVIDIA/NeMo:nemo/lightning/pytorch/callbacks/progress_printer.py``,
 ``on_train_batch_end`` and ``format_string``) prints with ``print``, one line per ``log_interval``::

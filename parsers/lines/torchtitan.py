@@ -1,4 +1,4 @@
-r"""torchtitan stdout, reference/formats.md section 4.4.
+r"""torchtitan stdout, docs/formats.md#torchtitan.
 
 The logger is the root logger with the format ``[titan] %(asctime)s - %(name)s - %(levelname)s -
 %(message)s`` (``pytorch/torchtitan:torchtitan/tools/logging.py``); torchrun may put ``[rank0]:`` in
