@@ -6,7 +6,7 @@ Code written against the research notes outside the repository cites them as ``d
 ``formats.md section 4.1``, ``reference/formats.md 6.2, "Partial writes"``,
 ``/work/shared/reference/detectors.md section 3.3 and D2``, ``detectors.md §SP01``, ``formats.md:
 Megatron`` or a bare ``tiny-runs.md``. This script finds every such citation in the ``*.py`` and ``*.md``
-files under :data:`ROOTS` and replaces it with the path of our own notes in ``docs/`` and the anchor of
+files under :data:`ROOTS` (and the top-level ``README.md``) and replaces it with the path of our own notes in ``docs/`` and the anchor of
 the matching section, e.g. ``docs/detectors.md#dv01``.
 
 How a section is mapped, in this order:
@@ -364,8 +364,8 @@ def rewrite_text(text: str, rel: str, notes: dict[str, Notes]) -> tuple[str, lis
 
 
 def files(root: Path) -> list[Path]:
-    """The ``*.py`` and ``*.md`` files under :data:`ROOTS`, sorted."""
-    out: list[Path] = []
+    """The ``*.py`` and ``*.md`` files under :data:`ROOTS` and the top-level README, sorted."""
+    out: list[Path] = [root / "README.md"] if (root / "README.md").is_file() else []
     for r in ROOTS:
         base = root / r
         if base.is_dir():
