@@ -6,8 +6,8 @@ Code written against the research notes outside the repository cites them as ``d
 ``formats.md section 4.1``, ``reference/formats.md 6.2, "Partial writes"``,
 ``/work/shared/reference/detectors.md section 3.3 and D2``, ``detectors.md §SP01``, ``formats.md:
 Megatron`` or a bare ``tiny-runs.md``. This script finds every such citation in the ``*.py`` and ``*.md``
-files under :data:`ROOTS` (and the top-level ``README.md``) and replaces it with the path of our own notes in ``docs/`` and the anchor of
-the matching section, e.g. ``docs/detectors.md#dv01``.
+files under :data:`ROOTS` (and the top-level ``README.md``) and replaces it with the path of our own
+notes in ``docs/`` and the anchor of the matching section, e.g. ``docs/detectors.md#dv01``.
 
 How a section is mapped, in this order:
 
@@ -16,8 +16,8 @@ How a section is mapped, in this order:
 2. an anchor of that name in ``docs/<file>.md`` (``SP01`` -> ``sp01``);
 3. a section name or a quoted phrase: the :data:`ALIASES` patterns, then the heading texts of
    ``docs/<file>.md`` (``loss.spike`` -> ``sp01``, ``Megatron`` -> ``megatron``);
-4. for a bare ``tiny-runs.md`` only, the words of the line around it (the notes are one section per
-   fault, and the sentence names the fault).
+4. for a bare ``tiny-runs.md`` only (not one already under ``docs/``), the words of the sentence around
+   it (the notes are one section per fault, and the sentence names the fault).
 
 A citation whose section cannot be mapped still gets its ``docs/`` path, keeps its old section words
 and is reported as UNMAPPED (``tests/test_docs.py`` then fails on it, so nobody forgets it). Nothing is
@@ -330,7 +330,7 @@ def rewrite_text(text: str, rel: str, notes: dict[str, Notes]) -> tuple[str, lis
                 anchors[-1] = a  # 6.2, "Partial writes": the named subsection is the more precise one
             elif a not in anchors:
                 anchors.append(a)
-        if not toks and name == "tiny-runs":
+        if not toks and name == "tiny-runs" and not prefix.endswith("docs/"):
             a = by_words(name, context(text, start, end), notes[name])
             anchors += [a] if a else []
         frag = m.group("frag") or ""
