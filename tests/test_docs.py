@@ -168,6 +168,7 @@ def rewriter():
     ("see detectors.md (D15) here", "see docs/detectors.md#cross-run-audit here"),
     ("see formats.md: the layout", "see docs/formats.md: the layout"),
     ("``docs/detectors.md#sp01`` stays", "``docs/detectors.md#sp01`` stays"),
+    ("the fp16 runs of `docs/tiny-runs.md` stay whole", "the fp16 runs of `docs/tiny-runs.md` stay whole"),
     ("parsers/formats.md is another file", "parsers/formats.md is another file"),
 ])
 def test_rewrite_maps_old_citations(rewriter, old, new):
