@@ -11,7 +11,7 @@ notes in ``docs/`` and the anchor of the matching section, e.g. ``docs/detectors
 
 How a section is mapped, in this order:
 
-1. the old notes' section numbers and detector numbers (:data:`NUMBERED`; ``D13`` -> ``dv01``,
+1. the old notes' section and detector numbers (:data:`NUMBERED`, from ``.ci/citation_map.json``; ``D13`` -> ``dv01``,
    formats ``6.2`` -> ``torch-zip``; an unknown ``6.2.1`` falls back to ``6.2``, then ``6``);
 2. an anchor of that name in ``docs/<file>.md`` (``SP01`` -> ``sp01``);
 3. a section name or a quoted phrase: the :data:`ALIASES` patterns, then the heading texts of
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -46,97 +47,10 @@ ROOTS = ("forensics", "parsers", "reports", "benchmarks", "sample_logs", "tests"
 SKIP_MARK = "rewrite-citations: skip"
 NOTES = ("detectors", "formats", "tiny-runs")
 
-NUMBERED: dict[str, dict[str, str]] = {
-    "detectors": {
-        # detector numbers of the old notes' table (b)
-        "D0": "int01", "D1": "nf01", "D2": "ov01", "D3": "sp01", "D4": "gn01", "D5": "up01", "D6": "lr01",
-        "D7": "db01", "D8": "at01", "D9": "ol01", "D10": "adam-epsilon", "D11": "wu01", "D12": "hw01",
-        "D13": "dv01", "D14": "st01", "D15": "cross-run-audit",
-        # lettered and numbered sections
-        "(a)": "sources", "(b)": "conventions",
-        "1": "src-smdebug", "2": "sources", "3": "src-megatron-checks", "3.1": "src-megatron-checks",
-        "3.2": "src-megatron-rsm", "3.3": "loss-scalers", "3.4": "src-megatron-resume", "4": "sources",
-        "4.1": "src-olmo-core", "4.2": "src-palm", "4.3": "src-opt", "4.4": "src-bigscience", "5": "sources",
-        "6": "sources", "7": "src-resume-issues",
-    },
-    "formats": {
-        "0": "hazards", "1": "tensorboard", "1.1": "tensorboard-files", "1.2": "tensorboard-framing",
-        "1.3": "tensorboard-schema", "1.4": "tensorboard-scalars", "1.5": "tensorboard-readers",
-        "1.6": "tensorboard-readers", "1.7": "tensorboard-damage", "2": "wandb", "2.1": "wandb-layout",
-        "2.2": "wandb-framing", "2.3": "wandb-records", "2.4": "wandb-history", "2.5": "wandb-framing",
-        "2.6": "wandb-history", "2.7": "wandb-framing", "3": "hf-trainer", "3.1": "hf-trainer-state",
-        "3.2": "hf-stdout", "4": "stdout", "4.1": "megatron", "4.2": "deepspeed", "4.3": "nemo",
-        "4.4": "torchtitan", "4.5": "nanogpt", "4.6": "olmo", "5": "metric-files", "5.1": "lightning-csv",
-        "5.2": "mlflow", "5.3": "jsonl", "6": "checkpoints", "6.1": "safetensors", "6.2": "torch-zip",
-        "6.3": "optimizer-state", "6.4": "dcp", "6.5": "deepspeed-zero", "6.6": "megatron-checkpoints",
-        "6.7": "streaming-reduction", "7": "our-choices",
-    },
-    "tiny-runs": {},
-}
-"""Section and detector numbers of the old notes -> our anchors."""
-
-ALIASES: dict[str, tuple[tuple[str, str], ...]] = {
-    "detectors": (
-        (r"recovery", "recovery-trial"),
-        (r"back-?track", "onset-backtracking"),
-        (r"convention|robust z|\bmad\b|trailing window", "conventions"),
-        (r"sustained|drift", "sustained-rise"),
-        (r"first anomalous|onset", "onset"),
-        (r"loss[- ]?scal|scaler|calibration", "loss-scalers"),
-        (r"fp16 infer|is_fp16|precision", "fp16-inference"),
-        (r"epsilon|\beps\b", "adam-epsilon"),
-        (r"audit|cohort|cross-run", "cross-run-audit"),
-        (r"olmo", "src-olmo-core"), (r"palm", "src-palm"), (r"\bopt\b", "src-opt"),
-        (r"bigscience|bloom", "src-bigscience"), (r"wortsman", "src-wortsman"), (r"takase|spike no more", "src-takase"),
-        (r"molybog", "src-molybog"), (r"dehghani|vit-22b", "src-dehghani"), (r"marin", "src-marin"),
-        (r"smdebug|sagemaker", "src-smdebug"), (r"rerun|rsm\b", "src-megatron-rsm"),
-    ),
-    "formats": (
-        (r"partial write|truncat.*(zip|torch)|central directory", "torch-zip-partial"),
-        (r"pickle|unpickl", "torch-zip-pickle"),
-        (r"bf16|loss scale: 1\.0|constant.*scale|collapsed fp16 scale", "bf16-loss-scale"),
-        (r"lm loss|megatron.*nan|nan.*megatron", "megatron-nan"),
-        (r"fairseq.*scale|loss_scale=0|scales? as 0", "fairseq-loss-scale"),
-        (r"reservoir|purge|downsampl|event ?accumulator", "tensorboard-readers"),
-        (r"tfrecord|masked crc|crc32c", "tensorboard-framing"),
-        (r"simple_value|scalar encoding", "tensorboard-scalars"),
-        (r"tensorboard|tfevents", "tensorboard"),
-        (r"leveldb|\.wandb|w&b.*(fram|block|log format)|transaction log", "wandb-framing"),
-        (r"value_json|history", "wandb-history"),
-        (r"wandb|w&b|weights ?& ?biases", "wandb"),
-        (r"trainer_state|log_history|nan_inf_filter", "hf-trainer-state"),
-        (r"hf stdout|trainer stdout|dict repr", "hf-stdout"),
-        (r"hugging ?face|\bhf\b", "hf-trainer"),
-        (r"megatron.*checkpoint|iter_\d|model_optim_rng", "megatron-checkpoints"),
-        (r"megatron", "megatron"), (r"deepspeed.*zero|\bzero\b", "deepspeed-zero"), (r"deepspeed", "deepspeed"),
-        (r"fairseq|metaseq", "fairseq"), (r"nemo", "nemo"), (r"torchtitan|titan", "torchtitan"),
-        (r"nanogpt", "nanogpt"), (r"olmo", "olmo"),
-        (r"lightning|csvlogger|metrics\.csv", "lightning-csv"), (r"mlflow|mlruns", "mlflow"),
-        (r"jsonl", "jsonl"), (r"safetensors", "safetensors"),
-        (r"exp_avg|optimizer state|adam|global_step|scheduler state", "optimizer-state"),
-        (r"distcp|distributed checkpoint|\bdcp\b", "dcp"),
-        (r"bfloat16|bf16 bit|stream|per-tensor norm|without loading", "streaming-reduction"),
-        (r"torch\.save|\.pt\b|zip", "torch-zip"),
-        (r"precision|lossy|rounded", "precision"),
-        (r"hazard|truncated|damage|every reader", "hazards"),
-    ),
-    "tiny-runs": (
-        (r"output[- ]logit|log ?z\b|z-loss", "output-logit-divergence"),
-        (r"overflow|fp16", "overflow"),
-        (r"exp_avg|non-?finite state|nonfinite_state", "nonfinite-state"),
-        (r"update[- ]scale|update ratio|a window|window, not a step", "update-scale-growth"),
-        (r"attention|q/k|qk", "attention-logit-growth"),
-        (r"lr[- ]schedule|scheduler|resume", "lr-schedule-reset"),
-        (r"bad batch|data[_ ]batch|padd", "data-batch"),
-        (r"sweep|proxy", "lr-sweep"),
-        (r"corpus|label", "corpus"),
-        (r"wandb|w&b", "wandb"),
-        (r"hugging ?face|\bhf\b|trainer", "hf-trainer"),
-        (r"job|die|abort", "job-behaviour"),
-        (r"cpu|thread|speed|determinis|seed", "setup"),
-        (r"healthy", "healthy"),
-    ),
-}
+_MAP = json.loads((Path(__file__).with_name("citation_map.json")).read_text(encoding="utf-8"))
+NUMBERED: dict[str, dict[str, str]] = _MAP["numbered"]
+"""Section and detector numbers of the old notes -> our anchors (``.ci/citation_map.json``)."""
+ALIASES: dict[str, list[tuple[str, str]]] = {k: [tuple(x) for x in v] for k, v in _MAP["aliases"].items()}
 """Per notes file: (case-insensitive pattern on a section name or phrase, anchor), first match wins."""
 
 _CITE = re.compile(
@@ -300,16 +214,54 @@ def _anchor(name: str, kind: str, value: str, notes: Notes) -> str | None:
     return by_words(name, value, notes)
 
 
+def _resolve(name: str, toks: list[tuple[str, str]], notes: Notes) -> tuple[list[str], list[str], bool]:
+    """Anchors for the section tokens of one citation.
+
+    Returns the anchors, the tokens that map to nothing, and whether the cited words must stay in the
+    text (a quoted phrase, or anything unmapped).
+    """
+    anchors: list[str] = []
+    unmapped: list[str] = []
+    keep_words = False
+    for kind, value in toks:
+        a = _anchor(name, kind, value, notes)
+        if kind == "quote" and len(value.split()) > 4:
+            keep_words = True  # a quoted phrase, not a section name: it finds the section and stays
+        if a is None:
+            unmapped.append(" ".join(value.split()))
+        elif kind == "quote" and anchors:
+            anchors[-1] = a  # 6.2, "Partial writes": the named subsection is the more precise one
+        elif a not in anchors:
+            anchors.append(a)
+    return ([], unmapped, True) if unmapped else (anchors, unmapped, keep_words)
+
+
+def _eat(text: str, end: int, tok_end: int) -> tuple[str, int]:
+    """What replaces the eaten section words, and where the text resumes.
+
+    The replacement is empty, or the line break the words spanned (after any closing punctuation).
+    """
+    eaten, stop = text[end:tok_end], tok_end
+    if "\n" not in eaten:
+        return "", stop
+    punct = re.match(r"[)\]},.;:]*", text[stop:]).group(0)  # type: ignore[union-attr]
+    brk = re.match(r"\n[ \t]*(?:#[ \t]*)?", eaten[eaten.rfind("\n"):]).group(0)  # type: ignore[union-attr]
+    stop += len(punct)
+    while stop < len(text) and text[stop] in " \t":
+        stop += 1
+    return punct + brk, stop
+
+
 def rewrite_text(text: str, rel: str, notes: dict[str, Notes]) -> tuple[str, list[Change]]:
     """Rewrite every old-style citation of ``text``; returns the new text and what changed."""
     out: list[str] = []
     changes: list[Change] = []
     last = 0
     for m in _CITE.finditer(text):
-        prefix, name = m.group("prefix"), m.group("name")
+        prefix, name, frag = m.group("prefix"), m.group("name"), m.group("frag") or ""
         if prefix and not prefix.endswith("docs/") and not any(o in prefix for o in _OUTSIDE):
             continue  # some other file of that name
-        if m.group("frag") and prefix == "docs/":
+        if frag and prefix == "docs/":
             continue  # already in our form
         open_, close = m.group("open") or "", m.group("close") or ""
         start, end = m.start(), m.end()
@@ -317,39 +269,16 @@ def rewrite_text(text: str, rel: str, notes: dict[str, Notes]) -> tuple[str, lis
             start, end = start + len(open_), end - len(close)
             open_ = close = ""
         toks, tok_end = _tokens(text, end, name, notes[name])
-        anchors: list[str] = []
-        unmapped: list[str] = []
-        keep_words = False
-        for kind, value in toks:
-            a = _anchor(name, kind, value, notes[name])
-            if kind == "quote" and len(value.split()) > 4:
-                keep_words = True  # a quoted phrase, not a section name: it finds the section and stays
-            if a is None:
-                unmapped.append(" ".join(value.split()))
-            elif kind == "quote" and anchors:
-                anchors[-1] = a  # 6.2, "Partial writes": the named subsection is the more precise one
-            elif a not in anchors:
-                anchors.append(a)
+        anchors, unmapped, keep_words = _resolve(name, toks, notes[name])
         if not toks and name == "tiny-runs" and not prefix.endswith("docs/"):
             a = by_words(name, context(text, start, end), notes[name])
             anchors += [a] if a else []
-        frag = m.group("frag") or ""
-        if unmapped:
-            anchors, keep_words = [], True
-        if anchors:
-            new = " and ".join(f"{open_}docs/{name}.md#{a}{close}" for a in anchors)
-        else:
-            new = f"{open_}docs/{name}.md{frag}{close}"
+        new = " and ".join(f"{open_}docs/{name}.md#{a}{close}" for a in anchors)
+        new = new or f"{open_}docs/{name}.md{frag}{close}"
         stop = end
         if toks and not keep_words:
-            stop = tok_end
-            eaten = text[end:tok_end]
-            if "\n" in eaten:  # keep the line break the eaten words spanned, after closing punctuation
-                punct = re.match(r"[)\]},.;:]*", text[stop:]).group(0)  # type: ignore[union-attr]
-                new += punct + re.match(r"\n[ \t]*(?:#[ \t]*)?", eaten[eaten.rfind("\n"):]).group(0)  # type: ignore[union-attr]
-                stop += len(punct)
-                while stop < len(text) and text[stop] in " \t":
-                    stop += 1
+            tail, stop = _eat(text, end, tok_end)
+            new += tail
         old = text[start:stop]
         out.append(text[last:start] + new)
         last = stop
