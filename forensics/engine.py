@@ -7,7 +7,7 @@ Detectors report; the engine decides (STYLE.md item 5). The rules, each one func
    "bad batch", a spike that recovered by itself).
 2. ``_apply_notes``: remedies the run folder's notes say already failed halve the cause they address.
 3. ``_slow_divergence``: a loss that turns and keeps rising with no other explanation is update
-   growth (detectors.md D13).
+   growth (docs/detectors.md#dv01).
 4. ``_choose``: lead-lag between strong families (the earliest explains the later ones), with
    the symptom/cause corrections of DESIGN.md section 4: fp16 evidence makes growth an
    ``overflow``; a loss-scale collapse that follows a grad-norm departure is update growth; a
@@ -281,7 +281,7 @@ def _early_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]
 
 
 def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
-    """Rule 3: a divergence no family explains is updates too large for the model (detectors.md D13)."""
+    """Rule 3: a divergence no family explains is updates too large for the model (docs/detectors.md#dv01)."""
     dv = ev.get("DV01")
     if not dv or any(h.confidence >= MIN_CAUSE_CONF for h in hyps):
         return hyps
@@ -295,7 +295,7 @@ def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
         "update_scale_growth", "adapter_scale" if adapter else "lr_too_high", 0.55,
         (f"{d.code} step {d.step}: {d.message}",
          "the loss turns and keeps rising without a spike: the slow-divergence signature of updates too "
-         "large for the model (detectors.md D13; BigScience 104B 'non-spike diverging')")
+         "large for the model (docs/detectors.md#dv01; BigScience 104B 'non-spike diverging')")
         + (("a LoRA adapter is trained: its effective step scales with alpha/rank",) if adapter else ()),
         ("no grad-norm, update-ratio or attention-logit series confirms the growth",),
     )]
@@ -387,7 +387,7 @@ def _choose(ev: _Evidence, hyps: list[Hypothesis]) -> tuple[Hypothesis | None, l
         return None, hyps
     chosen: Hypothesis | None = strong[0]
     fams = {h.cause for h in strong}
-    # fp16 evidence distinguishes an overflow from plain update growth (tiny-runs.md)
+    # fp16 evidence distinguishes an overflow from plain update growth (docs/tiny-runs.md#overflow)
     if "overflow" in fams and chosen.cause == "update_scale_growth":
         chosen = next(h for h in strong if h.cause == "overflow")
     # a loss-scale collapse after a grad-norm departure is a symptom of growing updates

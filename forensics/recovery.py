@@ -1,6 +1,6 @@
 """The recovery planner: a controlled recovery trial for each cause (DESIGN.md section 5).
 
-Literature behind the defaults (shared/reference/detectors.md, "Recovery-trial recipe"):
+Literature behind the defaults (docs/detectors.md#recovery-trial):
 resume from the newest checkpoint at least 100 steps before the onset (PaLM, arXiv
 2204.02311 section 5.1); short arms run through the onset plus a margin: unchanged with the
 onset's batches skipped (PaLM skipped 200-500 batches), peak lr x0.5 and x0.25 with a
@@ -327,7 +327,7 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
             trials.append(Trial("z-loss", "add z-loss 1e-4 * log^2 Z on the output logits (PaLM; Wortsman et al. "
                                 "2023), or a logit soft-cap", length, {"z_loss": 1e-4}))
         if mechanism != "output_logit_divergence":
-            if "spike_steps" in ev and warm:  # WU01: spikes while the lr ramps up (detectors.md D11)
+            if "spike_steps" in ev and warm:  # WU01: spikes while the lr ramps up (docs/detectors.md#wu01)
                 trials.append(Trial("longer warm-up", f"the same peak lr reached over a warm-up twice as long "
                                     f"({2 * warm} steps instead of {warm}) and {clip_text}", length,
                                     {"warmup_steps": 2 * warm, "clip_grad_norm": clip}))

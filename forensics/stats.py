@@ -1,6 +1,6 @@
 """Robust statistics over a run's own history (no fixed absolute thresholds alone).
 
-Conventions of ``shared/reference/detectors.md`` section (b): a trailing window of W=128
+Conventions of ``docs/detectors.md#conventions``: a trailing window of W=128
 points (OLMo-core ``StabilityMonitorCallback`` default), robust z = (x - median_W) /
 (1.4826 * MAD_W) (1.4826 makes the MAD a consistent estimator of sigma for a normal law),
 computed on a log scale for positive, multiplicative series (loss, grad norm, update ratio).
@@ -105,7 +105,7 @@ def backtrack_onset(z: np.ndarray, index: int, threshold: float = 3.0) -> int:
     Args:
         z: robust z per point, shape (n,) (NaN counts as below threshold).
         index: the detection point.
-        threshold: the back-tracking level (detectors.md (b): z >= 3).
+        threshold: the back-tracking level (docs/detectors.md#conventions: z >= 3).
 
     Returns:
         The earliest index i <= ``index`` such that z[i..index] are all >= threshold (or non-finite

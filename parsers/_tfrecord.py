@@ -2,7 +2,7 @@
 
 A TensorBoard event file is a sequence of TFRecord frames
 ``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``
-(``formats.md`` section 1). :func:`scan` walks the frames of a memory-mapped file in compiled
+(``docs/formats.md#tensorboard``). :func:`scan` walks the frames of a memory-mapped file in compiled
 code, checks both CRCs, and decodes the one Event shape that makes up almost every scalar file:
 
     Event { double wall_time = 1; int64 step = 2; Summary summary = 5 {

@@ -1,4 +1,4 @@
-"""Hugging Face Trainer ``trainer_state.json`` (``log_history``), reference/formats.md section 3.1.
+"""Hugging Face Trainer ``trainer_state.json`` (``log_history``), docs/formats.md#hf-trainer-state.
 
 Rows: train entries (``loss``, ``grad_norm``, ``learning_rate`` -> ``lr``, ``epoch``,
 ``num_input_tokens_seen`` -> ``tokens`` and any custom key such as ``logits_max``), eval entries

@@ -1,4 +1,4 @@
-"""Generic JSONL metric logs: one JSON object per line (``formats.md`` section 5.3).
+"""Generic JSONL metric logs: one JSON object per line (``docs/formats.md#jsonl``).
 
 Nested objects are flattened with ``/``; booleans become 0/1; strings and lists are not metrics. A record
 that names a module, layer, name or tensor (``{"step": 1, "module": "enc.wo", "absmax": 4.6e4}``) gets

@@ -14,7 +14,7 @@
   segment 0, ``meta["runs"]`` lists the run ids, and with more than one run the ``tag`` is
   ``"<key>@<run_uuid[:8]>"`` (one run: the plain key).
 
-See ``/work/shared/reference/formats.md`` section 5.2.
+See ``docs/formats.md#mlflow``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """safetensors checkpoints: our own header parser and a chunked, bounded-memory tensor reducer.
 
-Layout (``huggingface/safetensors:README.md``, ``safetensors/src/tensor.rs``; formats.md 6.1): a
+Layout (``huggingface/safetensors:README.md``, ``safetensors/src/tensor.rs``; docs/formats.md#safetensors): a
 little-endian u64 ``N``, ``N`` bytes of UTF-8 JSON (``{name: {dtype, shape, data_offsets: [begin,
 end)}, "__metadata__": {str: str}}``, offsets relative to the start of the byte buffer that follows
 the header), then the buffer, row-major and little-endian. The header is checked before anything is
@@ -9,8 +9,8 @@ itemsize``, no two tensors overlapping. A file cut short (the header complete, t
 shorter than the header declares, the declared tensors tiling the buffer without holes as every
 writer leaves them) keeps the tensors that lie entirely inside it; the cut ones are listed
 (:func:`parse_header`). Tensors are streamed one by one in offset order with large sequential
-``readinto`` calls (formats.md 6.7: faster than mmap page faults on network file systems), so a tensor
-of any size costs one chunk buffer.
+``readinto`` calls (docs/formats.md#streaming-reduction: faster than mmap page faults on network file
+systems), so a tensor of any size costs one chunk buffer.
 
 Statistics (sum of squares, max |x|, NaN/inf/zero counts, the Adam-epsilon share) are exact in
 float64. Most dtypes are reduced block by block as floats (:class:`Moments`; BF16 decoded by its bit
@@ -50,7 +50,7 @@ CHUNK_BYTES = 4 << 20
 """Bytes per sequential read (the bound on the memory one open tensor stream holds). Small enough for the chunk
 the kernel just copied to be reduced from the cache (``bench_checkpoint.py``, page-cached file, GB/s per CPU
 second: BF16 1.1 with 32 MiB reads, 1.7 with 2-4 MiB; F16 0.8 / 1.0; F32 the same); still large sequential
-reads, never mmap page faults (formats.md 6.7)."""
+reads, never mmap page faults (docs/formats.md#streaming-reduction)."""
 BLOCK = 1 << 16
 """Elements reduced per numpy call (cache-sized; measured fastest between 2**14 and 2**18)."""
 MAX_STRIDED_BYTES = 64 << 20
@@ -183,7 +183,7 @@ def _table16(dtype: str) -> dict[str, np.ndarray]:
     """
     bits = np.arange(1 << 16, dtype=np.uint32)
     with np.errstate(invalid="ignore", over="ignore"):  # signalling NaN patterns
-        if dtype == "BF16":  # exact: a bfloat16 is the upper half of a float32 (formats.md 6.7)
+        if dtype == "BF16":  # exact: a bfloat16 is the upper half of a float32 (docs/formats.md#streaming-reduction)
             value = (bits << 16).view(np.float32).astype(np.float64)
         else:
             value = bits.astype(np.uint16).view("<f2").astype(np.float64)
@@ -478,7 +478,7 @@ class _Converter:
         if self.conv is None:
             return b
         m = b.shape[0]
-        if self.u32 is not None:  # BF16: exact, NaN/inf preserved (formats.md 6.7, measured)
+        if self.u32 is not None:  # BF16: exact, NaN/inf preserved (docs/formats.md#streaming-reduction, measured)
             w = self.u32[:m]
             w[...] = b
             w <<= 16

@@ -1,6 +1,6 @@
 """TensorBoard event files (``events.out.tfevents.*``): our own TFRecord reader and protobuf decoder.
 
-Lossless and damage-tolerant (``formats.md`` section 1): a truncated tail keeps every complete record, a
+Lossless and damage-tolerant (``docs/formats.md#tensorboard``): a truncated tail keeps every complete record, a
 bad payload CRC skips one record, a bad length CRC resynchronises. Scalars: ``simple_value`` (float32)
 and one-element tensors (float, double, half, bfloat16, ints); other summaries are only counted.
 Framing: ``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``.

@@ -1,6 +1,6 @@
 """PyTorch zip checkpoints (``.pt``/``.bin``/``.pth``/``.ckpt``) read WITHOUT torch and without trusting them.
 
-``torch.save`` (formats.md 6.2) writes a zip archive ``<a>/data.pkl`` + ``<a>/data/<key>`` (raw
+``torch.save`` (docs/formats.md#torch-zip) writes a zip archive ``<a>/data.pkl`` + ``<a>/data/<key>`` (raw
 storage bytes, stored uncompressed and 64-byte aligned) + ``<a>/byteorder``. ``data.pkl`` is a pickle
 whose tensors are ``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)`` calls over
 persistent ids ``('storage', torch.FloatStorage, key, location, numel)``.
@@ -10,13 +10,13 @@ Unpickling runs whatever callables the pickle names, so the reader here is an al
 functions (``_rebuild_tensor_v2``/``_v3``, ``_rebuild_parameter``), the storage and dtype names,
 ``torch.Size`` and ``collections.OrderedDict``, and refuses every other global before anything is
 called: a file whose pickle wants ``os.system`` (or any class of a training framework) is refused
-with ``refused: pickle wants to import os.system`` and nothing runs (formats.md 6.2: "never
+with ``refused: pickle wants to import os.system`` and nothing runs (docs/formats.md#torch-zip: "never
 unpickle untrusted data"; torch's own ``weights_only=True`` is the same idea with a larger list).
 Tensors come back as :class:`parsers.safetensors_ckpt.TensorRef` byte ranges of the archive, streamed
 later by the shared chunked reducer.
 
-A save killed mid-write (or a full disk) leaves no central directory (formats.md 6.2, "Partial
-writes"), and :mod:`zipfile` refuses such a file whole. :func:`read` then walks the local file headers
+A save killed mid-write (or a full disk) leaves no central directory (docs/formats.md#torch-zip-partial),
+and :mod:`zipfile` refuses such a file whole. :func:`read` then walks the local file headers
 from byte 0 instead. torch 2.13 (miniz) writes every member stored, with general-purpose flag 0x808
 (UTF-8 name, sizes in a data descriptor), CRC and sizes 0 in the local header, the 64-byte alignment
 padding in a ``FB`` (0x4246) extra field, and a 16-byte descriptor ``PK 07 08, crc, csize, usize``
@@ -955,7 +955,7 @@ def classify(obj: Any) -> Content:
     """Sort an unpickled checkpoint into model tensors, optimizer and scheduler state, counters.
 
     Recognised by keys: a dict with ``state`` and ``param_groups`` is an optimizer state dict
-    (formats.md 6.3); one with ``last_epoch`` and ``base_lrs`` (or ``_step_count``) a scheduler;
+    (docs/formats.md#optimizer-state); one with ``last_epoch`` and ``base_lrs`` (or ``_step_count``) a scheduler;
     tensors at the top level or under ``model``/``module``/``state_dict``/... are model parameters
     (DDP ``module.`` and ``torch.compile`` ``_orig_mod.`` prefixes dropped); Lightning's
     ``optimizer_states`` and ``lr_schedulers`` lists are walked too. Any other tensor is ``other``.

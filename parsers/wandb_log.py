@@ -2,7 +2,7 @@
 
 Used by :mod:`parsers.wandb_run` (the parser) and ``benchmarks/bench_wandb.py``; no wandb import.
 
-Framing (``formats.md`` 2.2; wandb ``sdk/internal/datastore.py``, ``core/pkg/leveldb/record.go``): a
+Framing (``docs/formats.md#wandb-framing``; wandb ``sdk/internal/datastore.py``, ``core/pkg/leveldb/record.go``): a
 7-byte header (``:W&B``, uint16 LE 0xBEE1, version 0), then the LevelDB log format in 32 KiB blocks
 counted from file offset 0 (block 0 holds the header). A chunk is ``uint32 LE crc | uint16 LE length |
 uint8 type | payload`` and never straddles a block (fewer than 7 bytes left are zero padding). Unlike

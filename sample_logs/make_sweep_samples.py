@@ -15,7 +15,8 @@ The sweep is peak lr in :data:`SWEEP_LRS` x qk-layernorm {off, on} x d_model in 
 everything else fixed (:data:`SWEEP_BASE`). Sweep runs keep only ``metrics.jsonl`` (every step) and
 ``config.json``: the TensorBoard file and ``train.log`` hold the same numbers and would triple the size.
 The pair keeps everything a real job writes. z-loss is not swept: make_samples.py has no z-loss switch,
-and tiny-runs.md records that output-logit divergence could not be provoked at this scale anyway.
+and docs/tiny-runs.md#output-logit-divergence records that output-logit divergence could not be provoked
+at this scale anyway.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tests of parsers.mlflow_store: the MLflow file store (mlruns/) and SQLite store (mlflow.db).
 
-The stores are built by hand exactly as formats.md section 5.2 documents the on-disk layout; a
+The stores are built by hand exactly as docs/formats.md#mlflow documents the on-disk layout; a
 test with the real writer runs only where ``mlflow`` is installed.
 """
 

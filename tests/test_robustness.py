@@ -101,7 +101,7 @@ def _bases(cases: Path | None) -> list[tuple[str, str, bytes]]:
         ("parsers.textlog", "train.log", _prefix(tl, _line_ends(tl), 700)),
         ("parsers.tensorboard", "events.out.tfevents.1795976115.vm.1093.0", _prefix(tb, _tb_ends(tb), 1200)),
         ("parsers.wandb_run", "run-healthy0.wandb", _prefix(wb, _wandb_ends(wb), 6000)),
-        ("parsers.mlflow_store", "loss", b"".join(  # an MLflow file-store metric file (formats.md 5.2)
+        ("parsers.mlflow_store", "loss", b"".join(  # an MLflow file-store metric file (docs/formats.md#mlflow)
             f"{1700000000000 + 1500 * s} {2.5 - s / 64:.17g} {10 * s}\n".encode() for s in range(12))
          + b"1700000020000 nan 120\n1700000021000 inf 130\n1700000022000 1.25\n"),
     ]

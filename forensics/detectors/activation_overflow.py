@@ -75,7 +75,7 @@ def infer_fp16_from_metrics(run: RunData) -> str | None:
     ``torch.amp.GradScaler`` (``init_scale=2**16``, ``growth_factor=2.0``, ``backoff_factor=0.5``),
     DeepSpeed ``DynamicLossScaler`` (``initial_scale_power=16``, scale factor 2, "Attempted loss
     scale: X, reducing to Y"), Megatron and fairseq ("overflow detected, setting loss scale to: X")
-    alike (/work/shared/reference/detectors.md section 3.3 and D2). Evidence, any one suffices:
+    alike (docs/detectors.md#loss-scalers and docs/detectors.md#ov01). Evidence, any one suffices:
 
     * a ``loss_scale`` series whose positive values are all powers of two, at least one > 1, that
       changes by a factor 2**k between two logged values, or that comes with skipped steps
@@ -83,7 +83,7 @@ def infer_fp16_from_metrics(run: RunData) -> str | None:
     * a ``loss_scale_change`` event, or an ``overflow_skip``/``error`` event that names the loss
       scale (DeepSpeed, fairseq, "Current loss scale already at minimum").
 
-    Not evidence: a constant ``loss scale: 1.0`` (what Megatron prints in a bf16 run; formats.md:
+    Not evidence: a constant ``loss scale: 1.0`` (what Megatron prints in a bf16 run; docs/formats.md#bf16-loss-scale:
     "a constant, not a collapsed fp16 scale"), and a bare "OVERFLOW! Skipping step" or skipped
     iteration counter with no scale (bf16/fp32 DeepSpeed engines and Megatron print those too).
     """

@@ -1,6 +1,6 @@
 """AT01 attention.logit_growth: attention logits (or Q/K weight norms) growing without bound.
 
-Rule (detectors.md D8): the max attention logit exceeds ``max_logit`` (100, the default
+Rule (docs/detectors.md#at01): the max attention logit exceeds ``max_logit`` (100, the default
 threshold of Megatron-LM's ``qk_clip``) while growing, or leaves the trend of its early part
 for good (a sustained log-linear rise). From weight norms: Q and K projection norms of one
 layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.

@@ -1,6 +1,6 @@
 """DB01 data.bad_batch: a loss spike or NaN with no precursor, i.e. the data, not the optimizer.
 
-Rule (detectors.md D7; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00656): a loss
+Rule (docs/detectors.md#db01; PaLM, arXiv 2204.02311 section 5.1; OLMo 2, arXiv 2501.00656): a loss
 departure whose excursion starts abruptly (within ``max_rise_steps`` of its detection) with no
 grad-norm spike (z >= 6) in the ``window`` steps before it and no grad-norm excursion (z >= 3)
 in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps: BLOOM tr11).

@@ -1,6 +1,6 @@
 """CK01 checkpoint.nonfinite_state: the first checkpoint holding NaN/inf in weights or optimizer moments.
 
-Rule (DESIGN.md section 4, cause ``overflow`` / mechanism ``nonfinite_state``; formats.md 6.3:
+Rule (DESIGN.md section 4, cause ``overflow`` / mechanism ``nonfinite_state``; docs/formats.md#optimizer-state:
 "``sqrt(exp_avg_sq)`` blow-ups, ``exp_avg`` NaNs"): the earliest checkpoint whose ``tensors`` rows
 count a NaN or an inf, with the tensors and their roles (``param``, ``exp_avg``, ``exp_avg_sq``...).
 An inf in Adam's second moment freezes its coordinates silently (``m / sqrt(inf) = 0``) and a NaN in

@@ -1,6 +1,6 @@
 """CK03 checkpoint.state_mismatch: optimizer ``step`` or scheduler ``last_epoch`` disagree with the checkpoint's step.
 
-Rule (DESIGN.md section 4, ``state_not_restored`` and ``lr_schedule_reset``; formats.md 6.3: "a
+Rule (DESIGN.md section 4, ``state_not_restored`` and ``lr_schedule_reset``; docs/formats.md#optimizer-state: "a
 ``step`` that disagrees with ``global_step``"): Adam's per-parameter ``step`` and an LR scheduler's
 ``last_epoch`` count the optimizer steps taken since they were created; saved with a checkpoint of
 logged step ``S`` they equal ``S`` (minus steps the loss scaler skipped) unless the job was resumed

@@ -1,6 +1,6 @@
 """HW01 hardware.signature: hardware or distributed-system faults, not optimisation.
 
-Rules (detectors.md D12; Megatron RSM, NVRx straggler detection, smdebug ``StepOutlier``,
+Rules (docs/detectors.md#hw01; Megatron RSM, NVRx straggler detection, smdebug ``StepOutlier``,
 BigScience tr1/tr11 chronicles):
 
 - ``device_fault``: an error line naming the device (ECC, Xid, ``CUDA error``, NCCL timeout)

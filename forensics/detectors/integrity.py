@@ -1,6 +1,6 @@
 """INT01 integrity.segments: restarts, resumed segments and damaged inputs (a prerequisite).
 
-Rule (detectors.md D0): a restart is a new segment (steps go back, a new event file, a
+Rule (docs/detectors.md#int01): a restart is a new segment (steps go back, a new event file, a
 resume line); every segment is kept. Damaged or skipped inputs are listed. Informational:
 argues for no cause by itself.
 """

@@ -1,6 +1,6 @@
 """DV01 loss.divergence: the loss turns upward and does not come back (no spike needed).
 
-Rule (detectors.md D13: slow divergence without spikes, BigScience 104B "non-spike
+Rule (docs/detectors.md#dv01: slow divergence without spikes, BigScience 104B "non-spike
 diverging", OPT 12.43 drift): after the minimum of the smoothed loss (rolling median of 9
 points), the loss rises above that minimum by more than ``min_rise`` (relative, 5%) and
 ``k_sigma`` robust sigmas of its noise around the smoothed curve, and ends there. The onset is

@@ -1,6 +1,6 @@
 """OV01 overflow.loss_scale_collapse: fp16 dynamic loss scale backing off toward its floor.
 
-Rule (detectors.md D2, after the DeepSpeed/Megatron/torch GradScaler scaler code): ignore the
+Rule (docs/detectors.md#ov01, after the DeepSpeed/Megatron/torch GradScaler scaler code): ignore the
 calibration burst in the first ``calibration_steps`` steps; flag when the scale reaches the
 floor (``min_scale``, 1.0 by default as in Megatron; fairseq prints small scales as 0), or backs
 off ``min_halvings`` (8, i.e. /256) times without growing in between, or the skipped fraction

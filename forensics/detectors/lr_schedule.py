@@ -1,6 +1,6 @@
 """LR01 lr.schedule_reset: the learning rate departs from the schedule the run was following.
 
-Rule (detectors.md D6; yolov5 #292, HF transformers #27749, Lightning #10766): at every
+Rule (docs/detectors.md#lr01; yolov5 #292, HF transformers #27749, Lightning #10766): at every
 resume (a new segment, or a ``checkpoint_loaded`` event) compare the first logged lr with the
 lr the earlier segment logged at the same step (runs re-log the steps between the checkpoint
 and the crash) or, failing that, the earlier segment's schedule extrapolated from its last

@@ -1,6 +1,6 @@
 """NF01 nonfinite.first: the first NaN/inf in any logged training signal.
 
-Rule (detectors.md D1; Megatron ``--check-for-nan-in-loss-and-grad``, smdebug
+Rule (docs/detectors.md#nf01; Megatron ``--check-for-nan-in-loss-and-grad``, smdebug
 ``ExplodingTensor``): the earliest non-finite loss, grad norm, parameter norm or loss scale,
 or a ``nan_detected`` event (e.g. Megatron omitting ``lm loss`` from a line when its average
 is NaN). This marks where the failure became visible, NOT the onset; the engine looks for

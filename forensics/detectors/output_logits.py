@@ -1,6 +1,6 @@
 """OL01 output.logit_divergence: output logits (or the output layer's norm) drifting upward.
 
-Rule (detectors.md D9; Wortsman et al. 2023, arXiv 2309.14322, section 3.2: output-logit
+Rule (docs/detectors.md#ol01; Wortsman et al. 2023, arXiv 2309.14322, section 3.2: output-logit
 divergence, mitigated by z-loss 1e-4 * log^2 Z as in PaLM, arXiv 2204.02311 section 5):
 the max output logit, |log Z|, or the norm of the output layer (``lm_head``, ``output_layer``,
 ``embed_out``) leaves the trend of its early part for good (a knee: the growth accelerates).

@@ -3,7 +3,7 @@
 A *departure* of a positive series (loss, grad norm, update ratio) is a point whose robust z
 on the log scale against the trailing window reaches ``spike_z`` (OLMo-core: 6 sigma over the
 last 128 values, ``stability_monitor.py``), or a non-finite value; its onset is found by
-walking back while z >= ``onset_z`` (3; detectors.md section (b), "onset back-tracking").
+walking back while z >= ``onset_z`` (3; docs/detectors.md#onset-backtracking).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from forensics.stats import backtrack_onset, to_log, trailing_robust_z
 SPIKE_Z = 6.0
 """Spike threshold in robust sigmas (OLMo-core StabilityMonitorCallback, 6 sigma / 128 steps)."""
 ONSET_Z = 3.0
-"""Back-tracking threshold in robust sigmas (detectors.md (b))."""
+"""Back-tracking threshold in robust sigmas (docs/detectors.md#conventions)."""
 WINDOW = 128
 """Trailing window length in logged points (OLMo-core default)."""
 MIN_REL_JUMP = 0.10

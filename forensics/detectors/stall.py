@@ -1,6 +1,6 @@
 """ST01 loss.no_progress: a run trained from the start whose loss never goes down.
 
-Rule (detectors.md D14; smdebug ``LossNotDecreasing``): the log starts near step 0 (first
+Rule (docs/detectors.md#st01; smdebug ``LossNotDecreasing``): the log starts near step 0 (first
 logged step <= ``max_first_step``), has at least ``min_points`` loss points, and the median of
 its last 10% of losses is not below ``min_drop`` (2%) under the median of its first 5%. A run
 from scratch always lowers its loss within a few hundred steps; one that does not is stuck

@@ -1,6 +1,6 @@
 """UP01 update.scale_growth: the update ratio ||dW||/||W|| (or its size per unit lr) keeps growing.
 
-Rule (detectors.md D5; Marin #1368: 2x update-norm spikes precede loss spikes; smdebug
+Rule (docs/detectors.md#up01; Marin #1368: 2x update-norm spikes precede loss spikes; smdebug
 ``WeightUpdateRatio``): the update ratio leaves the trend of its early part for good and ends
 at least ``min_growth`` (2x) above it. (Dividing by the lr is tempting because AdamW's update
 scales with it, but under a decaying schedule ratio/lr rises in healthy runs: measured on

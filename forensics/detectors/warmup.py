@@ -1,6 +1,6 @@
 """WU01 lr.warmup_instability: loss spikes while the lr is still warming up to its peak.
 
-Rule (detectors.md D11, warm-up-end / peak-LR instability; BigScience tr8 and tr1-13B glitches
+Rule (docs/detectors.md#wu01, warm-up-end / peak-LR instability; BigScience tr8 and tr1-13B glitches
 near the ramp end; Wortsman et al. 2023, arXiv 2309.14322: too-high lr shows first as
 instability early in training): during the warm-up (the lr rising, up to ``after_peak`` (1.5x)
 times the step where it peaks), a logged loss at least ``min_jump`` (1.3x) above the lowest loss

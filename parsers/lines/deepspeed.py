@@ -1,4 +1,4 @@
-"""DeepSpeed engine lines, reference/formats.md section 4.2.
+"""DeepSpeed engine lines, docs/formats.md#deepspeed.
 
 Why a module: ``skipped=K`` is a running total (the per-step count is its difference), the overflow and
 hysteresis messages are events with a loss-scale change that no ``key value`` pair states, and the

@@ -1,4 +1,4 @@
-"""Hugging Face Trainer stdout, reference/formats.md section 3.2.
+"""Hugging Face Trainer stdout, docs/formats.md#hf-stdout.
 
 Why a module: recent dict lines carry no step (it is derived from the epoch and the printed training
 block), transformers 5 quotes every float as ``%.4g`` text, and the summary dict is not a step.

@@ -1,4 +1,4 @@
-"""Megatron-LM / Megatron-DeepSpeed stdout (``main_log.txt``), reference/formats.md section 4.1.
+"""Megatron-LM / Megatron-DeepSpeed stdout (``main_log.txt``), docs/formats.md#megatron.
 
 Why a module and not the general reader (:mod:`parsers.lines.kv`): Megatron omits ``lm loss`` from the line
 when its average is NaN (the absence is the NaN), prints placeholder zeros (``grad norm: 0.000`` on every

@@ -1,4 +1,4 @@
-"""nanoGPT ``train.py`` stdout, reference/formats.md section 4.5 (``karpathy/nanoGPT:train.py``).
+"""nanoGPT ``train.py`` stdout, docs/formats.md#nanogpt (``karpathy/nanoGPT:train.py``).
 
 Why a module: ``mfu -100.00%`` is a placeholder until the fifth iteration, and the ``train loss`` of the
 ``step N:`` line is an evaluation estimate (``eval_train_loss``), not the training objective.

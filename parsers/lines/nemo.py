@@ -1,4 +1,4 @@
-r"""NVIDIA NeMo stdout (NeMo 2 ``ProgressPrinter``, NeMo 1 / NeMo 2 tqdm bars), reference/formats.md section 4.3.
+r"""NVIDIA NeMo stdout (NeMo 2 ``ProgressPrinter``, NeMo 1 / NeMo 2 tqdm bars), docs/formats.md#nemo.
 
 Why a module: a tqdm bar repeats the last validation value on every later bar (only the first one after
 validation is a sample), and the global step is the bar position minus one.

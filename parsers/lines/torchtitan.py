@@ -1,4 +1,4 @@
-r"""torchtitan stdout, reference/formats.md section 4.4.
+r"""torchtitan stdout, docs/formats.md#torchtitan.
 
 Why a module: lines cut by interleaved writes start like a metric line but must not be read in part
 (listed as damaged), and ``Training starts at step N`` says a resume without a checkpoint line.
