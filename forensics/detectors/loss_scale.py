@@ -131,7 +131,7 @@ class LossScaleCollapse(Detector):
         A dynamic scaler starts high (2**16 in torch/Megatron, 2**32 in DeepSpeed's default power) and halves
         on each overflowing step until the gradients fit: a run of back-offs from the first logged scale of a
         segment, each within ``3 x`` the logging interval of the previous one, before the scale has ever held or
-        grown, is calibration (detectors.md D2: "ignore the calibration burst"), whatever its length.
+        grown, is calibration (docs/detectors.md#ov01: "ignore the calibration burst"), whatever its length.
         """
         if not backoffs:
             return set()
