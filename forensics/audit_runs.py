@@ -11,19 +11,17 @@ candidate files (one batched ``cat_ranges``). The analysis of one run is :mod:`f
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from forensics.errors import InputError
-from forensics.layout import PART_NAME, file_reader, pick_runs  # noqa: F401 - PART_NAME kept importable here
-from parsers import file_policy
+from forensics.layout import PART_NAME, claimed, file_reader, local_tree, pick_runs  # noqa: F401 - PART_NAME kept importable here
+from forensics.layout import sniffers as layout_sniffers
 from parsers.file_policy import display
 
 CACHE_VERSION = 1
@@ -99,7 +97,7 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
     if is_url(root):
         tree, base = _remote_tree(str(root), so)
     else:
-        tree, base = _local_tree(str(root).removeprefix("file://"), exclude)
+        tree, base = local_tree(str(root).removeprefix("file://"), exclude)
     picked = pick_runs(tree, PurePosixPath(base).name, None if is_url(root) else file_reader(base))
     names: dict[str, str] = {}
     tasks = []
@@ -127,64 +125,6 @@ def _subtree_files(tree: dict[str, _Dir], rel: str) -> list[tuple[str, int, str]
             out.append((full[len(rel) + 1:] if rel else full, size, mtime))
         stack.extend(tree[d].dirs)
     return out
-
-
-def _sniffers() -> list[Callable[[Path], bool]]:
-    from parsers import PARSER_MODULES
-
-    out = []
-    for name in PARSER_MODULES:
-        try:
-            out.append(importlib.import_module(name).sniff)
-        except Exception:  # noqa: BLE001 - a parser that cannot load claims nothing (discover says why)
-            continue
-    return out
-
-
-def _claimed(path: Path, sniffers: list[Callable[[Path], bool]]) -> bool:
-    for sniff in sniffers:
-        try:
-            if sniff(path):
-                return True
-        except Exception:  # noqa: BLE001 - sniff must never raise; treat as "not mine"
-            continue
-    return False
-
-
-def _local_tree(root: str, exclude: str | Path | None) -> tuple[dict[str, _Dir], str]:
-    top = Path(root).expanduser()
-    if not top.exists():
-        raise InputError(root, "no such file or directory")
-    if not top.is_dir():
-        raise InputError(root, "not a directory (give the folder that holds the runs)")
-    skip = Path(exclude).resolve() if exclude is not None else None
-    sniffers, tree, stack = _sniffers(), {}, [""]
-    while stack:
-        rel = stack.pop()
-        node = tree[rel] = _Dir()
-        folder = top / rel if rel else top
-        try:
-            with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        for e in entries:
-            if e.name.startswith(".") and e.name != ".hydra" or e.name == "__pycache__":
-                continue
-            sub = f"{rel}/{e.name}" if rel else e.name
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    if skip is None or Path(e.path).resolve() != skip:
-                        node.dirs.append(sub)
-                        stack.append(sub)
-                elif file_policy.why_not(e.path, top) is None:  # regular, inside the root, not /proc
-                    st = e.stat()
-                    node.files[e.name] = (st.st_size, str(st.st_mtime_ns))
-                    if not node.direct and _claimed(Path(e.path), sniffers):
-                        node.direct = True
-            except OSError:
-                continue
-    return tree, str(top)
 
 
 def remote_fs(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -240,12 +180,12 @@ def _remote_tree(url: str, so: Mapping[str, Any]) -> tuple[dict[str, _Dir], str]
                             on_error="return") if fetch else []
         by_path = dict(zip([h[0] for h in fetch], got, strict=True))
         data = [by_path.get(h[0], b"") for h in heads]
-        sniffers = _sniffers()
+        sniffers = layout_sniffers()
         for (_, rel, _), blob in zip(heads, data, strict=True):
             stub = Path(tmp) / rel
             stub.parent.mkdir(parents=True, exist_ok=True)
             stub.write_bytes(blob if isinstance(blob, bytes) else b"")
             d = rel.rpartition("/")[0]
-            if not tree[d].direct and (_claimed(stub, sniffers) or rel.lower().endswith(".parquet")):
+            if not tree[d].direct and (claimed(stub, sniffers) or rel.lower().endswith(".parquet")):
                 tree[d].direct = True
     return tree, fs.unstrip_protocol(top)
