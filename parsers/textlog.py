@@ -572,6 +572,9 @@ class _Assembler:
             self.meta["ranks"] = {"metric_lines_per_rank": dict(sorted(self.ranks.items())),
                                   "why": "interleaved rank-prefixed lines are one run: a value several ranks print "
                                          "is kept once, a rank's step never reads as a restart of another's"}
+        out_of_range = self.rows.out_of_range_steps()
+        if out_of_range:
+            self.skip_counts["step outside int64 (not a step)"] += out_of_range
         if self.skip_counts:
             self.meta["skipped_lines"] = dict(self.skip_counts)
         return keep, self.meta

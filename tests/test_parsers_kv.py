@@ -175,3 +175,16 @@ def _rows(tmp_path: Path, text: str):
     p.write_text(text)
     r = textlog.read(p, tmp_path)
     return pl.from_arrow(r.metrics), r.meta
+
+
+@pytest.mark.parametrize("line", ['{"step": 1e30, "loss": 1.5}', "step 9223372036854775808 loss 2.0",
+                                  "step: 9.3e18/10 loss: 2", "{'step': -9.3e18, 'loss': 2}"])
+def test_step_outside_int64_is_skipped_not_a_crash(line: str, tmp_path: Path) -> None:
+    """A step no int64 holds (found by the fuzz in test_robustness) leaves that line out, counted; the rest is read."""
+    from parsers import textlog
+
+    log = tmp_path / "train.log"
+    log.write_text(f"{line}\nstep 1 loss 2\nstep 2 loss 1.9\n")
+    got = textlog.read(log, tmp_path)
+    assert got.metrics.column("step").to_pylist() == [1, 2]
+    assert got.meta["skipped_lines"]["step outside int64 (not a step)"] == 1

@@ -141,6 +141,9 @@ def repeat_string(value: str, n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 class Rows:
     """Column buffers for the metrics and events tables of one source file.
 
@@ -196,7 +199,9 @@ class Rows:
         self.wall[index] = wall_time
 
     def event(self, segment: int, step: int | None, kind: str, message: str) -> None:
-        """Append one events row."""
+        """Append one events row (a step no int64 holds is kept as ``None``)."""
+        if step is not None and not _INT64_MIN <= step <= _INT64_MAX:
+            step = None
         self.events.append({"run": "", "segment": segment, "step": step, "kind": kind,
                             "message": message, "source": self.source})
 
@@ -210,8 +215,19 @@ class Rows:
             return table
         return pa.concat_tables([table, *[c.replace_schema_metadata(None) for c in self.chunks]]).combine_chunks()
 
+    def out_of_range_steps(self) -> int:
+        """How many rows carry a step outside int64 (``step 1e30``): they are left out of the table, not a crash."""
+        return sum(1 for s in self.step if not _INT64_MIN <= s <= _INT64_MAX)
+
     def _list_table(self, keep: list[bool] | None) -> pa.Table:
         idx = range(len(self.step)) if keep is None else [i for i, k in enumerate(keep[:len(self.step)]) if k]
+        try:
+            pa.array(self.step, pa.int64())
+        except OverflowError:  # a step that no int64 holds is not a step: leave the row out (counted by the reader)
+            idx = [i for i in idx if _INT64_MIN <= self.step[i] <= _INT64_MAX]
+            keep = [False] * len(self.step)
+            for i in idx:
+                keep[i] = True
         pick = (lambda col: [col[i] for i in idx]) if keep is not None else (lambda col: col)
         n = len(idx)
         return pa.Table.from_arrays(
