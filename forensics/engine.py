@@ -301,6 +301,11 @@ def _slow_divergence(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     )]
 
 
+def _demoted(h: Hypothesis, why: str) -> Hypothesis:
+    """``h`` lowered just below :data:`MIN_CAUSE_CONF` (it no longer names the cause), ``why`` added against it."""
+    return Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support, h.against + (why,))
+
+
 def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     """A family whose every departure recovered long before the failure is not on the failure's causal chain.
 
@@ -322,9 +327,8 @@ def _off_chain(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
         done = [f.evidence.get("recovered_step") for f in fs]
         if (near - {h.cause} and fs and all(r is not None and r < fail for r in done)
                 and all(f.step is not None and f.step < fail - PATH_WINDOW for f in fs)):
-            h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
-                           h.against + (f"its departure recovered by step {max(done)}, long before the failure at "
-                                        f"step {fail}: not on the failure's causal chain",))
+            h = _demoted(h, f"its departure recovered by step {max(done)}, long before the failure at "
+                                        f"step {fail}: not on the failure's causal chain")
         out.append(h)
     return out
 
@@ -349,9 +353,8 @@ def _before_resume(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]:
     for h in hyps:
         fs = [f for f in ev.families.get(h.cause, []) if f.step is not None]
         if h.cause not in AT_RESUME and fs and all(f.step < s for f in fs) and h.confidence >= MIN_CAUSE_CONF:
-            h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
-                           h.against + (f"it lies in the process before the resume at step {s}, which ended without "
-                                        f"failing: it does not lead the {c} at that resume",))
+            h = _demoted(h, f"it lies in the process before the resume at step {s}, which ended without "
+                                        f"failing: it does not lead the {c} at that resume")
         out.append(h)
     return out
 
@@ -371,9 +374,8 @@ def _recovered_before(ev: _Evidence, hyps: list[Hypothesis]) -> list[Hypothesis]
             later = [(s, c) for c, s in strong.items() if c != h.cause and s > max(rec)]
             if later:
                 s, c = min(later)
-                h = Hypothesis(h.cause, h.mechanism, min(h.confidence, MIN_CAUSE_CONF - 0.05), h.support,
-                               h.against + (f"its departure recovered by step {max(rec)}, before the {c} finding at "
-                                            f"step {s}: it does not lead it",))
+                h = _demoted(h, f"its departure recovered by step {max(rec)}, before the {c} finding at "
+                                            f"step {s}: it does not lead it")
         out.append(h)
     return out
 

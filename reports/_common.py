@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -189,3 +189,32 @@ def dispatch(result: dict[str, Any], fmt: str, renderers: Mapping[str, Any]) -> 
     if fmt not in renderers:
         raise ValueError(f"unknown format {fmt!r} (one of {', '.join(renderers)})")
     return str(renderers[fmt](result))
+
+
+def layer_bins(layers: Sequence[Any], max_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-layer series binned on one step axis, for a heat map.
+
+    Args:
+        layers: Objects with ``steps`` (int, ascending) and ``values`` (float) arrays; empty ones are ignored
+            for the axis.
+        max_bins: At most this many step bins (one per step when the run is shorter).
+
+    Returns:
+        ``(edges, grid, bad, seen)``: ``edges`` (n_bins + 1,) step edges from the first step to the last + 1;
+        ``grid`` (n_layers, n_bins) the max finite value per bin (``-inf`` where none); ``bad`` where a bin
+        holds a NaN/inf; ``seen`` where a bin holds any point.
+    """
+    lo = min(int(s.steps[0]) for s in layers if s.steps.size)
+    hi = max(int(s.steps[-1]) for s in layers if s.steps.size)
+    nbins = max(1, min(max_bins, hi - lo + 1))
+    edges = np.linspace(lo, hi + 1, nbins + 1)
+    grid = np.full((len(layers), nbins), -np.inf)
+    bad = np.zeros((len(layers), nbins), dtype=bool)
+    seen = np.zeros((len(layers), nbins), dtype=bool)
+    for i, s in enumerate(layers):
+        b = np.clip(np.searchsorted(edges, s.steps, side="right") - 1, 0, nbins - 1)
+        fin = np.isfinite(s.values)
+        np.maximum.at(grid[i], b[fin], s.values[fin])
+        bad[i, b[~fin]] = True
+        seen[i, b] = True
+    return edges, grid, bad, seen

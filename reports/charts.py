@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from reports._common import layer_bins
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -431,19 +433,7 @@ def layer_chart(base: str, layers: Sequence[Series], marks: Marks, *, index: int
 def _heatmap(fig: Figure, layers: Sequence[Series], names: Sequence[str], marks: Marks) -> str:
     from matplotlib import cm, colors
 
-    lo = min(int(s.steps[0]) for s in layers if s.steps.size)
-    hi = max(int(s.steps[-1]) for s in layers if s.steps.size)
-    nbins = max(1, min(HEATMAP_BINS, hi - lo + 1))
-    edges = np.linspace(lo, hi + 1, nbins + 1)
-    grid = np.full((len(layers), nbins), -np.inf)
-    bad = np.zeros((len(layers), nbins), dtype=bool)
-    seen = np.zeros((len(layers), nbins), dtype=bool)
-    for i, s in enumerate(layers):
-        b = np.clip(np.searchsorted(edges, s.steps, side="right") - 1, 0, nbins - 1)
-        fin = np.isfinite(s.values)
-        np.maximum.at(grid[i], b[fin], s.values[fin])
-        bad[i, b[~fin]] = True
-        seen[i, b] = True
+    edges, grid, bad, seen = layer_bins(layers, HEATMAP_BINS)
     vals = np.where(np.isfinite(grid), grid, np.nan)
     fin = vals[np.isfinite(vals)]
     if fin.size and fin.min() > 0 and fin.max() / fin.min() > 100:
@@ -466,7 +456,7 @@ def _heatmap(fig: Figure, layers: Sequence[Series], names: Sequence[str], marks:
     ax.set_xlabel("step", fontsize=8)
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01, fraction=0.03)
     _draw_marks(ax, marks, float(edges[0]), float(edges[-1]), boundary="#ffffff")
-    return (f"max per bin over {nbins} step bins; red: non-finite values in the bin; grey: not logged"
+    return (f"max per bin over {grid.shape[1]} step bins; red: non-finite values in the bin; grey: not logged"
             + ("; log colour scale" if isinstance(norm, colors.LogNorm) else ""))
 
 

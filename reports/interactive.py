@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reports._common import fmt_num
+from reports._common import fmt_num, layer_bins
 from reports.charts import BUCKETS, MAX_MARKERS, display_indices
 
 if TYPE_CHECKING:
@@ -363,19 +363,7 @@ class _Builder:
         from bokeh.palettes import Viridis256
         from bokeh.plotting import figure
 
-        lo = min(int(s.steps[0]) for s in layers)
-        hi = max(int(s.steps[-1]) for s in layers)
-        nbins = max(1, min(HEATMAP_BINS, hi - lo + 1))
-        edges = np.linspace(lo, hi + 1, nbins + 1)
-        grid = np.full((len(layers), nbins), -np.inf)
-        bad = np.zeros((len(layers), nbins), dtype=bool)
-        seen = np.zeros((len(layers), nbins), dtype=bool)
-        for i, s in enumerate(layers):
-            b = np.clip(np.searchsorted(edges, s.steps, side="right") - 1, 0, nbins - 1)
-            fin = np.isfinite(s.values)
-            np.maximum.at(grid[i], b[fin], s.values[fin])
-            bad[i, b[~fin]] = True
-            seen[i, b] = True
+        edges, grid, bad, seen = layer_bins(layers, HEATMAP_BINS)
         fin_vals = grid[np.isfinite(grid)]
         vmin = float(fin_vals.min()) if fin_vals.size else 0.0
         vmax = float(fin_vals.max()) if fin_vals.size else 1.0
@@ -408,7 +396,7 @@ class _Builder:
         self.config["panels"][pid] = {"metric": base, "plot": p.id, "heat": True}
         self._marks(p, pid)
         self.plots[pid] = p
-        return (f"max per bin over {nbins} step bins; red: non-finite values in the bin; grey: not logged"
+        return (f"max per bin over {grid.shape[1]} step bins; red: non-finite values in the bin; grey: not logged"
                 + ("; log colour scale" if log else "") + "; rows by layer index: "
                 + ", ".join(f"{i}={s.metric.partition('/')[2]}" for i, s in enumerate(layers[:24]))
                 + (f", +{len(layers) - 24} more" if len(layers) > 24 else ""))
