@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -16,17 +17,83 @@ import pyarrow as pa
 
 from forensics.schema import empty_events, empty_metrics
 
-Verdict = Literal["healthy", "anomaly", "transient", "inconclusive"]
-"""``inconclusive``: the training objective (or the records needed to judge) was not found; see
-:mod:`forensics.objective`."""
 
-CAUSES = (
-    "lr_schedule_reset", "overflow", "data_batch", "update_scale_growth", "grad_scaling_bug",
-    "state_not_restored", "hardware_or_distributed", "unknown",
-)
-"""Cause families of DESIGN.md section 4; every report uses these names."""
+class Verdict(StrEnum):
+    """What the run as a whole was judged to be (DESIGN.md section 5, ``verdict``).
 
-SEVERITIES = ("info", "low", "medium", "high", "critical")
+    ``inconclusive``: the training objective (or the records needed to judge) was not found; see
+    :mod:`forensics.objective`. Values compare equal to their JSON strings.
+    """
+
+    HEALTHY = "healthy"
+    ANOMALY = "anomaly"
+    TRANSIENT = "transient"
+    INCONCLUSIVE = "inconclusive"
+
+
+class Cause(StrEnum):
+    """Cause families of DESIGN.md section 4; every report uses these names."""
+
+    LR_SCHEDULE_RESET = "lr_schedule_reset"
+    OVERFLOW = "overflow"
+    DATA_BATCH = "data_batch"
+    UPDATE_SCALE_GROWTH = "update_scale_growth"
+    GRAD_SCALING_BUG = "grad_scaling_bug"
+    STATE_NOT_RESTORED = "state_not_restored"
+    HARDWARE_OR_DISTRIBUTED = "hardware_or_distributed"
+    UNKNOWN = "unknown"
+
+
+class Mechanism(StrEnum):
+    """Mechanisms within a cause family (DESIGN.md section 4, the "mechanisms" column)."""
+
+    # lr_schedule_reset
+    RESET_TO_INITIAL = "reset_to_initial"
+    OFFSET = "offset"
+    HORIZON_CHANGE = "horizon_change"
+    MISSING_WARMUP = "missing_warmup"
+    INTENTIONAL_CHANGE = "intentional_change"  # recognised, NOT a fault
+    # overflow
+    ACTIVATION_OVERFLOW = "activation_overflow"
+    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"
+    NONFINITE_STATE = "nonfinite_state"
+    # data_batch
+    BAD_BATCH = "bad_batch"
+    DATA_REPLAY = "data_replay"
+    ORDERING = "ordering"
+    # update_scale_growth
+    LR_TOO_HIGH = "lr_too_high"
+    ATTENTION_LOGIT_GROWTH = "attention_logit_growth"
+    OUTPUT_LOGIT_DIVERGENCE = "output_logit_divergence"
+    ADAM_EPSILON = "adam_epsilon"
+    INIT_SCALE = "init_scale"
+    # grad_scaling_bug
+    GA_NORMALISATION = "ga_normalisation"
+    ACCUMULATION_SCALING = "accumulation_scaling"
+    # state_not_restored
+    WEIGHTS = "weights"
+    OPTIMIZER_STATE = "optimizer_state"
+    DATA_SAMPLER = "data_sampler"
+    # hardware_or_distributed
+    DEVICE_FAULT = "device_fault"
+    COLLECTIVE_BUG = "collective_bug"
+    SLOW_DEVICE = "slow_device"
+
+
+class Severity(StrEnum):
+    """How bad one finding is, lowest first (:data:`SEVERITIES` keeps that order)."""
+
+    INFO = "info"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+
+CAUSES = tuple(c.value for c in Cause)
+"""Cause families of DESIGN.md section 4, as plain strings (JSON values)."""
+
+SEVERITIES = tuple(s.value for s in Severity)
 
 
 @dataclass(frozen=True)
