@@ -77,33 +77,36 @@ class HardwareSignature(Detector):
         if g is None or len(g) < self.min_repeats:
             return []
         v = g.values
-        for i in range(len(v) - self.min_repeats + 1):
-            w = v[i:i + self.min_repeats]
-            if np.isfinite(w[0]) and w[0] != 0 and np.all(w == w[0]):
-                # precision check: a value printed with few digits repeats naturally
-                txt = repr(float(w[0]))
-                if len(txt.replace("0.", "").replace(".", "")) < 6:
-                    continue
-                step = int(g.steps[i])
-                ls = run.series("loss_scale")
-                if ls is not None:
-                    seg_ls = ls.values[(ls.steps >= step) & (ls.steps <= int(g.steps[i + self.min_repeats - 1]))]
-                    if seg_ls.size >= 2 and np.any(np.diff(seg_ls) < 0):
-                        continue  # skipped fp16 steps re-print the last grad norm while the scale backs off
-                loss = run.series("loss")
-                zero_loss = False
-                if loss is not None:
-                    k = np.flatnonzero(loss.steps == step)
-                    zero_loss = bool(k.size and loss.values[k[0]] == 0.0)
-                return [self.finding(
-                    cause="hardware_or_distributed", mechanism="collective_bug", step=step,
-                    segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity="critical",
-                    message=f"grad norm is exactly {txt} on {int(np.sum(v[i:] == w[0]))} logged steps from step {step}"
-                    + (" with loss 0.0" if zero_loss else "")
-                    + ": a constant produced by the reduction, not by training.",
-                    evidence={"constant_grad_norm": float(w[0]), "from_step": step, "zero_loss": zero_loss,
-                              "repeats": int(np.sum(v[i:] == w[0]))},
-                )]
+        r = self.min_repeats
+        eq = np.concatenate([[0], np.cumsum(v[1:] == v[:-1])])  # windows of r equal points, whole column
+        starts = np.arange(len(v) - r + 1)
+        cands = np.flatnonzero(((eq[starts + r - 1] - eq[starts]) == r - 1) & np.isfinite(v[starts]) & (v[starts] != 0))
+        for i in cands.tolist():
+            w = v[i:i + r]
+            # precision check: a value printed with few digits repeats naturally
+            txt = repr(float(w[0]))
+            if len(txt.replace("0.", "").replace(".", "")) < 6:
+                continue
+            step = int(g.steps[i])
+            ls = run.series("loss_scale")
+            if ls is not None:
+                seg_ls = ls.values[(ls.steps >= step) & (ls.steps <= int(g.steps[i + self.min_repeats - 1]))]
+                if seg_ls.size >= 2 and np.any(np.diff(seg_ls) < 0):
+                    continue  # skipped fp16 steps re-print the last grad norm while the scale backs off
+            loss = run.series("loss")
+            zero_loss = False
+            if loss is not None:
+                k = np.flatnonzero(loss.steps == step)
+                zero_loss = bool(k.size and loss.values[k[0]] == 0.0)
+            return [self.finding(
+                cause="hardware_or_distributed", mechanism="collective_bug", step=step,
+                segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity="critical",
+                message=f"grad norm is exactly {txt} on {int(np.sum(v[i:] == w[0]))} logged steps from step {step}"
+                + (" with loss 0.0" if zero_loss else "")
+                + ": a constant produced by the reduction, not by training.",
+                evidence={"constant_grad_norm": float(w[0]), "from_step": step, "zero_loss": zero_loss,
+                          "repeats": int(np.sum(v[i:] == w[0]))},
+            )]
         return []
 
     def _slow_device(self, run: RunData) -> list[Finding]:

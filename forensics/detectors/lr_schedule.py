@@ -90,7 +90,6 @@ class LRScheduleReset(Detector):
         lr_initial = float(all_first[0])
         lr_peak_before: float = float(np.nanmax(all_first))
         checked_steps: set[int] = set()
-        within: list[Finding] = []
         first_seg = by_seg[segs[0]]
         for a, b in zip(segs, segs[1:], strict=False):
             prev, cur = by_seg[a], by_seg[b]
@@ -115,43 +114,7 @@ class LRScheduleReset(Detector):
                 out.append(f)
             lr_peak_before = max(lr_peak_before, float(np.nanmax(cur.get_column("value").to_numpy())))
         # upward jumps after the peak within the effective timeline (resume without a visible rewind)
-        s = run.series("lr")
-        assert s is not None
-        v, st = s.values, s.steps
-        if len(s) >= 4:
-            peak_i = 0
-            for i in range(1, len(v)):
-                if not (np.isfinite(v[i]) and np.isfinite(v[i - 1])) or v[i - 1] <= 0:
-                    continue
-                if v[i - 1] >= v[peak_i]:
-                    peak_i = i - 1
-                decayed = v[i - 1] < v[peak_i] * (1 - self.rel_tol) or (
-                    i - 1 > peak_i + 2 and v[i - 1] <= v[peak_i]
-                )
-                in_rewarm = any(
-                    0 < int(st[i]) - f.step <= 10_000
-                    and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
-                    for f in out if f.step is not None
-                )
-                # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
-                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
-                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
-                jump = v[i] > v[i - 1] * (1 + self.rel_tol) and not smooth
-                # a warm-up that starts again: a sharp drop followed by a rise (a step decay stays flat)
-                rewarm_start = (i + 2 < len(v) and v[i] < 0.5 * v[i - 1] and v[i + 1] > v[i] * (1 + self.rel_tol)
-                                and v[i + 2] > v[i + 1])
-                if (jump or rewarm_start) and decayed and int(st[i]) not in checked_steps and not in_rewarm:
-                    prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
-                    cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
-                    f = self._judge(
-                        run, cur, prev, int(st[i]), float(v[i]), self._extrapolate(prev, int(st[i])),
-                        "extrapolated from the preceding steps", lr_initial, float(v[peak_i]), int(s.segments[i]),
-                    )
-                    if f:
-                        out.append(f)
-                        within.append(f)
-                    if len(out) >= 6:
-                        break
+        within = self._jumps_within(run, out, checked_steps, lr_initial)
         # rises that recur inside one process are the schedule's own cycles (cyclic lr, warm restarts), not a
         # lost scheduler state: a reset happens once, at a resume
         by_seg_within: dict[int, list[Finding]] = {}
@@ -171,6 +134,64 @@ class LRScheduleReset(Detector):
                 against=("the rises recur within one process, with no resume between them",),
             ))
         return out[:3]
+
+    def _jumps_within(self, run: RunData, out: list[Finding], checked_steps: set[int],
+                      lr_initial: float) -> list[Finding]:
+        """Upward jumps (or re-warm-up starts) after the peak inside the effective timeline, appended to ``out``.
+
+        The running peak, the decay test and the jump/re-warm tests are whole-column numpy; only the few
+        candidate points are judged one by one (in step order, as ``out`` grows).
+        """
+        s = run.series("lr")
+        assert s is not None
+        v, st = s.values, s.steps
+        n, tol = len(v), self.rel_tol
+        within: list[Finding] = []
+        if n < 4 or not np.isfinite(v[0]):
+            return within  # a non-finite first lr: no peak to decay from
+        with np.errstate(all="ignore"):
+            prev_v, cur_v = v[:-1], v[1:]  # pairs (i-1, i) for i = 1..n-1
+            valid = np.isfinite(prev_v) & np.isfinite(cur_v) & (prev_v > 0)
+            w = np.where(valid, prev_v, -np.inf)
+            w[0] = v[0]  # the running peak starts at the first point
+            run_max = np.maximum.accumulate(w)
+            pos = np.arange(n - 1)
+            peak = np.maximum.accumulate(np.where(valid & (w >= run_max), pos, 0))
+            vp = v[peak]
+            decayed = (prev_v < vp * (1 - tol)) | ((pos > peak + 2) & (prev_v <= vp))
+            jump_raw = cur_v > prev_v * (1 + tol)
+            nxt1 = np.concatenate([v[2:], [np.nan]])
+            nxt2 = np.concatenate([v[3:], [np.nan, np.nan]])
+            rewarm = (pos + 3 < n) & (cur_v < 0.5 * prev_v) & (nxt1 > cur_v * (1 + tol)) & (nxt2 > nxt1)
+            cand = np.flatnonzero(valid & decayed & (jump_raw | rewarm)) + 1
+        for i in cand.tolist():
+            if int(st[i]) in checked_steps:
+                continue
+            in_rewarm = any(
+                0 < int(st[i]) - f.step <= 10_000
+                and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
+                for f in out if f.step is not None
+            )
+            if in_rewarm:
+                continue
+            # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
+            with np.errstate(all="ignore"):
+                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
+                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
+            if not ((jump_raw[i - 1] and not smooth) or rewarm[i - 1]):
+                continue
+            prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
+            cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
+            f = self._judge(
+                run, cur, prev, int(st[i]), float(v[i]), self._extrapolate(prev, int(st[i])),
+                "extrapolated from the preceding steps", lr_initial, float(v[peak[i - 1]]), int(s.segments[i]),
+            )
+            if f:
+                out.append(f)
+                within.append(f)
+            if len(out) >= 6:
+                break
+        return within
 
     @staticmethod
     def _extrapolate(prev: pl.DataFrame, step: int) -> float:

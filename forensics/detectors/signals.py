@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.model import RunData, Series
-from forensics.stats import backtrack_onset, to_log, trailing_robust_z
+from forensics.stats import MAD_TO_SIGMA, backtrack_onset, to_log, trailing_robust_z
 
 SPIKE_Z = 6.0
 """Spike threshold in robust sigmas (OLMo-core StabilityMonitorCallback, 6 sigma / 128 steps)."""
@@ -123,52 +123,67 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
     s, lx, z, med = zs
     vals = s.values
     scaler = scaler_skips(run, s) if metric == "grad_norm" else None
+    with np.errstate(all="ignore"):
+        nonfinite = ~np.isfinite(vals) if scaler is None else ~np.isfinite(vals) & ~scaler
+        big = np.isfinite(z) & (z >= SPIKE_Z) & np.isfinite(med) & (vals > med * (1 + MIN_REL_JUMP))
+    cands = np.flatnonzero(nonfinite | big)
     out: list[Departure] = []
-    i, n = 0, len(s)
-    while i < n and len(out) < limit:
-        nonfinite = not np.isfinite(vals[i]) and not (scaler is not None and scaler[i])
-        big = (
-            np.isfinite(z[i]) and z[i] >= SPIKE_Z and np.isfinite(med[i])
-            and vals[i] > med[i] * (1 + MIN_REL_JUMP)
-        )
-        if not (nonfinite or big):
-            i += 1
-            continue
+    i = 0
+    while len(out) < limit:
+        nxt = cands[np.searchsorted(cands, i):][:1]
+        if nxt.size == 0:
+            break
+        i = int(nxt[0])
         onset_i = backtrack_onset(z, i, ONSET_Z)
-        # excursion end and recovery
-        j = i
-        peak = vals[i] if np.isfinite(vals[i]) else float("nan")
-        base_med, base_sig = med[onset_i], None
-        zi = z[onset_i]
-        if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
-            base_sig = (lx[onset_i] - np.log(base_med)) / zi
-        recovered = None
-        width = base_sig if base_sig and base_sig > 0 else 0.05
-        band = np.log(base_med) + 2 * width if np.isfinite(base_med) else None
-        k = i + 1
-        while k < n:
-            v = vals[k]
-            if np.isfinite(v) and (not np.isfinite(peak) or v > peak):
-                peak = v
-            if band is not None and np.isfinite(lx[k]) and lx[k] <= band:
-                window = lx[k:k + 10]
-                if window.shape[0] >= min(10, n - k) and np.all(np.isfinite(window)) and np.all(window <= band):
-                    recovered = int(s.steps[k])
-                    break
-            k += 1
-        j = k
+        k, peak = _recovery(vals, lx, z, med, i, onset_i)
         out.append(
             Departure(
                 metric=metric, index=i, step=int(s.steps[i]), onset_step=int(s.steps[onset_i]),
-                onset_index=onset_i, z=float("inf") if nonfinite else float(z[i]), value=float(vals[i]),
-                baseline=float(med[i]) if np.isfinite(med[i]) else float("nan"), peak=float(peak),
-                recovered_step=recovered, nonfinite=nonfinite,
+                onset_index=onset_i, z=float("inf") if nonfinite[i] else float(z[i]), value=float(vals[i]),
+                baseline=float(med[i]) if np.isfinite(med[i]) else float("nan"), peak=peak,
+                recovered_step=int(s.steps[k]) if k is not None else None, nonfinite=bool(nonfinite[i]),
             )
         )
-        if recovered is None:
+        if k is None:
             break
-        i = max(j, i + 1)
+        i = max(k, i + 1)
     return out
+
+
+RECOVERY_POINTS = 10
+"""Consecutive points back inside the band that make a recovery (our choice, docs/detectors.md#conventions)."""
+
+
+def _recovery(vals: np.ndarray, lx: np.ndarray, z: np.ndarray, med: np.ndarray, i: int,
+              onset_i: int) -> tuple[int | None, float]:
+    """(index of the recovery after detection point ``i``, peak of the excursion up to it).
+
+    The band is the pre-spike trailing median (log) plus 2 robust sigmas, the sigma read back from the onset's
+    z (0.05 when it cannot be); the recovery is the first later point from which :data:`RECOVERY_POINTS`
+    points (or all the remaining ones) are finite and inside the band. The peak is the largest finite value
+    from ``i`` to the recovery (to the end when there is none; NaN when nothing there is finite).
+    """
+    n = vals.shape[0]
+    base_med, base_sig = med[onset_i], None
+    zi = z[onset_i]
+    if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
+        base_sig = (lx[onset_i] - np.log(base_med)) / zi
+    width = base_sig if base_sig and base_sig > 0 else 0.05
+    k: int | None = None
+    if np.isfinite(base_med) and i + 1 < n:
+        band = np.log(base_med) + 2 * width
+        with np.errstate(invalid="ignore"):
+            good = np.isfinite(lx[i + 1:]) & (lx[i + 1:] <= band)
+        c = np.concatenate([[0], np.cumsum(good)])
+        m = good.shape[0]
+        start = np.arange(m)
+        stop = np.minimum(start + RECOVERY_POINTS, m)
+        ok = good & ((c[stop] - c[start]) == (stop - start))
+        if ok.any():
+            k = i + 1 + int(np.argmax(ok))
+    span = vals[i:(k + 1 if k is not None else n)]
+    fin = span[np.isfinite(span)]
+    return k, float(fin.max()) if fin.size else float("nan")
 
 
 @dataclass(frozen=True)
@@ -227,8 +242,6 @@ def sustained_rise(
     Returns:
         A :class:`Drift`, or None when there is no sustained rise.
     """
-    from scipy.stats import theilslopes
-
     v = np.asarray(values, dtype=np.float64)
     st = np.asarray(steps, dtype=np.float64)
     ok = np.isfinite(v) & ((v > 0) if log else True)
@@ -241,20 +254,45 @@ def sustained_rise(
     nb = max(min_baseline, int(n * baseline_frac))
     if n - nb < min_run:
         return None
-    trend = robust_trend(st[:nb], y[:nb], st)
+    fit = _fit_points(nb)
+    trend = robust_trend(st[:nb][fit], y[:nb][fit], st)
     resid = y - trend
-    sigma = 1.4826 * float(np.median(np.abs(resid[:nb] - np.median(resid[:nb]))))
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(resid[:nb] - np.median(resid[:nb]))))
     thr = max(k_sigma * sigma, np.log1p(min_rel) if log else min_rel * max(abs(float(np.median(y[:nb]))), 1e-12))
     above = resid > thr
-    for i in range(nb, n - min_run + 1):
-        if above[i:i + min_run].all() and above[i:].mean() >= hold_frac:
-            after = theilslopes(y[i:], st[i:]).slope if n - i >= 3 else float("nan")
-            base = float(np.exp(trend[i]) if log else trend[i])
-            return Drift(
-                onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=base, last=float(v[-1]),
-                growth=float(v[-1] / v[i]) if v[i] != 0 else float("inf"), sigma=sigma, slope_after=float(after),
-            )
-    return None
+    # first i >= nb with min_run points above from i on, and hold_frac of all the points from i on above
+    c = np.concatenate([[0], np.cumsum(above)])
+    i_all = np.arange(nb, n - min_run + 1)
+    hit = ((c[i_all + min_run] - c[i_all]) == min_run) & ((c[n] - c[i_all]) >= hold_frac * (n - i_all))
+    if not hit.any():
+        return None
+    i = int(i_all[np.argmax(hit)])
+    after = _theil_slope(y[i:], st[i:]) if n - i >= 3 else float("nan")
+    base = float(np.exp(trend[i]) if log else trend[i])
+    return Drift(
+        onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=base, last=float(v[-1]),
+        growth=float(v[-1] / v[i]) if v[i] != 0 else float("inf"), sigma=sigma, slope_after=float(after),
+    )
+
+
+FIT_POINTS = 2048
+"""Most points a trend fit uses (budget by design, docs/detectors.md#budget): a longer baseline is fitted on
+this many evenly spaced points; residuals, noise and onsets still use every point."""
+
+
+def _fit_points(n: int) -> np.ndarray | slice:
+    """Positions of at most :data:`FIT_POINTS` evenly spaced points among ``n`` (all of them when fewer)."""
+    if n <= FIT_POINTS:
+        return slice(None)
+    return np.unique(np.linspace(0, n - 1, FIT_POINTS).round().astype(np.int64))
+
+
+def _theil_slope(y: np.ndarray, x: np.ndarray) -> float:
+    """Theil-Sen slope of ``y`` on ``x`` over at most :data:`FIT_POINTS` evenly spaced points (O(m^2) pairs)."""
+    from scipy.stats import theilslopes
+
+    pick = _fit_points(y.shape[0])
+    return float(theilslopes(y[pick], x[pick]).slope)
 
 
 def robust_trend(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
