@@ -338,7 +338,9 @@ class RunData:
         """Canonical metric names present, sorted."""
         if self.metrics.height == 0:
             return []
-        return sorted(self.metrics.get_column("metric").unique().to_list())
+        if "__metric_names__" not in self._cache:  # one pass over the long table per run (cleared with the cache)
+            self._cache["__metric_names__"] = sorted(self.metrics.get_column("metric").unique().to_list())  # type: ignore[assignment]
+        return list(self._cache["__metric_names__"])  # type: ignore[arg-type]
 
     def has(self, metric: str) -> bool:
         """True when the metric has at least one row."""

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 FP16_MAX = 65504.0
 """Largest finite IEEE 754 binary16 value."""
@@ -129,8 +129,9 @@ class ActivationOverflow(Detector):
             return []
         step = int(loss.steps[bad[0]])
         return [self.finding(
-            cause="overflow", mechanism="activation_overflow", step=step, segment=int(loss.segments[bad[0]]),
-            confidence=0.55, severity="high",
+            cause=Cause.OVERFLOW, mechanism=Mechanism.ACTIVATION_OVERFLOW, step=step,
+            segment=int(loss.segments[bad[0]]),
+            confidence=0.55, severity=Severity.HIGH,
             message=f"the loss of this fp16 run turns non-finite at step {step}; with no activation or loss-scale "
             "series logged, an fp16 overflow is the most likely reading (log absmax/loss scale to confirm).",
             evidence={"first_nonfinite_step": step, "fp16_known": True, "activation_series": False},
@@ -175,8 +176,8 @@ class ActivationOverflow(Detector):
         module = m.split("/", 1)[1] if "/" in m else m
         conf = 0.9 if (fp16 and over_step is not None) else 0.7 if over_step is not None else 0.55
         return [self.finding(
-            cause="overflow", mechanism="activation_overflow", step=step, segment=segment_at(s, step),
-            confidence=conf, severity="critical",
+            cause=Cause.OVERFLOW, mechanism=Mechanism.ACTIVATION_OVERFLOW, step=step, segment=segment_at(s, step),
+            confidence=conf, severity=Severity.CRITICAL,
             message=f"{m} reaches {fmt(float(s.values[i]))} at step {step}, "
             + ("beyond" if over_step is not None else "within 10% of") + " the fp16 limit of 65504"
             + (f"; it had been within 10% of the limit since step {near_step}"

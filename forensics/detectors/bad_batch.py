@@ -17,8 +17,8 @@ import numpy as np
 
 from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import SPIKE_Z, departures, scaler_skips, zscores
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import SPIKE_Z, departures, scaler_skips, zscores
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,9 @@ class BadBatch(Detector):
                                 "suspect",)
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
             out.append(self.finding(
-                cause="data_batch", mechanism="bad_batch", step=d.onset_step, segment=segment_at(s, d.onset_step),
-                confidence=conf, severity="high",
+                cause=Cause.DATA_BATCH, mechanism=Mechanism.BAD_BATCH, step=d.onset_step,
+                segment=segment_at(s, d.onset_step),
+                confidence=conf, severity=Severity.HIGH,
                 message=f"abrupt {what} at step {d.step} with no precursor in the previous {self.window} steps{named}.",
                 evidence=ev,
                 against=warm_against + (() if g is not None else

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 def checkpoint_segment(run: RunData, step: int) -> int:
@@ -79,8 +79,8 @@ class CheckpointNonFinite(Detector):
             against = (f"the logged {visible[1]} was already non-finite at step {visible[0]}, before this checkpoint: "
                        "the non-finite state is a consequence of a failure the logs show",)
         return [self.finding(
-            cause="overflow", mechanism="nonfinite_state", step=step, segment=checkpoint_segment(run, step),
-            confidence=conf, severity="critical",
+            cause=Cause.OVERFLOW, mechanism=Mechanism.NONFINITE_STATE, step=step, segment=checkpoint_segment(run, step),
+            confidence=conf, severity=Severity.CRITICAL,
             message=f"checkpoint {ckpt} (step {step}) holds non-finite values: {what}, e.g. {names}{since}; "
             "never resume from it.",
             evidence={"checkpoint": ckpt, "step": step, "previous_finite_checkpoint_step": prev, "roles": roles,

@@ -25,7 +25,7 @@ import numpy as np
 
 from forensics.detectors.base import Detector
 from forensics.detectors.ckpt_nonfinite import checkpoint_segment
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 def _skipped_between(run: RunData, lo: int, hi: int) -> int:
@@ -91,14 +91,15 @@ class CheckpointStateMismatch(Detector):
         hit = opt or sch
         if hit is None:
             return []
-        cause, mech = ("state_not_restored", "optimizer_state") if opt else ("lr_schedule_reset", "reset_to_initial")
+        cause, mech = ((Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE) if opt
+                       else (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL))
         step = max(int(hit["rebuilt_at_step"]) + 1, 0)
         what = "optimizer step" if hit["counter"] == "optimizer" else "scheduler last_epoch"
         conf = 0.75 if hit["restart_logged_at"] is not None else 0.55
         also = f"; the scheduler's last_epoch is off too ({sch['value']})" if opt and sch else ""
         return [self.finding(
             cause=cause, mechanism=mech, step=step, segment=checkpoint_segment(run, step), confidence=conf,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"checkpoint {hit['checkpoint']} (step {hit['step']}) saved {what} {hit['value']}: the state was "
             f"rebuilt at step {hit['rebuilt_at_step']}"
             + (f" where the logs restart (step {hit['restart_logged_at']})" if hit["restart_logged_at"] is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 def level_shift(steps: np.ndarray, y: np.ndarray, t: float | None = None, min_side: int = 5
@@ -144,8 +144,9 @@ class OrderingShift(Detector):
         hints = [h for h in ("permutation", "shuffle", "sampler", "mixture") if h in cfg]
         conf = 0.65 + (0.1 if "permutation" in hints else 0.0)
         return [self.finding(
-            cause="data_batch", mechanism="ordering", step=step, segment=segment_at(s, step), confidence=conf,
-            severity="medium",
+            cause=Cause.DATA_BATCH, mechanism=Mechanism.ORDERING, step=step, segment=segment_at(s, step),
+            confidence=conf,
+            severity=Severity.MEDIUM,
             message=f"train loss steps up by {fmt(d)} ({100 * d / abs(med):.1f}%, t={tstat:.1f}) at step {step} and "
             f"stays there while {em} keeps its trend and the lr is smooth: the training stream changed, "
             "not the model" + (f" (the run config sets {', '.join(hints)})" if hints else "") + ".",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.signals import departures
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class GradNormDeparture(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.8, severity="medium",
+                    confidence=0.8, severity=Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}"
                     + (f"; leads the loss departure by {lead} steps." if lead is not None else "."),
                     evidence={

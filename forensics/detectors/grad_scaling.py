@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 _GA = re.compile(r"gradient[ _]accumulation[ _]steps['\"]?\s*[=:]\s*['\"]?(\d+)", re.I)
 
@@ -93,6 +93,7 @@ class GradScalingFactor(Detector):
             msg += (f"; the factor matches the gradient-accumulation steps ({ga_steps}): the loss is summed over "
                     "micro-batches instead of averaged")
         return [self.finding(
-            cause="grad_scaling_bug", mechanism="ga_normalisation" if ga_match else None, step=first, segment=0,
-            confidence=min(conf, 0.95), severity="high", message=msg + ".", evidence=evidence,
+            cause=Cause.GRAD_SCALING_BUG, mechanism=Mechanism.GA_NORMALISATION if ga_match else None,
+            step=first, segment=0,
+            confidence=min(conf, 0.95), severity=Severity.HIGH, message=msg + ".", evidence=evidence,
         )]

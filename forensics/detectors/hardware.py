@@ -22,8 +22,9 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures, sustained_rise
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import departures
+from forensics.stats import sustained_rise
 
 _DEVICE_WORDS = ("ecc", "xid", "cuda error", "nccl", "uncorrectable", "device-side", "illegal memory",
                  "segmentation fault", "bus error", "hardware")
@@ -64,8 +65,8 @@ class HardwareSignature(Detector):
         prior = [d for d in departures(run, "loss") if onset is None or d.step < onset]
         against = tuple(f"loss departed earlier at step {d.onset_step}" for d in prior[:1])
         return [self.finding(
-            cause="hardware_or_distributed", mechanism="device_fault", step=onset,
-            segment=int(first["segment"]), confidence=0.5 if against else 0.85, severity="critical",
+            cause=Cause.HARDWARE_OR_DISTRIBUTED, mechanism=Mechanism.DEVICE_FAULT, step=onset,
+            segment=int(first["segment"]), confidence=0.5 if against else 0.85, severity=Severity.CRITICAL,
             message=f"device error after step {last_logged}: {str(first['message'])[:160]}",
             evidence={"error": str(first["message"])[:300], "source": first["source"], "errors": len(hits),
                       "last_logged_step": last_logged, "metrics_healthy_before": not prior},
@@ -99,8 +100,8 @@ class HardwareSignature(Detector):
                 k = np.flatnonzero(loss.steps == step)
                 zero_loss = bool(k.size and loss.values[k[0]] == 0.0)
             return [self.finding(
-                cause="hardware_or_distributed", mechanism="collective_bug", step=step,
-                segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity="critical",
+                cause=Cause.HARDWARE_OR_DISTRIBUTED, mechanism=Mechanism.COLLECTIVE_BUG, step=step,
+                segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity=Severity.CRITICAL,
                 message=f"grad norm is exactly {txt} on {int(np.sum(v[i:] == w[0]))} logged steps from step {step}"
                 + (" with loss 0.0" if zero_loss else "")
                 + ": a constant produced by the reduction, not by training.",
@@ -135,8 +136,9 @@ class HardwareSignature(Detector):
                 against = ("the run uses one device (world size 1): no other rank to compare with and no node to "
                            "exclude; a slower step is as likely the host, the data loader or another job",)
             return [self.finding(
-                cause="hardware_or_distributed", mechanism="slow_device", step=d.onset_step,
-                segment=segment_at(s, d.onset_step), confidence=conf, severity="medium" if conf >= 0.5 else "low",
+                cause=Cause.HARDWARE_OR_DISTRIBUTED, mechanism=Mechanism.SLOW_DEVICE, step=d.onset_step,
+                segment=segment_at(s, d.onset_step), confidence=conf,
+                severity=Severity.MEDIUM if conf >= 0.5 else Severity.LOW,
                 message=f"{metric} shifts from {fmt(before)} to {fmt(after)} at step {d.onset_step} "
                 "while the loss stays healthy: a slow device or node, not the model.",
                 evidence={"metric": metric, "before": before, "after": after, "onset_step": d.onset_step,

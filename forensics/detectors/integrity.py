@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,13 @@ class Integrity(Detector):
             if seg == 0:
                 continue
             out.append(self.finding(
-                cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity="info",
+                cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity=Severity.INFO,
                 message=f"restart: segment {seg} begins at step {step}.",
                 evidence={"segment": seg, "first_step": step},
             ))
         if run.skipped:
             out.append(self.finding(
-                cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity="low",
+                cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity=Severity.LOW,
                 message=f"{len(run.skipped)} input(s) or record(s) could not be read; see 'skipped'.",
                 evidence={"skipped": [s.what for s in run.skipped[:20]]},
             ))

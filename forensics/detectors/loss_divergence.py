@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class LossDivergence(Detector):
         end = float(tail[last_ok[-1]])
         return [self.finding(
             cause=None, mechanism=None, step=step, segment=segment_at(s, step), confidence=0.7,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"loss rises from its minimum {fmt(lo)} (step {int(s.steps[i_min])}) to {fmt(end)} "
             f"and does not come back; the rise starts at step {step}.",
             evidence={"metric": "loss", "min_loss": lo, "min_step": int(s.steps[i_min]), "last_smoothed": end,

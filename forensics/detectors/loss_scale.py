@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,9 @@ class LossScaleCollapse(Detector):
             msg += f"; {int(ev['skipped_steps'])} optimizer steps skipped in all"
         return [
             self.finding(
-                cause="overflow", mechanism="loss_scale_collapse", step=onset, segment=seg, confidence=conf,
-                severity="high" if conf >= 0.5 else "low", message=msg + ".", evidence=ev, against=tuple(against),
+                cause=Cause.OVERFLOW, mechanism=Mechanism.LOSS_SCALE_COLLAPSE, step=onset, segment=seg, confidence=conf,
+                severity=Severity.HIGH if conf >= 0.5 else Severity.LOW, message=msg + ".", evidence=ev,
+                against=tuple(against),
             )
         ]
 

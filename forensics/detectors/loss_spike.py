@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.signals import departures
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class LossSpike(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.9, severity="high" if d.recovered_step is None else "medium",
+                    confidence=0.9, severity=Severity.HIGH if d.recovered_step is None else Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}; "
                     f"excursion starts at step {d.onset_step}{rec}.",
                     evidence={

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 _OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "override-lr-scheduler")
 
@@ -126,8 +126,9 @@ class LRScheduleReset(Detector):
             n = len(cyclic)
             out = [f for f in out if id(f) not in cyclic]
             out.append(self.finding(
-                cause="lr_schedule_reset", mechanism="intentional_change", step=first.step, segment=first.segment,
-                confidence=0.15, severity="info",
+                cause=Cause.LR_SCHEDULE_RESET, mechanism=Mechanism.INTENTIONAL_CHANGE, step=first.step,
+                segment=first.segment,
+                confidence=0.15, severity=Severity.INFO,
                 message=f"the lr rises again {n} times inside one process (first at step {first.step}): a cyclic "
                 "schedule or warm restarts, not a lost scheduler state.",
                 evidence={"rises": [f.step for f in within if id(f) in cyclic]},
@@ -247,8 +248,8 @@ class LRScheduleReset(Detector):
         if scale is not None:
             ev["lr_scale_factor"] = round(scale, 4)
             return self.finding(
-                cause="lr_schedule_reset", mechanism="intentional_change", step=s0, segment=segment,
-                confidence=0.25, severity="info",
+                cause=Cause.LR_SCHEDULE_RESET, mechanism=Mechanism.INTENTIONAL_CHANGE, step=s0, segment=segment,
+                confidence=0.25, severity=Severity.INFO,
                 message=f"from the resume at step {s0} the whole lr schedule is scaled by {scale:.3g} "
                 "(same shape, constant factor): a deliberate lr change, not a lost scheduler state.",
                 evidence=ev, against=("a constant factor over every overlapping step is a configuration change",),
@@ -387,7 +388,8 @@ class LRScheduleReset(Detector):
             mech, conf = "intentional_change", 0.2
             msg += f"; the run sets {override}, so the change looks deliberate"
         return self.finding(
-            cause="lr_schedule_reset", mechanism=mech, step=step, segment=segment, confidence=conf,
-            severity="info" if mech == "intentional_change" else "high", message=msg + ".", evidence=ev,
+            cause=Cause.LR_SCHEDULE_RESET, mechanism=mech, step=step, segment=segment, confidence=conf,
+            severity=Severity.INFO if mech == Mechanism.INTENTIONAL_CHANGE else Severity.HIGH,
+            message=msg + ".", evidence=ev,
             against=against,
         )

@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector
-from forensics.detectors.signals import scaler_skips
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.signals import scaler_skips
 
 _SIGNALS = ("loss", "grad_norm", "param_norm", "loss_scale", "update_ratio")
 
@@ -65,7 +65,7 @@ class NonFinite(Detector):
         step, what, seg = first
         rec = bool(recovered) and all(recovered.values()) and "nan_events" not in counts
         return [self.finding(
-            cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity="critical",
+            cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity=Severity.CRITICAL,
             message=f"first non-finite {what} at step {step}"
             + (" (the series is finite again afterwards)." if rec
                else " (where the failure became visible, not its onset)."),

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 REMEDIES: dict[str, re.Pattern[str]] = {
     "skip_data": re.compile(r"skip[-_ ]train[-_ ]iteration|\bskip(ped|ping)?\b.{0,20}\b(data|batch|batches|"
@@ -112,7 +112,7 @@ class NotesAttempts(Detector):
         against = tuple(f"the notes record that {k.replace('_', ' ')} was tried and failed: {v[0]}"
                         for k, v in failed.items())
         return [self.finding(
-            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity="info",
+            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity=Severity.INFO,
             message="notes in the run folder: "
             + ("failed remedies: " + ", ".join(failed) if failed else "no failed remedy recorded")
             + ("; open ideas: " + ", ".join(ideas) if ideas else "") + ".",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import sustained_rise
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import sustained_rise
 
 _HEAD_NAMES = ("lm_head", "output_layer", "embed_out", "unembed", "head.weight", "/head")
 
@@ -55,8 +55,8 @@ class OutputLogitDivergence(Detector):
             return []
         step, m, d, s = best
         return [self.finding(
-            cause="update_scale_growth", mechanism="output_logit_divergence", step=step,
-            segment=segment_at(s, step), confidence=0.75, severity="high",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.OUTPUT_LOGIT_DIVERGENCE, step=step,
+            segment=segment_at(s, step), confidence=0.75, severity=Severity.HIGH,
             message=f"{m} leaves the trend of its early part at step {step} (trend {fmt(d.baseline)}, "
             f"last {fmt(d.last)}, x{d.growth:.3g} since the onset).",
             evidence={"metric": m, "onset_step": step, "trend_at_onset": d.baseline, "last": d.last,

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures, sustained_rise
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import departures
+from forensics.stats import sustained_rise
 
 _PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
 
@@ -133,8 +134,8 @@ class PrecursorDrift(Detector):
             return []
         step, m, d, s = best
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=step, segment=segment_at(s, step),
-            confidence=0.6, severity="high",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=step, segment=segment_at(s, step),
+            confidence=0.6, severity=Severity.HIGH,
             message=f"{m} ramps up from step {step} (trend {fmt(d.baseline)}, x{d.growth:.3g} by the failure at "
             f"step {fail}): the failure has a precursor.",
             evidence={"metric": m, "onset_step": step, "failure_step": fail, "trend_at_onset": d.baseline,

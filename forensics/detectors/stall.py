@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class NoProgress(Detector):
                     hint = "; the lr is zero throughout"
         return [self.finding(
             cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=0.7,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"the loss does not go down: {fmt(head)} at the start, {fmt(tail)} at the end of "
             f"{v.size} points{hint}.",
             evidence=ev,

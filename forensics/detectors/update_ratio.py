@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import loss_improves_after, sustained_rise
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import loss_improves_after
+from forensics.stats import sustained_rise
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class UpdateScaleGrowth(Detector):
             against = (f"the loss keeps improving after step {step} ({fmt(better[0])} -> {fmt(better[1])}): "
                        f"a growing {what} alone is not update-scale growth",)
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=step, against=against,
-            segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity="medium",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=step, against=against,
+            segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity=Severity.MEDIUM,
             message=f"{what} rises above the trend of its early part from step {step} (trend {fmt(base)})"
             + ("" if len(found) == 1 else "; the parameter norm rises too") + ".",
             evidence=ev,
