@@ -7,6 +7,8 @@ first value above 65504 (or a ``*fp16_finite*`` flag turning false) is the overf
 Forward overflow is not fixed by a lower lr (HF transformers T5 fp16 reports, #10830/#14189):
 the recovery is bf16/fp32 for the block, or clamping. Whether the run is fp16 comes from its
 configuration, else from a dynamic fp16 loss scaler in its logs (:func:`infer_fp16_from_metrics`).
+
+Source: docs/detectors.md#ov02 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

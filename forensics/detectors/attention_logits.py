@@ -5,6 +5,8 @@ threshold of Megatron-LM's ``qk_clip``) while growing, or leaves the trend of it
 for good (a sustained log-linear rise). From weight norms: Q and K projection norms of one
 layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.
 2023, arXiv 2309.14322, section 3.1: attention-logit growth, fixed by qk-layernorm).
+
+Source: docs/detectors.md#at01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps
 The batch is named when ``batch_index`` is logged. A finite blow-up that never recovers while the lr is
 still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that
 recovers by itself is reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
+
+Source: docs/detectors.md#db01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

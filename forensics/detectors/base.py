@@ -7,7 +7,7 @@ and ``detect(run) -> list[Finding]``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -41,6 +41,10 @@ class Detector(ABC):
         if not present:
             return "needs one of the metrics " + ", ".join(self.requires)
         return None
+
+    def defaults(self) -> dict[str, object]:
+        """Every threshold of this detector: its typed fields (``forensics detectors`` prints them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @abstractmethod
     def detect(self, run: RunData) -> list[Finding]:

@@ -8,6 +8,8 @@ the first moment or a weight poisons the next step: either way every resume from
 carries it, so the recovery plan must start from an earlier one (recovery.py). When the logged loss or
 parameter norm was already non-finite at or before that checkpoint, the state is a consequence of a
 failure the logs show, and the finding only argues weakly for ``overflow`` (confidence 0.45 < 0.5).
+
+Source: docs/detectors.md#ck01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Optimizer counter off -> ``state_not_restored`` (optimizer moments rebuilt: BigS
 Adam moments with lr = 0 for 5/(1-beta2) steps); scheduler counter off while the optimizer's is
 right -> ``lr_schedule_reset`` / ``reset_to_initial``. The step is ``R + 1``, the first step after the
 resume; needs the checkpoint's step from its name or ``trainer_state.json``, not from the optimizer.
+
+Source: docs/detectors.md#ck03 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ Four rules, each at most one finding (cause ``update_scale_growth``), all from t
    param_groups): the update there is set by eps, not by the gradient (Wortsman et al. 2023 section
    3.4; Molybog et al. 2023, "A theory on Adam instability in large-scale ML") -> ``adam_epsilon``.
    Latent risk, not a fault by itself: confidence 0.4 unless the logged loss went non-finite.
+
+Source: docs/detectors.md#ck02 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ on each side), otherwise it cannot tell data from optimisation and stays silent.
 a local step (the median of the points just after t exceeds that just before by half the fitted shift
 and 3 noise sigmas: a smooth decay that the quadratic misses is not a shift) with an lr that does not
 rise around t (a cyclic schedule lifts the loss by itself).
+
+Source: docs/detectors.md#do01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Rule: robust z of log grad norm against the trailing 128 points >= 6, or a non-f
 norm; onset back-tracked while z >= 3. Grad norm typically leads the loss by 1-4 steps
 (BLOOM tr11 chronicles: grad-norm onset one iteration before the loss onset; OLMo 2,
 arXiv 2501.00656: grad-norm spikes precede loss spikes). The lead is reported as evidence.
+
+Source: docs/detectors.md#gn01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ to the gradient-accumulation factor the loss was summed instead of averaged over
 (transformers 4.46-4.47 with ``num_items_in_batch``, huggingface/transformers#35663, fixed in
 4.48.1 by PR #35651). A sibling run in the same folder whose loss is exactly k times smaller at
 every step confirms it.
+
+Source: docs/detectors.md#gs01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ BigScience tr1/tr11 chronicles):
   more than ``min_shift`` (3%) and 5 robust sigmas of its own noise while the loss stays healthy; on a run
   whose configuration says one device (world size 1) it is reported with low confidence (no node to
   exclude, no rank to compare).
+
+Source: docs/detectors.md#hw01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Rule (docs/detectors.md#int01): a restart is a new segment (steps go back, a new event file, a
 resume line); every segment is kept. Damaged or skipped inputs are listed. Informational:
 argues for no cause by itself.
+
+Source: docs/detectors.md#int01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

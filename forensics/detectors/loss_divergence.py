@@ -6,6 +6,8 @@ points), the loss rises above that minimum by more than ``min_rise`` (relative, 
 ``k_sigma`` robust sigmas of its noise around the smoothed curve, and ends there. The onset is
 the first point after which the smoothed loss never again comes within one noise sigma of its
 minimum.
+
+Source: docs/detectors.md#dv01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

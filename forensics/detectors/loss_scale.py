@@ -8,6 +8,8 @@ exceeds 5% of a window, or the log ends with ``min_tail_skips`` (4) skipped step
 job died while the scaler was still backing off: torch GradScaler has no floor). The onset is
 the first back-off of the collapse sequence. A constant ``loss scale: 1.0`` in a bf16 run is not
 evidence of anything.
+
+Source: docs/detectors.md#ov01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -38,72 +40,13 @@ class LossScaleCollapse(Detector):
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the final burst of back-offs (or sustained skipping) with its onset."""
         ev: dict[str, object] = {}
-        onset: int | None = None
-        seg = 0
-        conf = 0.0
         backoffs, interval, scales = self._backoffs(run)
-        floor_msg = self._floor_message(run)
         calibration = self._calibration(run, backoffs, scales)
-        backoffs = [b for b in backoffs if b[0] not in calibration]
-        if backoffs:
-            gap = max(3 * interval, 1)
-            k = len(backoffs) - 1
-            while k > 0 and backoffs[k][0] - backoffs[k - 1][0] <= gap:
-                k -= 1
-            burst = backoffs[k:]
-            before = [v for st, v in scales if st < burst[0][0]]
-            level = before[-1] if before else None
-            low = min(b[1] for b in burst)
-            halvings = float(np.log2(level / low)) if level and low > 0 else float(len(burst))
-            floor_hit = floor_msg is not None or (low <= self.min_scale and (level or 0) > self.min_scale)
-            post = [v for st, v in scales if st not in calibration]
-            typical = float(np.median(post)) if post else None
-            end = scales[-1][1] if scales else None
-            # the scale ends where it usually sits: a scaler that oscillates (growth probes), not a collapse
-            oscillates = bool(typical and end and end >= typical / 16 and len(post) >= 8)
-            if oscillates:
-                ev["scale_typical"], ev["scale_at_end"] = typical, end
-            if floor_hit or (not oscillates and (halvings >= self.min_halvings or (
-                    len(burst) >= self.min_halvings and not self._probes(burst, scales)))):
-                onset, seg = burst[0][0], burst[0][2]
-                conf = 0.9 if floor_hit else 0.75
-                ev.update({"scale_before": level, "scale_min": low, "back_offs_in_burst": len(burst),
-                           "halvings": round(halvings, 1), "floor_reached": floor_hit,
-                           "first_back_off_step": onset, "back_offs_total": len(backoffs)})
-                if floor_msg:
-                    ev["floor_message"] = floor_msg[:200]
-        sk = run.series("skipped_step")
-        if sk is not None and len(sk) > 0:
-            vals = np.nan_to_num(sk.values, nan=0.0)
-            d = np.diff(vals)
-            if vals.max() > 1 and d.size >= 4 and np.mean(d >= 0) >= 0.8:
-                # a running total (DeepSpeed prints the skips so far): the skips are its increments
-                vals = np.concatenate([vals[:1], np.clip(d, 0, None)])
-                ev["skipped_counter_cumulative"] = True
-            calib = np.isin(sk.steps, np.array(sorted(calibration), dtype=np.int64)) if calibration else None
-            n_calib = float(vals[calib].sum()) if calib is not None else 0.0
-            n_skip = float(vals.sum()) - n_calib
-            if n_calib:
-                ev["calibration_skips"] = n_calib
-            if n_skip > 0:
-                nz = np.flatnonzero((vals > 0) & (~calib if calib is not None else True))
-                first = int(sk.steps[nz[0]]) if nz.size else int(sk.steps[np.flatnonzero(vals > 0)[0]])
-                # a count per logged interval (Megatron/DeepSpeed print skips since the last line) is a share of
-                # the steps spanned, not of the lines
-                span = max(len(sk), int(sk.steps[-1] - sk.steps[0]) + 1) if vals.max() > 1 else len(sk)
-                frac = n_skip / max(1, span)
-                ev.update({"skipped_steps": n_skip, "first_skipped_step": first, "skipped_fraction": round(frac, 4)})
-                tail = 0
-                for x in vals[::-1]:
-                    if x <= 0:
-                        break
-                    tail += 1
-                if onset is None and tail >= self.min_tail_skips:
-                    i0 = len(vals) - tail
-                    onset, seg, conf = int(sk.steps[i0]), int(sk.segments[i0]), 0.8
-                    ev["skipped_in_a_row_at_end"] = tail
-                elif onset is None and frac >= self.skip_fraction:
-                    onset, seg, conf = first, segment_at(sk, first), 0.6
+        onset, seg, conf = self._collapse(run, [b for b in backoffs if b[0] not in calibration], interval, scales,
+                                          calibration, ev)
+        skip = self._skips(run, calibration, ev, want_onset=onset is None)
+        if skip is not None:
+            onset, seg, conf = skip
         if onset is None:
             return []
         against = self._against(run, ev, onset)
@@ -124,6 +67,82 @@ class LossScaleCollapse(Detector):
                 against=tuple(against),
             )
         ]
+
+    def _collapse(self, run: RunData, backoffs: list[tuple[int, float, int]], interval: int,
+                  scales: list[tuple[int, float]], calibration: set[int],
+                  ev: dict[str, object]) -> tuple[int | None, int, float]:
+        """(onset, segment, confidence) of the last burst of back-offs when it is a collapse; fills ``ev``."""
+        if not backoffs:
+            return None, 0, 0.0
+        floor_msg = self._floor_message(run)
+        gap = max(3 * interval, 1)
+        k = len(backoffs) - 1
+        while k > 0 and backoffs[k][0] - backoffs[k - 1][0] <= gap:
+            k -= 1
+        burst = backoffs[k:]
+        before = [v for st, v in scales if st < burst[0][0]]
+        level = before[-1] if before else None
+        low = min(b[1] for b in burst)
+        halvings = float(np.log2(level / low)) if level and low > 0 else float(len(burst))
+        floor_hit = floor_msg is not None or (low <= self.min_scale and (level or 0) > self.min_scale)
+        post = [v for st, v in scales if st not in calibration]
+        typical = float(np.median(post)) if post else None
+        end = scales[-1][1] if scales else None
+        # the scale ends where it usually sits: a scaler that oscillates (growth probes), not a collapse
+        oscillates = bool(typical and end and end >= typical / 16 and len(post) >= 8)
+        if oscillates:
+            ev["scale_typical"], ev["scale_at_end"] = typical, end
+        if not (floor_hit or (not oscillates and (halvings >= self.min_halvings or (
+                len(burst) >= self.min_halvings and not self._probes(burst, scales))))):
+            return None, 0, 0.0
+        onset = burst[0][0]
+        ev.update({"scale_before": level, "scale_min": low, "back_offs_in_burst": len(burst),
+                   "halvings": round(halvings, 1), "floor_reached": floor_hit,
+                   "first_back_off_step": onset, "back_offs_total": len(backoffs)})
+        if floor_msg:
+            ev["floor_message"] = floor_msg[:200]
+        return onset, burst[0][2], 0.9 if floor_hit else 0.75
+
+    def _skips(self, run: RunData, calibration: set[int], ev: dict[str, object],
+               want_onset: bool) -> tuple[int, int, float] | None:
+        """(onset, segment, confidence) from the skipped-step counter (a tail of skips, or a large share).
+
+        Fills ``ev`` with the counts either way; an onset only when ``want_onset`` (no collapse was found).
+        """
+        sk = run.series("skipped_step")
+        if sk is None or len(sk) == 0:
+            return None
+        vals = np.nan_to_num(sk.values, nan=0.0)
+        d = np.diff(vals)
+        if vals.max() > 1 and d.size >= 4 and np.mean(d >= 0) >= 0.8:
+            # a running total (DeepSpeed prints the skips so far): the skips are its increments
+            vals = np.concatenate([vals[:1], np.clip(d, 0, None)])
+            ev["skipped_counter_cumulative"] = True
+        calib = np.isin(sk.steps, np.array(sorted(calibration), dtype=np.int64)) if calibration else None
+        n_calib = float(vals[calib].sum()) if calib is not None else 0.0
+        n_skip = float(vals.sum()) - n_calib
+        if n_calib:
+            ev["calibration_skips"] = n_calib
+        if n_skip <= 0:
+            return None
+        nz = np.flatnonzero((vals > 0) & (~calib if calib is not None else True))
+        first = int(sk.steps[nz[0]]) if nz.size else int(sk.steps[np.flatnonzero(vals > 0)[0]])
+        # a count per logged interval (Megatron/DeepSpeed print skips since the last line) is a share of
+        # the steps spanned, not of the lines
+        span = max(len(sk), int(sk.steps[-1] - sk.steps[0]) + 1) if vals.max() > 1 else len(sk)
+        frac = n_skip / max(1, span)
+        ev.update({"skipped_steps": n_skip, "first_skipped_step": first, "skipped_fraction": round(frac, 4)})
+        if not want_onset:
+            return None
+        zero = np.flatnonzero(vals[::-1] <= 0)
+        tail = int(zero[0]) if zero.size else len(vals)  # skipped steps in a row at the end
+        if tail >= self.min_tail_skips:
+            i0 = len(vals) - tail
+            ev["skipped_in_a_row_at_end"] = tail
+            return int(sk.steps[i0]), int(sk.segments[i0]), 0.8
+        if frac >= self.skip_fraction:
+            return first, segment_at(sk, first), 0.6
+        return None
 
     def _calibration(self, run: RunData, backoffs: list[tuple[int, float, int]],
                      scales: list[tuple[int, float]]) -> set[int]:

@@ -4,6 +4,8 @@ Rule: robust z of log loss against the trailing 128 logged points >= 6, or a non
 loss (OLMo-core ``StabilityMonitorCallback``: 6 sigma over the last 128 values); the onset is
 back-tracked while z >= 3 (docs/detectors.md#conventions). A spike that returns inside its
 pre-spike band within the run is reported as recovered (the engine may call it transient).
+
+Source: docs/detectors.md#sp01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

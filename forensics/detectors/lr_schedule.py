@@ -13,6 +13,8 @@ upward jump of more than ``rel_tol`` after the peak has passed is one too. Mecha
 - ``intentional_change``: the run folder shows a deliberate override (e.g. Megatron
   ``--override-opt_param-scheduler``/``--override-lr-scheduler`` set, a changed ``--lr`` in the
   launch arguments); reported with low confidence, not as a fault.
+
+Source: docs/detectors.md#lr01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Rule (docs/detectors.md#nf01; Megatron ``--check-for-nan-in-loss-and-grad``, smd
 or a ``nan_detected`` event (e.g. Megatron omitting ``lm loss`` from a line when its average
 is NaN). This marks where the failure became visible, NOT the onset; the engine looks for
 the departure that led here.
+
+Source: docs/detectors.md#nf01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

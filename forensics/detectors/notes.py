@@ -7,6 +7,8 @@ diverged, same behaviour, did not help, went the wrong way) is a *failed remedy*
 evidence against the cause that remedy addresses (DESIGN.md section 4: "earlier attempts
 (skipped data did not help) recorded in the run folder"). Remedies named as open ideas
 (``Open ideas:``, ``next:``, ``todo``) are proposals the recovery plan picks up.
+
+Source: docs/detectors.md#nt01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ z-scores miss such ramps because the ramp inflates its own window's spread. Upda
 grad norms and grad norms lead the loss (DESIGN.md section 4; BLOOM tr11 chronicles; Takase et
 al. 2023, "Spike No More": spikes follow sudden grad-norm growth), so a precursor ramp puts the
 onset at its start and argues against a bad batch.
+
+Source: docs/detectors.md#pr01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ resumed from (the steps it re-logs, else its last points before the resume). Sig
 
 Evidence against each is stated: a discontinuous lr (then the lr explains the change), identical values at
 re-logged steps (the state was restored), a jump inside the noise.
+
+Rule: as above; docs/detectors.md#rs01 has it with its thresholds.
+Source: docs/detectors.md#rs01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from scratch always lowers its loss within a few hundred steps; one that does no
 (lr of zero, frozen parameters, an optimizer that never steps, or a collapse to the uniform
 prediction at a far too high lr). Late excerpts of long runs (first step beyond
 ``max_first_step``) are not judged: their loss is meant to be nearly flat.
+
+Source: docs/detectors.md#st01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ at least ``min_growth`` (2x) above it. (Dividing by the lr is tempting because A
 scales with it, but under a decaying schedule ratio/lr rises in healthy runs: measured on
 sample_logs/healthy.) Also a sustained rise of the
 parameter norm. Without logged ratios the checkpoint readers provide them.
+
+Source: docs/detectors.md#up01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ can, because the early loss falls monotonically in a healthy run. The jump must 
 ``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
 logged points leave at once is reported with low confidence (one noisy point is not an lr too
 high). A peak lr too high for the model is the usual reason; the trial is a lower peak lr with a longer warm-up.
+
+Source: docs/detectors.md#wu01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
