@@ -41,29 +41,14 @@ class BadBatch(Detector):
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
         fp16 = bool(is_fp16(run))
-        resumes = {int(s.steps[i]) for i in range(1, len(s)) if s.segments[i] != s.segments[i - 1]} if s else set()
+        resumes = set(s.steps[np.flatnonzero(np.diff(s.segments) != 0) + 1].tolist()) if s else set()
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
             if d.onset_step in resumes:
                 continue  # a jump at the first step of a resumed process is the resume's (RS01, LR01 judge it)
-            against: list[str] = []
             pre_lo = d.onset_step - self.window
-            if g is not None:
-                gs, _, gz, _ = g
-                m = (gs.steps >= pre_lo) & (gs.steps < d.onset_step)
-                gzm = np.where(np.isfinite(gz[m]), gz[m], -np.inf)
-                near = (gs.steps[m] >= d.onset_step - self.lead_steps)
-                hit = (gzm >= SPIKE_Z) | (near & (gzm >= self.precursor_z))
-                if hit.any():
-                    k = int(np.flatnonzero(hit)[0])
-                    against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
-                gv = gs.values[m]
-                sk = scaler_skips(run, gs)
-                if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
-                    gv = gv[~sk[m]]
-                if gv.size and not np.all(np.isfinite(gv)):
-                    against.append("non-finite grad norms before the spike")
+            against = self._precursors(run, g, d.onset_step)
             if d.nonfinite and fp16:
                 if run.has("loss_scale") or g is None:
                     continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
@@ -103,6 +88,27 @@ class BadBatch(Detector):
             if len(out) >= 3:
                 break
         return out
+
+    def _precursors(self, run: RunData, g: tuple | None, onset: int) -> list[str]:
+        """What in the grad norm before ``onset`` is a precursor (a departure, non-finite values); [] if none."""
+        against: list[str] = []
+        if g is None:
+            return against
+        gs, _, gz, _ = g
+        m = (gs.steps >= onset - self.window) & (gs.steps < onset)
+        gzm = np.where(np.isfinite(gz[m]), gz[m], -np.inf)
+        near = (gs.steps[m] >= onset - self.lead_steps)
+        hit = (gzm >= SPIKE_Z) | (near & (gzm >= self.precursor_z))
+        if hit.any():
+            k = int(np.flatnonzero(hit)[0])
+            against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
+        gv = gs.values[m]
+        sk = scaler_skips(run, gs)
+        if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
+            gv = gv[~sk[m]]
+        if gv.size and not np.all(np.isfinite(gv)):
+            against.append("non-finite grad norms before the spike")
+        return against
 
     @staticmethod
     def _in_warmup(run: RunData, step: int) -> bool:
