@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.model import RunData, Series
-from forensics.stats import backtrack_onset, to_log, trailing_robust_z
+from forensics.stats import MAD_TO_SIGMA, backtrack_onset, to_log, trailing_robust_z
 
 SPIKE_Z = 6.0
 """Spike threshold in robust sigmas (OLMo-core StabilityMonitorCallback, 6 sigma / 128 steps)."""
@@ -104,7 +104,7 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     noise_med = dser.rolling_median(window_size=WINDOW, min_samples=10).shift(2).fill_null(float("nan")).to_numpy()
     local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=8).shift(1) \
         .fill_null(float("nan")).to_numpy()
-    noise = np.maximum(1.4826 * noise_med / np.sqrt(2), 0.01)
+    noise = np.maximum(MAD_TO_SIGMA * noise_med / np.sqrt(2), 0.01)
     with np.errstate(all="ignore"):
         zt = (v - local) / noise
     out = z.copy()

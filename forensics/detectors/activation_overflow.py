@@ -21,9 +21,7 @@ import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-
-FP16_MAX = 65504.0
-"""Largest finite IEEE 754 binary16 value."""
+from forensics.model_parts import FP16_MAX
 
 _ACT_WORDS = ("absmax", "abs_max", "max_abs", "amax", "act_max", "activation_max", "actmax")
 

@@ -43,11 +43,11 @@ import polars as pl
 from forensics.detectors.base import Detector, fmt
 from forensics.detectors.ckpt_nonfinite import checkpoint_segment
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.model_parts import is_output_head_tensor
 
 _QKV = {"q_proj": "q", "q": "q", "query": "q", "wq": "q", "to_q": "q", "q_lin": "q",
         "k_proj": "k", "k": "k", "key": "k", "wk": "k", "to_k": "k", "k_lin": "k",
         "v_proj": "v", "v": "v", "value": "v", "wv": "v", "to_v": "v", "v_lin": "v"}
-_OUTPUT = {"lm_head", "output", "embed_out", "head", "output_layer"}
 
 
 def _norms(run: RunData) -> dict[str, list[tuple[int, float]]]:
@@ -227,8 +227,7 @@ class CheckpointUpdateGrowth(Detector):
         )
 
     def _output(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
-        heads = [n for n in norms if n.split(".")[-1] == "weight" and len(n.split(".")) >= 2
-                 and n.split(".")[-2] in _OUTPUT and not any(p.isdigit() for p in n.split("."))]
+        heads = [n for n in norms if is_output_head_tensor(n)]
         if not heads:
             return None
         shapes = dict(run.tensors.filter(pl.col("role") == "param").select("tensor", "shape").unique("tensor").rows())

@@ -23,6 +23,7 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import MAD_TO_SIGMA
 
 
 def level_shift(steps: np.ndarray, y: np.ndarray, t: float | None = None, min_side: int = 5
@@ -123,7 +124,7 @@ class OrderingShift(Detector):
         before, after = v_f[max(0, k0 - w):k0], v_f[k0:k0 + w]
         if before.size < 3 or after.size < 3:
             return []
-        noise = 1.4826 * float(np.median(np.abs(np.diff(v_f[max(0, k0 - 3 * w):k0 + 3 * w]))))
+        noise = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(v_f[max(0, k0 - 3 * w):k0 + 3 * w]))))
         local = float(np.median(after) - np.median(before))
         if local < max(0.5 * d, 3 * noise / np.sqrt(2)):
             return []

@@ -19,6 +19,7 @@ import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Finding, RunData, Severity
+from forensics.stats import MAD_TO_SIGMA
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class LossDivergence(Detector):
         if ok.sum() < 20:
             return []
         resid = (v - sm)[fin & ok]
-        noise = 1.4826 * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
+        noise = MAD_TO_SIGMA * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
         i_min = int(np.nanargmin(sm))
         # the raw turning point near the smoothed minimum (centred smoothing shifts a V's minimum)
         w = self.smooth

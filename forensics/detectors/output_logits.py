@@ -19,9 +19,8 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.model_parts import is_output_head_metric
 from forensics.stats import sustained_rise
-
-_HEAD_NAMES = ("lm_head", "output_layer", "embed_out", "unembed", "head.weight", "/head")
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class OutputLogitDivergence(Detector):
 
     def _candidates(self, run: RunData) -> list[str]:
         out = [m for m in ("output_logit_max", "log_z") if run.has(m)]
-        out += [m for m in run.metric_names if any(h in m.lower() for h in _HEAD_NAMES) and "grad" not in m.lower()]
+        out += [m for m in run.metric_names if is_output_head_metric(m) and "grad" not in m.lower()]
         return out
 
     def missing(self, run: RunData) -> str | None:

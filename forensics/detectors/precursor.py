@@ -23,7 +23,7 @@ import numpy as np
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.signals import departures
-from forensics.stats import sustained_rise
+from forensics.stats import mad_sigma, sustained_rise
 
 _PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
 
@@ -91,7 +91,7 @@ def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | N
     half = max(5, int(np.searchsorted(x, best_t)))
     fit = theilslopes(y[:half], x[:half])
     resid = y - (fit.intercept + fit.slope * x)
-    sigma = 1.4826 * float(np.median(np.abs(resid[:half] - np.median(resid[:half]))))
+    sigma = mad_sigma(resid[:half])
     k0, k1 = int(np.searchsorted(x, best_t)), int(np.searchsorted(x, detected, side="right"))
     above = resid > sigma
     for k in range(k0, k1):

@@ -22,6 +22,7 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import mad_sigma
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class WarmupInstability(Detector):
         # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
         lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], 1e-12, None))
         dl = np.diff(lg)
-        noise = 1.4826 * float(np.median(np.abs(dl - np.median(dl)))) / np.sqrt(2) if dl.size >= 8 else 0.0
+        noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= 8 else 0.0
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
         spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
         if len(spikes) < self.min_spikes:
