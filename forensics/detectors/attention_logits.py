@@ -2,9 +2,12 @@
 
 Rule (docs/detectors.md#at01): the max attention logit exceeds ``max_logit`` (100, the default
 threshold of Megatron-LM's ``qk_clip``) while growing, or leaves the trend of its early part
-for good (a sustained log-linear rise). From weight norms: Q and K projection norms of one
-layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.
-2023, arXiv 2309.14322, section 3.1: attention-logit growth, fixed by qk-layernorm).
+for good (a sustained log-linear rise: ``k_sigma`` (4) robust sigmas and ``min_rel`` (25%) above it, reaching at
+least ``near_frac`` (half) of ``max_logit`` and growing ``min_growth`` (1.5x); a crossing counts when the
+series stays above ``max_logit`` for ``hold_frac`` (80%) of the rest; ours). From weight norms: Q and K
+projection norms of one layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.
+2023, arXiv 2309.14322, section 3.1: attention-logit growth, fixed by qk-layernorm): the Q/K-to-V norm
+ratio rises for good and ends ``min_ratio_growth`` (1.2x) above its trend.
 
 Source: docs/detectors.md#at01 (the thresholds, where each comes from, the published reports).
 """
@@ -33,6 +36,12 @@ class AttentionLogitGrowth(Detector):
     name = "attention.logit_growth"
     max_logit: float = 100.0
     min_ratio_growth: float = 1.2
+    min_points: int = 12
+    k_sigma: float = 4.0
+    min_rel: float = 0.25
+    hold_frac: float = 0.8
+    near_frac: float = 0.5
+    min_growth: float = 1.5
 
     def missing(self, run: RunData) -> str | None:
         """Needs ``attn_logit_max`` (global or per layer) or per-layer q/k/v weight norms."""
@@ -45,21 +54,21 @@ class AttentionLogitGrowth(Detector):
         best: tuple[int, str, dict[str, object]] | None = None
         for m in [m for m in run.metric_names if m.startswith("attn_logit_max")]:
             s = run.series(m)
-            if s is None or len(s) < 12:
+            if s is None or len(s) < self.min_points:
                 continue
-            d = sustained_rise(s.steps, s.values, log=True, k_sigma=4.0, min_rel=0.25)
+            d = sustained_rise(s.steps, s.values, log=True, k_sigma=self.k_sigma, min_rel=self.min_rel)
             fin = np.where(np.isfinite(s.values), s.values, np.nan)
             vmax = float(np.nanmax(fin)) if np.isfinite(fin).any() else float("nan")
             above = (s.values > self.max_logit) | np.isposinf(s.values)
             cross = None
             if above.any():
-                # first crossing after which the series stays above the threshold for 80% of the rest
-                for i in np.flatnonzero(above):
-                    if above[i:].mean() >= 0.8:
-                        cross = int(i)
-                        break
+                # first crossing after which the series stays above the threshold for hold_frac of the rest
+                c = np.concatenate([[0], np.cumsum(above)])
+                idx = np.flatnonzero(above)
+                stays = (c[above.size] - c[idx]) / (above.size - idx) >= self.hold_frac
+                cross = int(idx[np.argmax(stays)]) if stays.any() else None
             onset = None
-            if d is not None and vmax >= 0.5 * self.max_logit and d.growth >= 1.5:
+            if d is not None and vmax >= self.near_frac * self.max_logit and d.growth >= self.min_growth:
                 onset = d.onset_step
             if cross is not None and (onset is None or int(s.steps[cross]) < onset):
                 onset = int(s.steps[cross])

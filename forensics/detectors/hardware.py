@@ -7,9 +7,12 @@ BigScience tr1/tr11 chronicles):
   with no metric departure before it; the onset is the step in progress (the last logged step
   plus one).
 - ``collective_bug``: a "magic" constant grad norm repeated exactly for ``min_repeats`` logged
-  steps (e.g. sqrt(2)), often with a loss of exactly 0 (DeepSpeed #5242).
+  steps (e.g. sqrt(2)), often with a loss of exactly 0 (DeepSpeed #5242); a value printed with fewer than
+  ``min_digits`` (6) significant digits repeats naturally and does not count.
 - ``slow_device``: throughput drops (or step time rises: a direction, never a speed-up) persistently by
-  more than ``min_shift`` (3%) and 5 robust sigmas of its own noise while the loss stays healthy; on a run
+  more than ``min_shift`` (3%) and ``slow_k_sigma`` (5) robust sigmas of its own noise above the trend of its
+  first ``slow_baseline_frac`` (30%), for ``slow_min_run`` (5) points, while the loss has no departure from
+  ``loss_margin_steps`` (50) before it on (all ours); on a run
   whose configuration says one device (world size 1) it is reported with low confidence (no node to
   exclude, no rank to compare).
 
@@ -40,6 +43,12 @@ class HardwareSignature(Detector):
     name = "hardware.signature"
     min_repeats: int = 5
     min_shift: float = 0.03
+    min_digits: int = 6
+    slow_k_sigma: float = 5.0
+    slow_min_run: int = 5
+    slow_baseline_frac: float = 0.3
+    slow_min_points: int = 20
+    loss_margin_steps: int = 50
 
     def detect(self, run: RunData) -> list[Finding]:
         """Findings for each signature present."""
@@ -88,7 +97,7 @@ class HardwareSignature(Detector):
             w = v[i:i + r]
             # precision check: a value printed with few digits repeats naturally
             txt = repr(float(w[0]))
-            if len(txt.replace("0.", "").replace(".", "")) < 6:
+            if len(txt.replace("0.", "").replace(".", "")) < self.min_digits:
                 continue
             step = int(g.steps[i])
             ls = run.series("loss_scale")
@@ -115,14 +124,14 @@ class HardwareSignature(Detector):
     def _slow_device(self, run: RunData) -> list[Finding]:
         for metric, sign in (("throughput", -1.0), ("step_time", 1.0)):
             s = run.series(metric)
-            if s is None or len(s) < 20:
+            if s is None or len(s) < self.slow_min_points:
                 continue
             vals = s.values if sign > 0 else 1.0 / np.where(s.values > 0, s.values, np.nan)
-            d = sustained_rise(s.steps, vals, log=True, k_sigma=5.0, min_rel=self.min_shift, min_run=5,
-                               baseline_frac=0.3)
+            d = sustained_rise(s.steps, vals, log=True, k_sigma=self.slow_k_sigma, min_rel=self.min_shift,
+                               min_run=self.slow_min_run, baseline_frac=self.slow_baseline_frac)
             if d is None:
                 continue
-            loss_bad = [x for x in departures(run, "loss") if x.step >= d.onset_step - 50]
+            loss_bad = [x for x in departures(run, "loss") if x.step >= d.onset_step - self.loss_margin_steps]
             if loss_bad:
                 continue
             i = d.onset_index
