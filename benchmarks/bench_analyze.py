@@ -19,8 +19,9 @@ In one run, for each configuration, it prints:
 - ``analyze``: ``forensics.api.load`` + ``forensics.api.analyze_run`` in this process (imports done;
   the time split into load and analysis), and the ratio to the floor;
 - the growth 100k -> 1M steps: ratio of analyze times against the ratio of sizes (linear = 1.0);
-- peak RSS of a whole ``analyze`` in a fresh subprocess (``ru_maxrss`` of the child minus the child's RSS
-  after its imports) against the ``nbytes`` of the run's long Arrow metrics table.
+- peak RSS of a whole ``analyze`` in a fresh subprocess (``VmHWM`` reset with ``/proc/self/clear_refs``
+  after the imports, minus the RSS then; else ``ru_maxrss``) against the ``nbytes`` of the long Arrow
+  metrics table.
 
 Usage: ``python benchmarks/bench_analyze.py [--steps 100000,1000000] [--metrics 50] [--layers-steps 100000]
 [--layers-metrics 500] [--repeat 1] [--profile N]``.
@@ -149,16 +150,30 @@ def time_analyze(folder: Path, repeat: int) -> tuple[float, float, float, str]:
 
 
 _CHILD = """
-import resource, sys, json
+import json, resource, sys
 from forensics import api
-from forensics.engine import decide
 import parsers.discover, parsers.jsonl, forensics.recovery  # imports done before the baseline
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def kb(field):
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+try:
+    open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the current RSS
+except OSError:
+    pass
+base = kb("VmRSS:")
 run = api.load(sys.argv[1])
 nbytes = run.metrics.to_arrow().nbytes
 api.analyze_run(run)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"base_kb": base, "peak_kb": peak, "table_bytes": nbytes}))
+print(json.dumps({"base_kb": base, "peak_kb": kb("VmHWM:"), "table_bytes": nbytes}))
 """
 
 
