@@ -94,10 +94,9 @@ def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | N
     sigma = mad_sigma(resid[:half])
     k0, k1 = int(np.searchsorted(x, best_t)), int(np.searchsorted(x, detected, side="right"))
     above = resid > sigma
-    for k in range(k0, k1):
-        if above[k:k1].all():
-            return int(x[k])
-    return best_t
+    below = np.flatnonzero(~above[k0:k1])  # the onset: the first point from which all up to the detection are above
+    k = k0 + (int(below[-1]) + 1 if below.size else 0)
+    return int(x[k]) if k < k1 else best_t
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class WarmupInstability(Detector):
         dl = np.diff(lg)
         noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= 8 else 0.0
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
-        spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
+        with np.errstate(all="ignore"):  # every point against the running minimum before it, whole column
+            spikes = (np.flatnonzero(fallen[:-1] & (np.log(v[1:] / run_min[:-1]) >= thr)) + 1).tolist()
         if len(spikes) < self.min_spikes:
             return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0 = spikes[0]
