@@ -21,6 +21,7 @@ class Integrity(Detector):
 
     code = "INT01"
     name = "integrity.segments"
+    max_listed: int = 20
 
     def detect(self, run: RunData) -> list[Finding]:
         """One informational finding per restart, and one for damaged inputs."""
@@ -38,6 +39,6 @@ class Integrity(Detector):
             out.append(self.finding(
                 cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity=Severity.LOW,
                 message=f"{len(run.skipped)} input(s) or record(s) could not be read; see 'skipped'.",
-                evidence={"skipped": [s.what for s in run.skipped[:20]]},
+                evidence={"skipped": [s.what for s in run.skipped[:self.max_listed]]},
             ))
         return out

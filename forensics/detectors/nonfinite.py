@@ -30,6 +30,7 @@ class NonFinite(Detector):
     code = "NF01"
     name = "nonfinite.first"
     requires = ("loss", "grad_norm")
+    recovered_points: int = 10
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the earliest non-finite value and which series it was."""
@@ -48,9 +49,9 @@ class NonFinite(Detector):
             bad = np.flatnonzero(nf)
             if bad.size:
                 counts[m] = int(bad.size)
-                # finite again for good: at least 10 finite points after the last non-finite one
+                # finite again for good: recovered_points (10, ours) finite points after the last non-finite one
                 tail = s.values[bad[-1] + 1:]
-                recovered[m] = bool(tail.size >= 10 and np.all(np.isfinite(tail)))
+                recovered[m] = bool(tail.size >= self.recovered_points and np.all(np.isfinite(tail)))
                 st = int(s.steps[bad[0]])
                 if first is None or st < first[0]:
                     first = (st, m, int(s.segments[bad[0]]))
