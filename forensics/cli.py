@@ -306,9 +306,13 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None, summary: b
         from reports.compare_report import render as render_compare
 
         result = run_compare(proxy, target)
-        if fmt == "html" and output is None:
-            output = Path("forensics-compare.html")
-        _emit(render_compare(result, fmt), output)
+        runs = (None, None)
+        if fmt == "html":  # the report's charts draw the two runs' series: the renderer reads nothing itself
+            from forensics.api import load
+
+            runs = (load(proxy), load(target))
+            output = output or Path("forensics-compare.html")
+        _emit(render_compare(result, fmt, *runs), output)
         if output is not None or summary:  # stdout is not the payload, or asked for
             dep, top = result["departure"], (result["explanations"] or [None])[0]
             where = f"{dep['signal']} at step {dep['step']}" if dep else "none"

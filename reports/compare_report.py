@@ -115,16 +115,6 @@ def render_text(result: dict[str, Any]) -> str:
     return "".join(f"{(k + ':') if k else '':<{width}} {' '.join(str(v).split())}\n" for k, v in rows)
 
 
-def _load(path: str) -> RunData | None:
-    from forensics.api import load
-    from forensics.errors import ForensicsError
-
-    try:
-        return load(path)
-    except ForensicsError:
-        return None
-
-
 def overlay_charts(result: dict[str, Any], proxy: RunData, target: RunData) -> list[Chart]:
     """One chart per aligned signal: proxy and target over the step, the departures marked.
 
@@ -178,9 +168,14 @@ def overlay_charts(result: dict[str, Any], proxy: RunData, target: RunData) -> l
 
 def render_html(result: dict[str, Any], proxy: RunData | None = None, target: RunData | None = None,
                 *, generated_at: datetime | None = None) -> str:
-    """The self-contained HTML report (charts need the runs: loaded from the result's paths when not given)."""
-    proxy = proxy if proxy is not None else _load(result["proxy"])
-    target = target if target is not None else _load(result["target"])
+    """The self-contained HTML report; the overlay charts are drawn only when the caller passes both runs.
+
+    Args:
+        result: :func:`forensics.compare.compare`'s output.
+        proxy: The proxy run (its series are drawn); ``None``: no charts.
+        target: The target run; ``None``: no charts.
+        generated_at: The time written in the footer (default: now).
+    """
     charts = []
     if proxy is not None and target is not None:
         charts = [{"id": c.id, "title": c.title, "caption": c.caption, "svg": Markup(c.svg)}
@@ -192,11 +187,19 @@ def render_html(result: dict[str, Any], proxy: RunData | None = None, target: Ru
     return environment(True).get_template("compare.html.j2").render(**view)
 
 
-def render(result: dict[str, Any], fmt: str) -> str:
+def render(result: dict[str, Any], fmt: str, proxy: RunData | None = None, target: RunData | None = None) -> str:
     """Render a compare result as ``html``, ``json``, ``markdown`` or ``text``.
+
+    Args:
+        result: :func:`forensics.compare.compare`'s output.
+        fmt: The format.
+        proxy: The proxy run, for the HTML report's charts (the renderer reads nothing itself).
+        target: The target run, likewise.
 
     Raises:
         ValueError: an unknown format.
     """
+    if fmt == "html":
+        return render_html(result, proxy, target)
     return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown,
                                   "text": render_text})

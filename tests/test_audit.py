@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics import audit as audit_mod
+from forensics import audit_execute
 from forensics.audit import COLUMNS, audit, find_runs
 from forensics.cli import main
 
@@ -143,13 +144,13 @@ def test_second_audit_is_served_from_the_cache(root: Path, tmp_path: Path, monke
     out = tmp_path / "out"
     first = audit(root, out, formats=("json",), progress=False)
     calls: list[str] = []
-    real = audit_mod.work
+    real = audit_execute.work
 
     def counting(task):  # noqa: ANN001, ANN202
         calls.append(task.run)
         return real(task)
 
-    monkeypatch.setattr(audit_mod, "work", counting)
+    monkeypatch.setattr(audit_execute, "work", counting)
     second = audit(root, out, formats=("json",), progress=False)
     assert calls == [] and second.analysed == 0 and second.cached == len(first.rows)
     assert all(r["cached"] for r in second.rows) and _stable(second.rows) == _stable(first.rows)

@@ -141,7 +141,9 @@ def compare_job(proxy: str, proxy_root: str, target: str, target_root: str) -> s
         for p in Path(run).rglob("*"):
             if p.is_symlink() and not p.resolve().is_relative_to(real_root):
                 raise InputError(p, "symlink out of the watched root: not compared")
-    return render_html(compare(proxy, target))
+    from forensics.api import load
+
+    return render_html(compare(proxy, target), load(proxy), load(target))
 
 
 def _warm() -> int:
