@@ -27,7 +27,7 @@ one of its modules is under the given paths).
 Usage::
 
     python .ci/check_shape.py                    # the whole project
-    python .ci/check_shape.py --paths reports forensics/compare.py
+    python .ci/check_shape.py --paths reports forensics/compare
     python .ci/check_shape.py --top 20           # show the 20 longest of each
 """
 
