@@ -241,3 +241,28 @@ def test_worker_time_limit_kills_and_replaces_the_worker() -> None:
         assert pool.run("run", os.getpid) != first
     finally:
         pool.close()
+
+
+def test_worker_memory_limit_kills_and_replaces_the_worker() -> None:
+    """A job whose worker holds more than the memory limit is a JobError ("over budget"); a fresh worker follows."""
+    import time
+
+    from service_helpers import hold_memory
+
+    from forensics.run_limits import rss_bytes
+    from forensics.service.worker import JobError, WorkerPool
+
+    if rss_bytes(os.getpid()) is None:
+        pytest.skip("no /proc/<pid>/statm: resident memory is not sampled here")
+    pool = WorkerPool(1, timeout_s=60, memory=400 << 20)
+    try:
+        first = pool.run("run", os.getpid)
+        assert pool.run("run", hold_memory, 8, 0.0) == 8 << 20  # under the limit: answered
+        t0 = time.monotonic()
+        with pytest.raises(JobError, match="over budget"):
+            pool.run("run", hold_memory, 800, 30.0)
+        assert time.monotonic() - t0 < 20
+        assert pool.run("run", os.getpid) != first
+    finally:
+        pool.close()
+

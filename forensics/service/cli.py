@@ -27,6 +27,8 @@ from forensics.cli_common import fail as _fail
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Analysis processes.")
 @click.option("--analysis-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
               help="Seconds one analysis or report may take.")
+@click.option("--analysis-memory", default="8GiB", show_default=True,
+              help="Memory one analysis worker may hold (e.g. 4GiB); past it the run becomes an unreadable incident.")
 @click.option("--rescan", type=click.FloatRange(min=0.2), default=30.0, show_default=True,
               help="Seconds between full rescans of the roots (network filesystems).")
 @click.option("--no-events", is_flag=True, help="Rescans only (no filesystem events).")
@@ -35,9 +37,15 @@ from forensics.cli_common import fail as _fail
 @click.option("--settle", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds without a change after which a run's alerts are final (no onset confirmation).")
 def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[str, ...], token: str | None,
-          public_url: str | None, workers: int, analysis_timeout: float, rescan: float, no_events: bool,
-          unreadable_grace: float, settle: float) -> None:
+          public_url: str | None, workers: int, analysis_timeout: float, analysis_memory: str, rescan: float,
+          no_events: bool, unreadable_grace: float, settle: float) -> None:
     """Watch ROOT... for runs, alert at the onset, keep every incident, serve API, UI and reports."""
+    from forensics.run_limits import parse_bytes
+
+    try:
+        memory = parse_bytes(analysis_memory)
+    except ValueError:
+        raise click.BadParameter(f"not a size: {analysis_memory!r}", param_hint="--analysis-memory") from None
     with _errors(roots[0]):
         import uvicorn
 
@@ -46,8 +54,8 @@ def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[
 
         cfg = ServiceConfig(roots=list(roots), host=host, port=port, db=db, webhooks=list(hooks), token=token,
                             base_url=public_url, workers=workers, analysis_timeout_s=analysis_timeout,
-                            rescan_s=rescan, events=not no_events, unreadable_grace_s=unreadable_grace,
-                            settle_s=settle)
+                            analysis_memory=memory, rescan_s=rescan, events=not no_events,
+                            unreadable_grace_s=unreadable_grace, settle_s=settle)
         if not cfg.loopback and token is None:
             _fail(f"{host}: a non-loopback bind needs --token (or FORENSICS_TOKEN)")
         app = create_app(cfg)

@@ -42,6 +42,9 @@ class ServiceConfig:
         base_url: The URL links in webhook bodies start with (default ``http://host:port``).
         workers: Worker processes for analyses.
         analysis_timeout_s: Time limit of one analysis or report.
+        analysis_memory: Resident bytes one worker may hold during an analysis or report (``None``: no
+            limit); past it the worker is killed and the run becomes an ``unreadable`` incident, as a run
+            over the time limit does.
         rescan_s: Seconds between full rescans of the roots.
         events: Use filesystem events as well as rescans.
         debounce_s: Quiet time after a change before a run is analysed.
@@ -62,6 +65,7 @@ class ServiceConfig:
     base_url: str | None = None
     workers: int = 2
     analysis_timeout_s: float = 120.0
+    analysis_memory: int | None = 8 << 30
     rescan_s: float = 30.0
     events: bool = True
     debounce_s: float = 0.3
@@ -114,7 +118,8 @@ class Service:
         """Start the workers, the watcher, the scheduler and the delivery loop."""
         self._loop = asyncio.get_running_loop()
         self._sem = asyncio.Semaphore(max(2, 2 * self.cfg.workers))
-        self.pool = await asyncio.to_thread(WorkerPool, self.cfg.workers, self.cfg.analysis_timeout_s)
+        self.pool = await asyncio.to_thread(WorkerPool, self.cfg.workers, self.cfg.analysis_timeout_s,
+                                            self.cfg.analysis_memory)
         self.watcher = Watcher(self.cfg.roots, self.mark_dirty, rescan_s=self.cfg.rescan_s, events=self.cfg.events,
                                exclude=(self.cfg.db.resolve(),))
         await asyncio.to_thread(self.watcher.start)
