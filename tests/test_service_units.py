@@ -266,3 +266,31 @@ def test_worker_memory_limit_kills_and_replaces_the_worker() -> None:
     finally:
         pool.close()
 
+
+
+def test_ui_pages_show_hostile_run_names_inert(tmp_path: Path) -> None:
+    r"""A run named with a bidi override, markup and an escape sequence: the UI pages keep it inert.
+
+    The name is autoescaped and its controls shown (``<U+202E>``, ``\x1b``), never the raw characters.
+    """
+    import asyncio
+
+    import httpx
+
+    from forensics.service.app import create_app
+    from forensics.service.scheduler import ServiceConfig
+
+    app = create_app(ServiceConfig(roots=[tmp_path], db=tmp_path / "s.db", token="t0ken"))
+    name = "run\u202eTNEM<script>alert(1)</script>\x1b]0;t\x07"
+    svc = app.state.service
+    rid = svc.db.upsert_run(str(tmp_path), str(tmp_path / "r"), name)
+    svc.db.store_error(rid, f"{name}: cannot be read")
+
+    async def go() -> list[str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            return [(await c.get(u)).text for u in ("/runs", f"/runs/{rid}", "/compare")]
+
+    for page in asyncio.run(go()):
+        assert "\u202e" not in page and "\x1b" not in page and "<script>alert" not in page
+    assert "run&lt;U+202E&gt;TNEM&lt;script&gt;" in asyncio.run(go())[0]
+    svc.db.close()

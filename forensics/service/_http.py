@@ -31,9 +31,18 @@ VERDICTS = (*(str(v) for v in Verdict), UNREADABLE)
 """What the runs page can filter on."""
 
 
+def _shown(value: Any) -> Any:
+    """Text from run folders, before autoescape: bidi and control characters made visible (issue 16)."""
+    from markupsafe import Markup
+
+    from reports.escape import html_text
+
+    return html_text(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, finalize=_shown)
     env.filters["ts"] = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t else ""
     return env
 
