@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from forensics.model import Verdict
 from reports._common import fmt_num
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def _post_onset(run: RunData, metric: str, onset: int, length: int) -> np.ndarra
 
 def _already_met(criterion: str, analysis: Analysis, run: RunData | None) -> str | None:
     """Why the failed run already meets ``criterion`` after its onset, or ``None`` (keep it)."""
-    if run is None or not analysis.onset or analysis.verdict != "anomaly" or analysis.recovery is None:
+    if run is None or not analysis.onset or analysis.verdict != Verdict.ANOMALY or analysis.recovery is None:
         return None
     onset = int(analysis.onset["step"])
     trials = analysis.recovery.trials

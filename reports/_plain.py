@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from forensics.model import Cause, Mechanism, Verdict
 from reports._common import fmt_num
 from reports._consistent import Consistent, Removed, consistent, finding_metrics, proof, split_restore
 
@@ -32,14 +33,14 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------------- glossary
 
 CAUSE_WORDS: dict[str, str] = {
-    "lr_schedule_reset": "the learning-rate schedule jumped or restarted (usually when the job resumed)",
-    "overflow": "numbers grew past what the number format holds (fp16 tops out at 65504) and became inf/NaN",
-    "data_batch": "a bad, repeated or badly ordered batch of data, not the model itself",
-    "update_scale_growth": "the weight updates grew too large for the model over many steps",
-    "grad_scaling_bug": "the gradients are scaled by a wrong constant factor (accumulation or adapter scaling)",
-    "state_not_restored": "weights, optimizer or data-loader state was not restored when the job resumed",
-    "hardware_or_distributed": "a hardware or communication fault (a bad GPU, NCCL, one bad rank)",
-    "unknown": "the evidence does not decide between the candidate causes",
+    Cause.LR_SCHEDULE_RESET: "the learning-rate schedule jumped or restarted (usually when the job resumed)",
+    Cause.OVERFLOW: "numbers grew past what the number format holds (fp16 tops out at 65504) and became inf/NaN",
+    Cause.DATA_BATCH: "a bad, repeated or badly ordered batch of data, not the model itself",
+    Cause.UPDATE_SCALE_GROWTH: "the weight updates grew too large for the model over many steps",
+    Cause.GRAD_SCALING_BUG: "the gradients are scaled by a wrong constant factor (accumulation or adapter scaling)",
+    Cause.STATE_NOT_RESTORED: "weights, optimizer or data-loader state was not restored when the job resumed",
+    Cause.HARDWARE_OR_DISTRIBUTED: "a hardware or communication fault (a bad GPU, NCCL, one bad rank)",
+    Cause.UNKNOWN: "the evidence does not decide between the candidate causes",
 }
 """Cause family (DESIGN.md section 4) -> what it means, in one line."""
 
@@ -65,31 +66,32 @@ MECHANISM_WORDS: dict[str, str] = {
 """Mechanism (DESIGN.md section 4) -> what it means, in one line."""
 
 VERDICT_WORDS: dict[str, str] = {
-    "anomaly": "a fault that did not recover: act on it",
-    "transient": "an anomaly that recovered by itself: monitor, do not roll back",
-    "healthy": "nothing anomalous found, and the training objective was read",
-    "inconclusive": "the records needed to judge the run were not found",
+    Verdict.ANOMALY: "a fault that did not recover: act on it",
+    Verdict.TRANSIENT: "an anomaly that recovered by itself: monitor, do not roll back",
+    Verdict.HEALTHY: "nothing anomalous found, and the training objective was read",
+    Verdict.INCONCLUSIVE: "the records needed to judge the run were not found",
 }
 
 _WHAT: dict[tuple[str, str | None], str] = {
-    ("lr_schedule_reset", "reset_to_initial"): "the learning-rate schedule restarted from its warm-up",
-    ("lr_schedule_reset", "offset"): "the learning-rate schedule was shifted by a number of steps",
-    ("lr_schedule_reset", "horizon_change"): "the learning-rate schedule changed its length",
-    ("lr_schedule_reset", "missing_warmup"): "training ran at full learning rate without a warm-up",
-    ("lr_schedule_reset", None): "the learning rate jumped off its schedule",
-    ("overflow", "activation_overflow"): "a forward-pass value grew past the fp16 range and turned into inf/NaN",
-    ("overflow", "loss_scale_collapse"): "the fp16 loss scaler collapsed and optimizer steps were skipped",
-    ("overflow", "nonfinite_state"): "inf/NaN values got into the weights or the optimizer state",
-    ("overflow", None): "values overflowed the number format",
-    ("data_batch", "bad_batch"): "one bad batch of data spiked the loss",
-    ("data_batch", "data_replay"): "already-seen data was replayed",
-    ("data_batch", None): "the data, not the model, disturbed the loss",
-    ("update_scale_growth", "attention_logit_growth"): "the attention scores grew out of control",
-    ("update_scale_growth", "output_logit_divergence"): "the output logits drifted out of range",
-    ("update_scale_growth", None): "the weight updates grew too large",
-    ("grad_scaling_bug", None): "the gradients were scaled by a wrong constant factor",
-    ("state_not_restored", None): "training state was not restored on resume",
-    ("hardware_or_distributed", None): "a hardware or communication fault hit the run",
+    (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL): "the learning-rate schedule restarted from its warm-up",
+    (Cause.LR_SCHEDULE_RESET, Mechanism.OFFSET): "the learning-rate schedule was shifted by a number of steps",
+    (Cause.LR_SCHEDULE_RESET, Mechanism.HORIZON_CHANGE): "the learning-rate schedule changed its length",
+    (Cause.LR_SCHEDULE_RESET, Mechanism.MISSING_WARMUP): "training ran at full learning rate without a warm-up",
+    (Cause.LR_SCHEDULE_RESET, None): "the learning rate jumped off its schedule",
+    (Cause.OVERFLOW, Mechanism.ACTIVATION_OVERFLOW):
+        "a forward-pass value grew past the fp16 range and turned into inf/NaN",
+    (Cause.OVERFLOW, Mechanism.LOSS_SCALE_COLLAPSE): "the fp16 loss scaler collapsed and optimizer steps were skipped",
+    (Cause.OVERFLOW, Mechanism.NONFINITE_STATE): "inf/NaN values got into the weights or the optimizer state",
+    (Cause.OVERFLOW, None): "values overflowed the number format",
+    (Cause.DATA_BATCH, Mechanism.BAD_BATCH): "one bad batch of data spiked the loss",
+    (Cause.DATA_BATCH, Mechanism.DATA_REPLAY): "already-seen data was replayed",
+    (Cause.DATA_BATCH, None): "the data, not the model, disturbed the loss",
+    (Cause.UPDATE_SCALE_GROWTH, Mechanism.ATTENTION_LOGIT_GROWTH): "the attention scores grew out of control",
+    (Cause.UPDATE_SCALE_GROWTH, Mechanism.OUTPUT_LOGIT_DIVERGENCE): "the output logits drifted out of range",
+    (Cause.UPDATE_SCALE_GROWTH, None): "the weight updates grew too large",
+    (Cause.GRAD_SCALING_BUG, None): "the gradients were scaled by a wrong constant factor",
+    (Cause.STATE_NOT_RESTORED, None): "training state was not restored on resume",
+    (Cause.HARDWARE_OR_DISTRIBUTED, None): "a hardware or communication fault hit the run",
 }
 
 
@@ -149,16 +151,16 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     if run is not None and run.metrics.height:
         steps = run.metrics.get_column("step")
         span = f" over steps {fmt_num(int(steps.min()))} to {fmt_num(int(steps.max()))}"  # type: ignore[arg-type]
-    if a.verdict == "healthy":
+    if a.verdict == Verdict.HEALTHY:
         return f"Nothing went wrong: every logged series stayed within the run's own normal range{span}."
-    if a.verdict == "inconclusive":
+    if a.verdict == Verdict.INCONCLUSIVE:
         return "The run could not be judged: the training objective or the records needed were not found."
     step = a.onset["step"] if a.onset else None
-    if a.verdict == "transient":
+    if a.verdict == Verdict.TRANSIENT:
         what = _WHAT.get((a.cause or "", a.mechanism)) or "the run departed from its normal behaviour"
         at = f" at step {step}" if step is not None else ""
         return f"{what[0].upper()}{what[1:]}{at} and the run recovered by itself."
-    if a.cause in (None, "unknown"):
+    if a.cause in (None, Cause.UNKNOWN):
         at = f" at step {step}" if step is not None else ""
         return f"The run departed from its normal behaviour{at}, but the evidence does not decide why."
     what = _WHAT.get((a.cause, a.mechanism)) or _WHAT.get((a.cause, None)) or "the run failed"
@@ -178,7 +180,7 @@ def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None
     word = "high" if a.confidence >= 0.85 else "moderate" if a.confidence >= 0.6 else "low"
     text = f"Confidence {a.confidence:.2f} ({word})"
     hyps = list(hypotheses if hypotheses is not None else a.hypotheses)
-    if a.verdict == "healthy":
+    if a.verdict == Verdict.HEALTHY:
         n = len(a.skipped)
         return text + (f": no detector fired; {n} check(s) could not run (see Not evaluated)." if n
                        else ": no detector fired and every check ran.")

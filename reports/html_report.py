@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from markupsafe import Markup
 
 import forensics
-from forensics.model import Analysis
+from forensics.model import Analysis, Severity
 from reports._common import environment, flatten, key_evidence, pretty_json
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ MAX_EXTRA_METRICS = 12
 MAX_LAYER_GROUPS = 8
 """Per-layer metric groups charted at most."""
 
-_SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+_SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}  # Severity is declared lowest first
 
 
 def _strings(value: Any) -> Iterable[str]:
