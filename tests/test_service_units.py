@@ -294,3 +294,41 @@ def test_ui_pages_show_hostile_run_names_inert(tmp_path: Path) -> None:
         assert "\u202e" not in page and "\x1b" not in page and "<script>alert" not in page
     assert "run&lt;U+202E&gt;TNEM&lt;script&gt;" in asyncio.run(go())[0]
     svc.db.close()
+
+
+def test_run_named_with_a_non_utf8_byte_is_analysed_and_served(tmp_path: Path) -> None:
+    r"""A run folder whose name is not UTF-8: stored escaped (``run\xff``), analysed, its report and page served."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from forensics.service.app import create_app
+    from forensics.service.scheduler import ServiceConfig
+
+    root = (tmp_path / "root").resolve()
+    root.mkdir()
+    bad = os.path.join(os.fsencode(root), b"run\xff")
+    os.mkdir(bad)
+    with open(os.path.join(bad, b"metrics.jsonl"), "w") as fh:
+        fh.writelines(json.dumps({"step": s, "loss": 2.0 - s * 0.01}) + "\n" for s in range(50))
+    app = create_app(ServiceConfig(roots=[root], db=tmp_path / "s.db", token="t0ken", workers=1, events=False,
+                                   rescan_s=3600, unreadable_grace_s=0))
+    svc = app.state.service
+
+    async def go() -> tuple[dict, int, str, str]:
+        await svc.start()
+        try:
+            row = await svc.analyze(str(root), os.fsdecode(bad))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+                runs = (await c.get("/api/runs")).json()
+                report = await c.get(f"/api/runs/{row['id']}/report.html")
+                page = (await c.get(f"/runs/{row['id']}")).text
+            return runs, report.status_code, report.text, page
+        finally:
+            await svc.stop()
+
+    runs, status, report, page = asyncio.run(go())
+    assert [r["name"] for r in runs] == ["root/run\\xff"] and runs[0]["verdict"] and not runs[0]["error"]
+    assert status == 200 and "<html" in report.lower()
+    assert "run\\xff" in page

@@ -62,7 +62,8 @@ async def report_text(http: Http, run_id: int, fmt: str) -> str:
     link = f"{http.cfg.base_url}/api/runs/{run_id}/report.html"
     try:
         assert svc.pool is not None
-        text = await asyncio.to_thread(svc.pool.run, r["path"], report_job, r["path"], r["root"], fmt, link)
+        path, root = svc.real_path(r["path"]), svc.real_path(r["root"])
+        text = await asyncio.to_thread(svc.pool.run, path, report_job, path, root, fmt, link)
     except JobError as exc:
         raise HTTPException(503, str(exc)) from None
 
@@ -154,8 +155,9 @@ def jobs_router(http: Http) -> APIRouter:
         ra, rb = await asyncio.to_thread(http.run_or_404, a), await asyncio.to_thread(http.run_or_404, b)
         try:
             assert svc.pool is not None
-            text = await asyncio.to_thread(svc.pool.run, rb["path"], compare_job, ra["path"], ra["root"],
-                                           rb["path"], rb["root"])
+            real = svc.real_path
+            text = await asyncio.to_thread(svc.pool.run, real(rb["path"]), compare_job, real(ra["path"]),
+                                           real(ra["root"]), real(rb["path"]), real(rb["root"]))
         except JobError as exc:
             raise HTTPException(503, str(exc)) from None
         return HTMLResponse(text)

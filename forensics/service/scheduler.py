@@ -112,6 +112,7 @@ class Service:
         self._sem: asyncio.Semaphore | None = None
         self.analyses_done = 0
         self.confirmer = inc.Confirmer()
+        self._real: dict[str, str] = {}  # path as stored (escaped) -> the real path, for a name that is not UTF-8
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -209,10 +210,31 @@ class Service:
         self._deliver_wake.set()
         return row
 
+    def stored(self, path: str) -> str:
+        r"""``path`` as the database keeps it: valid UTF-8 (bytes that are not UTF-8 escaped as ``\xNN``).
+
+        The real path of an escaped one is remembered for :meth:`real_path` (the watcher finds it again
+        after a restart).
+        """
+        from parsers.file_policy import display
+
+        shown = display(path)
+        if shown != path:
+            self._real[shown] = path
+        return shown
+
+    def real_path(self, stored: str) -> str:
+        """The real path of a path as the database keeps it (the same string unless it was escaped)."""
+        return self._real.get(stored, stored)
+
     def _record(self, root: str, path: str, result: dict[str, Any], elapsed: float,
                 changed_at: float | None) -> dict[str, Any]:
         name = Path(path).relative_to(Path(root).parent).as_posix() if Path(path) != Path(root) else Path(path).name
-        run_id = self.db.upsert_run(root, path, name)
+        run_id = self.db.upsert_run(self.stored(root), self.stored(path), self.stored(name))
+        if not result.get("ok"):  # the message names the path: escaped like it
+            from parsers.file_policy import display
+
+            result = dict(result, error=display(str(result.get("error"))))
         self.metrics.analysis_seconds.observe(elapsed)
         self.metrics.analyses.labels("ok" if result.get("ok") else "error").inc()
         self.analyses_done += 1
@@ -249,5 +271,5 @@ class Service:
             if incident is not None and self.cfg.webhooks:
                 webhooks.enqueue(conn, incident, body, self.cfg.base_url or "", self.cfg.webhooks)
 
-        inc.record(self.db, run_id, path, alerts, aid, result.get("last_step"), on_open=outbox)
+        inc.record(self.db, run_id, self.stored(path), alerts, aid, result.get("last_step"), on_open=outbox)
         return self.db.one("SELECT * FROM runs WHERE id = ?", (run_id,)) or {}

@@ -184,7 +184,7 @@ class WorkerPool:
 
     def slot(self, key: str) -> int:
         """The worker index for a run path (stable)."""
-        return zlib.crc32(key.encode()) % self.n
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n  # a name that is not UTF-8 too
 
     def run(self, key: str, fn: Any, *args: Any, timeout_s: float | None = None) -> Any:
         """Run ``fn(*args)`` on the run's worker and wait (call from a thread, never the event loop).
