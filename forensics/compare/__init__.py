@@ -8,29 +8,11 @@ settings read from the logs when a configuration lacks them: peak lr, warm-up, t
 tests the top one). Extra keys: ``departures`` (per series), ``alignment`` (``"step"`` or ``"tokens"``),
 ``lr_evidence`` (peak lr vs warm-up), ``mup_check``, ``target_analysis``, ``configs``.
 
-Modules: :mod:`~forensics.compare.departure` (the departure test below), :mod:`~forensics.compare.lr` (peak lr
-vs warm-up, settings read from the logs), :mod:`~forensics.compare.explain` (ranked explanations, the trial);
-the muP check is :func:`forensics.config_diff.mup_check`.
-
-Departure test, for EVERY series both runs log (any writer; the lr and bookkeeping series of
-:data:`CONTROLS` excepted, they are evidence, not dynamics), at matched steps, or at matched tokens seen
-when the tokens per step differ (the proxy interpolated at the target's tokens):
-
-    g_i = f(target_i) - f(proxy_i)       f = log for positive series (relative log-gap), identity for log Z
-    sigma_i = sqrt(2) * 1.4826 * MAD(f(proxy) - running median_5(f(proxy))) over the trailing WINDOW aligned
-              points (the proxy's own noise band; a smooth trend is not noise)
-    departure = first i with g_i > max(K_SIGMA * sigma_i, floor) and g_i - g_0 > the same band, for SUSTAIN
-                consecutive points (or until the target's log ends: a run that departs and dies has nothing after)
-
-floor = 20% for the losses, a factor 5 for the growth series and the rest (:data:`FLOOR`, :data:`FLOOR_GROWTH`:
-twice what seeds alone do). g_0, the gap at the first aligned point, is the offset the settings give at
-initialisation (a wider model's parameter norm and initial logits are larger from step 1): a departure is a
-gap that GROWS beyond the band, not a constant offset.
-
-One-sided (target above the proxy) for the growth series and the losses, because a target that sits
-*below* (attention logits of a model without qk-layernorm start smaller) is not an instability;
-two-sided for log Z and for series of unknown meaning. Growth series (:data:`GROWTH`) are searched
-like the loss, so an attention-logit departure is found while the losses have not parted yet.
+Modules: :mod:`~forensics.compare.departure` (the departure test: every series both runs log, at matched
+steps or tokens, against the proxy's own noise band; its docstring gives the rule and the thresholds),
+:mod:`~forensics.compare.lr` (peak lr vs warm-up, settings read from the logs),
+:mod:`~forensics.compare.explain` (ranked explanations, the trial); the muP check is
+:func:`forensics.config_diff.mup_check`.
 """
 
 from __future__ import annotations
