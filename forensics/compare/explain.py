@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from forensics.compare.departure import K_SIGMA, LOSSES
+from forensics.model import Mechanism
 
 SIGNAL_SETTINGS: dict[str, tuple[str, ...]] = {
     "attn_logit_max": ("qk_layernorm", "peak_lr", "warmup_steps", "d_model"),
@@ -44,15 +45,15 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], float]] = {
 """Setting -> (mechanism through which a change acts, the signals that should depart first, prior)."""
 
 ANALYSIS_LINKS: dict[str, tuple[str, ...]] = {
-    "attention_logit_growth": ("qk_layernorm", "peak_lr", "d_model", "n_heads", "seq_len", "weight_decay"),
-    "output_logit_divergence": ("z_loss", "weight_decay", "peak_lr"),
-    "lr_too_high": ("peak_lr", "warmup_steps", "warmup_tokens", "global_batch_size", "d_model", "mup",
-                    "clip_grad_norm", "beta2"),
-    "adam_epsilon": ("eps",),
-    "activation_overflow": ("precision", "qk_layernorm"),
-    "loss_scale_collapse": ("precision",),
-    "init_scale": ("init_std",),
-    "ga_normalisation": ("grad_accum",),
+    Mechanism.ATTENTION_LOGIT_GROWTH: ("qk_layernorm", "peak_lr", "d_model", "n_heads", "seq_len", "weight_decay"),
+    Mechanism.OUTPUT_LOGIT_DIVERGENCE: ("z_loss", "weight_decay", "peak_lr"),
+    Mechanism.LR_TOO_HIGH: ("peak_lr", "warmup_steps", "warmup_tokens", "global_batch_size", "d_model", "mup",
+                            "clip_grad_norm", "beta2"),
+    Mechanism.ADAM_EPSILON: ("eps",),
+    Mechanism.ACTIVATION_OVERFLOW: ("precision", "qk_layernorm"),
+    Mechanism.LOSS_SCALE_COLLAPSE: ("precision",),
+    Mechanism.INIT_SCALE: ("init_std",),
+    Mechanism.GA_NORMALISATION: ("grad_accum",),
 }
 """The target's own analyze() mechanism -> the settings whose change it supports."""
 
