@@ -101,7 +101,7 @@ def gn01_grad_spike(_: Path) -> RunData:
 def dv01_divergence(_: Path) -> RunData:
     """The loss falls to step 150, then rises for good (no spike)."""
     s = np.arange(300)
-    base = np.where(s < 150, 4.0 - 1.5 * s / 150, 2.5 + 1.5 * ((s - 150) / 150) ** 1.5)
+    base = np.where(s < 150, 4.0 - 1.5 * s / 150, 2.5 + 1.5 * (np.maximum(s - 150, 0) / 150) ** 1.5)
     return table_run({"loss": base * _noise(300, 0.005)})
 
 
