@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.engine import decide
-from forensics.model import Analysis, RunData
+from forensics.model import Analysis, RunData, Verdict
 from forensics.recovery import plan
 from parsers.file_policy import display
 
@@ -116,19 +116,10 @@ def analyze_run(run: RunData) -> Analysis:
     if "objective" not in run.meta:
         _resolve_objective(run, {})
     d = decide(run)
-    main_ev: dict[str, object] = {}
-    if d.cause and d.cause != "unknown":
-        fs = [f for f in d.findings if f.cause == d.cause]
-        if fs:
-            main_ev = dict(max(fs, key=lambda f: f.confidence).evidence)
-        growth = [f for f in d.findings if f.cause == "update_scale_growth" and f.confidence >= 0.5]
-        if d.cause != "update_scale_growth" and growth:
-            main_ev["growth_precursor"] = {"code": growth[0].code, "mechanism": growth[0].mechanism,
-                                           "step": growth[0].step}
     recovery = None
-    if d.verdict in ("anomaly", "transient"):
-        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev,
-                        transient=d.verdict == "transient")
+    if d.verdict in (Verdict.ANOMALY, Verdict.TRANSIENT):
+        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, dict(d.main_evidence),
+                        transient=d.verdict == Verdict.TRANSIENT, facts=d.facts, findings=d.findings)
     verdict, confidence = d.verdict, d.confidence
     factor, notes = _coverage(run, len(d.skipped))
     inconclusive = verdict == "healthy" and not run.meta.get("objective")
