@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from forensics.engine import keys
 from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, RecoveryPlan, RunData, Trial
 from forensics.recovery import (
@@ -123,8 +124,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     if ctx.resume.get("checkpoint") is None and ctx.resume.get("step") == 0:
         arms = _from_scratch(arms)
     trials = [with_launch_args(t, facts.framework, ctx.resume) for t in {t.name: t for t in arms.trials}.values()]
-    crit = criteria(stats, ctx.length, unit=facts.step_unit, cause=cause, expected_lr=ctx.evidence.get("expected_lr"),
-                    onset=onset)
+    crit = criteria(stats, ctx.length, unit=facts.step_unit, cause=cause,
+                    expected_lr=ctx.evidence.get(keys.EXPECTED_LR), onset=onset)
     length = max((t.steps for t in trials[:MAX_TRIALS]), default=0)
     return RecoveryPlan(resume_from=dict(ctx.resume), restore=arms.restore, trials=tuple(trials[:MAX_TRIALS]),
                         success_criteria=fitting(crit, run, onset, length, findings), do_not=arms.do_not)
