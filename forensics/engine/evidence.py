@@ -9,7 +9,7 @@ from types import MappingProxyType
 from forensics.engine import codes, keys
 from forensics.engine.weights import WEIGHTS
 from forensics.facts import RunFacts
-from forensics.model import Cause, Finding, RunData
+from forensics.model import CAUSES, Cause, Finding, RunData
 
 NEVER = 1 << 62
 """The "first step" of a family with no strong finding (later than any step)."""
@@ -53,8 +53,8 @@ class Evidence:
         families: dict[Cause, tuple[Finding, ...]] = {}
         for f in ordered:
             if f.cause and f.cause != Cause.UNKNOWN:
-                c = Cause(f.cause)
-                families[c] = (*families.get(c, ()), f)
+                c = Cause(f.cause) if f.cause in CAUSES else f.cause  # a cause no enum knows keeps its name
+                families[c] = (*families.get(c, ()), f)  # type: ignore[index]
         failed = bool(nf or by_code.get(codes.DIVERGENCE) or unrecovered or by_code.get(codes.STALL))
         return cls(run, facts, tuple(ordered), MappingProxyType(by_code), MappingProxyType(families), failed,
                    min(marks) if marks else None)
