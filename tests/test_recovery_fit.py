@@ -114,3 +114,18 @@ def test_criteria_are_stated_on_the_causal_series() -> None:
     assert not any("throughput" in c for c in growth.success_criteria)
     assert any("the lr at step 400 is the schedule's 0.0003" in c for c in reset.success_criteria)
     assert not any("the lr at" in c for c in growth.success_criteria)
+
+
+def test_an_overflow_is_judged_on_the_loss_scale() -> None:
+    """An fp16 loss-scale collapse: the criterion on the loss scale is kept; a scale that never fell is no test."""
+    steps = np.arange(0, 600)
+    flat = _flat_loss(steps)
+    collapsed = np.where(steps < 300, 65536.0, 2.0 ** np.maximum(0, 16 - (steps - 300) // 10))
+    kept = plan(_run(steps, {"loss": flat, "loss_scale": collapsed}), Cause.OVERFLOW, Mechanism.LOSS_SCALE_COLLAPSE,
+                300)
+    steady = plan(_run(steps, {"loss": flat, "loss_scale": np.full(600, 65536.0)}), Cause.OVERFLOW,
+                  Mechanism.LOSS_SCALE_COLLAPSE, 300)
+    assert kept is not None and steady is not None
+    assert any(c.startswith("the loss scale stays at or above its pre-onset median (6.554e+04)")
+               for c in kept.success_criteria)
+    assert not any("loss scale" in c for c in steady.success_criteria)

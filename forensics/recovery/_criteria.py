@@ -34,6 +34,7 @@ FALLBACK_LENGTH = 100
 CAUSAL_SERIES = {
     Cause.HARDWARE_OR_DISTRIBUTED: ("loss", "grad_norm", "throughput", "step_time"),
     Cause.LR_SCHEDULE_RESET: ("loss", "grad_norm", "lr"),
+    Cause.OVERFLOW: ("loss", "grad_norm", "loss_scale"),
 }
 """Series a cause's criteria may be stated on; every other cause: loss and grad norm."""
 DEFAULT_SERIES = ("loss", "grad_norm")
@@ -55,9 +56,9 @@ def _g(x: float) -> str:
 
 
 def pre_onset_stats(run: RunData, onset: int, window: int = STATS_WINDOW) -> dict[str, float]:
-    """Median, robust sigma, p95 and p05 of loss, grad norm, throughput and step time before the onset; peak lr."""
+    """Median, robust sigma, p95, p05 before the onset (loss, grad norm, throughput, step time, loss scale); peak lr."""
     out: dict[str, float] = {}
-    for m in ("loss", "grad_norm", "throughput", "step_time"):
+    for m in ("loss", "grad_norm", "throughput", "step_time", "loss_scale"):
         s = run.series(m)
         if s is None:
             continue
@@ -99,6 +100,11 @@ def criteria(stats: dict[str, float], length: int, unit: str = "step", cause: st
     if "lr" in series and isinstance(expected_lr, (int, float)) and onset is not None:
         out.append(Criterion("lr", "schedule", f"the lr at {unit} {onset} is the schedule's {_g(float(expected_lr))} "
                              "(within 1%), not the value the faulty resume logged", float(expected_lr)))
+    if "loss_scale" in series and "loss_scale_median" in stats:
+        ls = stats["loss_scale_median"]
+        out.append(Criterion("loss_scale", "scale_floor", f"the loss scale stays at or above its pre-onset median "
+                             f"({_g(ls)}) through the trial: no back-off cascade (or no loss scaler at all, in bf16)",
+                             ls))
     for m, better in (("throughput", "at or above"), ("step_time", "at or below")):
         if m in series and f"{m}_median" in stats:
             out.append(Criterion(m, "hardware", f"{m.replace('_', ' ')} back {better} its pre-onset median "
@@ -122,6 +128,8 @@ def met_by_failed_run(c: Criterion, run: RunData, onset: int, length: int, findi
         return False
     if c.kind == "level":
         return float(v.max()) <= c.level + c.width
+    if c.kind == "scale_floor":
+        return bool(float(np.min(v)) >= c.level)
     if c.kind == "no_spike":
         return not any("spike" in f.name and (f.step or -1) >= onset for f in findings)
     if c.kind == "band" and c.level > 0:
