@@ -29,6 +29,8 @@ ROLLING = 32
 """Points of the rolling median that judges the grad-norm band."""
 HARDWARE_TOLERANCE = "3%"
 """Throughput (or step time) back to its pre-onset median within this (our choice: above timing noise)."""
+LR_TOLERANCE = "1%"
+"""The resumed lr matches the schedule within this (lrs are logged with 4+ significant digits)."""
 FALLBACK_LENGTH = 100
 """Trial window judged when no trial states its length."""
 CAUSAL_SERIES = {
@@ -99,7 +101,7 @@ def criteria(stats: dict[str, float], length: int, unit: str = "step", cause: st
                              "sigmas appears", g))
     if "lr" in series and isinstance(expected_lr, (int, float)) and onset is not None:
         out.append(Criterion("lr", "schedule", f"the lr at {unit} {onset} is the schedule's {_g(float(expected_lr))} "
-                             "(within 1%), not the value the faulty resume logged", float(expected_lr)))
+                             f"(within {LR_TOLERANCE}), not the value the faulty resume logged", float(expected_lr)))
     if "loss_scale" in series and "loss_scale_median" in stats:
         ls = stats["loss_scale_median"]
         out.append(Criterion("loss_scale", "scale_floor", f"the loss scale stays at or above its pre-onset median "
