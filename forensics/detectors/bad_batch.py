@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.signals import SPIKE_Z, departures, scaler_skips, zscores
 
@@ -29,18 +29,19 @@ class BadBatch(Detector):
 
     code = "DB01"
     name = "data.bad_batch"
+    uses_facts = True
     requires = ("loss",)
     window: int = 128
     max_rise_steps: int = 2
     precursor_z: float = 3.0
     lead_steps: int = 5
 
-    def detect(self, run: RunData) -> list[Finding]:
+    def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """One finding per precursor-free loss departure (at most three)."""
         s = run.series("loss")
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
-        fp16 = bool(is_fp16(run))
+        fp16 = bool((facts or run_facts(run)).fp16)
         resumes = set(s.steps[np.flatnonzero(np.diff(s.segments) != 0) + 1].tolist()) if s else set()
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:

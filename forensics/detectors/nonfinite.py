@@ -36,7 +36,7 @@ class NonFinite(Detector):
         """At most one finding: the earliest non-finite value and which series it was."""
         first: tuple[int, str, int] | None = None
         counts: dict[str, int] = {}
-        recovered: dict[str, bool] = {}
+        recovered: dict[str, int | None] = {}
         for m in _SIGNALS:
             s = run.series(m)
             if s is None:
@@ -51,7 +51,8 @@ class NonFinite(Detector):
                 counts[m] = int(bad.size)
                 # finite again for good: recovered_points (10, ours) finite points after the last non-finite one
                 tail = s.values[bad[-1] + 1:]
-                recovered[m] = bool(tail.size >= self.recovered_points and np.all(np.isfinite(tail)))
+                again = tail.size >= self.recovered_points and bool(np.all(np.isfinite(tail)))
+                recovered[m] = int(s.steps[bad[-1] + 1]) if again else None
                 st = int(s.steps[bad[0]])
                 if first is None or st < first[0]:
                     first = (st, m, int(s.segments[bad[0]]))
@@ -66,11 +67,12 @@ class NonFinite(Detector):
         if first is None:
             return []
         step, what, seg = first
-        rec = bool(recovered) and all(recovered.values()) and "nan_events" not in counts
+        rec = bool(recovered) and all(r is not None for r in recovered.values()) and "nan_events" not in counts
         return [self.finding(
             cause=None, mechanism=None, step=step, segment=seg, confidence=1.0, severity=Severity.CRITICAL,
             message=f"first non-finite {what} at step {step}"
             + (" (the series is finite again afterwards)." if rec
                else " (where the failure became visible, not its onset)."),
-            evidence={"first_nonfinite_step": step, "series": what, "nonfinite_points": counts, "recovered": rec},
+            evidence={"first_nonfinite_step": step, "series": what, "nonfinite_points": counts,
+                      "recovered_step": max(recovered.values()) if rec else None},  # type: ignore[type-var]
         )]

@@ -21,32 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.signals import departures
 from forensics.stats import mad_sigma, sustained_rise
 
 _PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
-
-
-def failure_step(run: RunData) -> int | None:
-    """First step of a persistent failure: non-finite loss/grad norm for good, or an unrecovered loss departure."""
-    best: int | None = None
-    for m in ("loss", "grad_norm"):
-        s = run.series(m)
-        if s is None or len(s) == 0:
-            continue
-        bad = ~np.isfinite(s.values)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            tail = s.values[i:]
-            if np.mean(~np.isfinite(tail)) >= 0.5 or i >= len(s) - 3:
-                st = int(s.steps[i])
-                best = st if best is None else min(best, st)
-    for d in departures(run, "loss"):
-        if d.recovered_step is None:
-            best = d.step if best is None else min(best, d.step)
-            break
-    return best
 
 
 def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | None:
@@ -105,14 +84,15 @@ class PrecursorDrift(Detector):
 
     code = "PR01"
     name = "precursor.drift"
+    uses_facts = True
     requires = _PRECURSORS
     lookback: int = 2000
     min_rise: float = 0.10
     min_growth: float = 1.5
 
-    def detect(self, run: RunData) -> list[Finding]:
+    def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """At most one finding: the earliest precursor ramp before the failure."""
-        fail = failure_step(run)
+        fail = (facts or run_facts(run)).failure_step
         if fail is None:
             return []
         best = None
