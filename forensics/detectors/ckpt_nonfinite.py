@@ -6,8 +6,9 @@ count a NaN or an inf, with the tensors and their roles (``param``, ``exp_avg``,
 An inf in Adam's second moment freezes its coordinates silently (``m / sqrt(inf) = 0``) and a NaN in
 the first moment or a weight poisons the next step: either way every resume from that checkpoint
 carries it, so the recovery plan must start from an earlier one (forensics/recovery/overflow.py).
-When the logged loss or parameter norm was already non-finite at or before that checkpoint, the state is a consequence of a
-failure the logs show, and the finding only argues weakly for ``overflow`` (confidence 0.45 < 0.5).
+When the logged loss or parameter norm was already non-finite at or before that checkpoint, the
+state is a consequence of a failure the logs show,
+and the finding only argues weakly for ``overflow`` (confidence 0.45 < 0.5).
 
 Source: docs/detectors.md#ck01 (the thresholds, where each comes from, the published reports).
 """
