@@ -47,6 +47,7 @@ from parsers.lines import (
     generic,
     hf_stdout,
     kv,
+    kv_bulk,
     megatron,
     nanogpt,
     nemo,
@@ -388,7 +389,7 @@ class _Assembler:
         """
         if lines.height == 0:
             return True
-        if mets.select(pl.struct("line", "metric").is_duplicated().any()).item():
+        if lines.get_column("dup").any():
             return False
         line_no = lines.get_column("line").to_numpy().astype(np.int64)
         st = lines.get_column("step")
@@ -572,7 +573,7 @@ class _Assembler:
             self.meta["ranks"] = {"metric_lines_per_rank": dict(sorted(self.ranks.items())),
                                   "why": "interleaved rank-prefixed lines are one run: a value several ranks print "
                                          "is kept once, a rank's step never reads as a restart of another's"}
-        out_of_range = self.rows.out_of_range_steps()
+        out_of_range = self.rows.out_of_range_steps() + self.state.get("kv_step_out_of_range", 0)
         if out_of_range:
             self.skip_counts["step outside int64 (not a step)"] += out_of_range
         if self.skip_counts:
@@ -589,7 +590,7 @@ _RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
 _RANK_NUM = r"^(\d{1,5}):\s"
 _RANK_ANY = r"^(?:\[(?:rank|default|Rank)|[0-9]{1,5}:\s)"
 _ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_DIGITS = r"[0-9]+"
+_DIGITS = kv_bulk.SHAPE
 _US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
 _ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
 
@@ -670,6 +671,7 @@ class _Reader:
         self.asm = asm
         self.owned: dict[str, bool] = {}
         self.inert: dict[str, str] = {}
+        self.plans: dict[str, kv_bulk.Plan | None] = {}
 
     def block(self, pieces: list[str], lineno: int) -> int:
         """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
@@ -712,7 +714,7 @@ class _Reader:
         per_line[cand_np] = False
         per_line[cand_np[first_pos]] = True
         per_idx = np.flatnonzero(per_line).tolist()
-        line_df, met_df = kv.frames_of(kv.parse_block(cl, shape_s), asm.state)
+        line_df, met_df = kv_bulk.read_block(cl, shape_s, asm.state, self.plans)
         gl = pl.Series(cand_np, dtype=pl.UInt32)  # positions in ``cl`` -> indices in the block
         line_df = line_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
         met_df = met_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))

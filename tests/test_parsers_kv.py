@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsers import textlog
-from parsers.lines import kv
+from parsers.lines import kv, kv_bulk
 
 
 def one(line: str):
@@ -25,11 +25,11 @@ def one(line: str):
 
 
 def block(lines: list[str]):
-    """What parse_block + frames_of read from the candidate lines (as parsers.textlog sends them), as one() says."""
+    """What read_block reads from the candidate lines (as parsers.textlog sends them), as one() says."""
     s = pl.Series(lines, dtype=pl.Utf8)
     cand = (s.str.contains(kv.CANDIDATE) & ~s.str.contains(kv.CODE)).arg_true().to_list()
-    ld, md = kv.frames_of(kv.parse_block(s.gather(cand)), {})
-    steps = dict(ld.iter_rows())
+    ld, md = kv_bulk.read_block(s.gather(cand), None, {})
+    steps = dict(ld.select("line", "step").iter_rows())
     out: list = [None] * len(lines)
     for i in steps:
         out[cand[i]] = (steps[i], {})
@@ -188,3 +188,28 @@ def test_step_outside_int64_is_skipped_not_a_crash(line: str, tmp_path: Path) ->
     got = textlog.read(log, tmp_path)
     assert got.metrics.column("step").to_pylist() == [1, 2]
     assert got.meta["skipped_lines"]["step outside int64 (not a step)"] == 1
+
+
+_KINDS = st.sampled_from(["{i}", "{f:.4f}", "{e:.2e}", "nan", "{i}ms", "{i}/{j}", "{f:.1f}%", "{i}K", "-{f:.3f}"])
+
+
+@st.composite
+def _shaped(draw):
+    """Lines of a few shapes, each repeated with other numbers (the bulk path's plans read them)."""
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        pairs = [(draw(_KEYS), draw(_SEPS), draw(_KINDS)) for _ in range(draw(st.integers(1, 5)))]
+        pre = draw(st.sampled_from(["", "2024-01-01 10:00:00,123 INFO ", "{", "[step] ", "[3/10] "]))
+        join = draw(_JOIN)
+        for _ in range(draw(st.integers(8, 12))):
+            vals = [kind.format(i=draw(st.integers(0, 5000)), j=draw(st.integers(1, 5000)),
+                                f=draw(st.floats(0, 1e4)), e=draw(st.floats(1e-6, 1e3))) for _, _, kind in pairs]
+            out.append(pre + join.join(f"{k}{s}{v}" for (k, s, _), v in zip(pairs, vals, strict=True)))
+    return draw(st.permutations(out))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_shaped())
+def test_line_and_planned_block_agree(lines):
+    """Shapes shared by many lines are read by plans (one number scan); they read what parse_line reads."""
+    test_line_and_block_agree.hypothesis.inner_test(lines)
