@@ -652,6 +652,30 @@ def _wall_times(lines: pl.Series) -> list[float | None]:
     return walls
 
 
+_EVENT = re.compile(common.EVENT_ANY)
+
+
+class _Eventish:
+    """Per line of a block: may it be an event line (:data:`parsers.lines.common.EVENT_ANY`)?
+
+    Scanned in one column operation for the lines that are not metric candidates; a candidate line
+    (most of them are read in bulk and never asked) is scanned when asked.
+    """
+
+    def __init__(self, lines: pl.Series, cand: pl.Series) -> None:
+        self.lines = lines
+        self.cand = cand.to_numpy()
+        rest = (~cand).arg_true()
+        self.known = np.zeros(lines.len(), dtype=bool)
+        if rest.len():
+            self.known[rest.to_numpy()] = lines.gather(rest).str.strip_chars().str.contains(common.EVENT_ANY).to_numpy()
+
+    def __getitem__(self, i: int) -> bool:
+        if self.cand[i]:
+            return bool(_EVENT.search(self.lines[i].strip()))
+        return bool(self.known[i])
+
+
 class _Reader:
     """Feeds blocks of lines to the assembler: the general reader's lines in bulk, the rest one by one.
 
@@ -687,7 +711,7 @@ class _Reader:
         n = lines.len()
         code = lines.str.contains(kv.CODE)
         cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
-        eventish = lines.str.strip_chars().str.contains(common.EVENT_ANY).to_list()
+        eventish = _Eventish(lines, cand_mask)
         cand_idx = cand_mask.arg_true()
         asm, owned = self.asm, self.owned
         text = lines.to_list()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from parsers.lines.kv import (
@@ -35,9 +36,7 @@ SHAPE = r"(?-u:\b)[0-9]+"
 TEMPLATE_MIN = 8
 """A shape that this many lines of a block share is read by a plan (one number scan per line)."""
 _NUMTOK = re.compile(_NUM)
-_STEP, _SFRAC, _EPOCH, _EFRAC, _METRIC = 0, 1, 2, 3, 4
-_PLAN_SCHEMA = {"code": pl.UInt32, "k": pl.Int64, "j": pl.Int32, "role": pl.Int8, "mag": pl.Float64,
-                "metric": pl.Utf8, "tag": pl.Utf8}
+_STEP, _EPOCH, _METRIC = 0, 1, 2
 _EMPTY_PAIRS = {"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64, "unit": pl.Utf8}
 _EMPTY_LINES = {"line": pl.UInt32, "step": pl.Int64, "dup": pl.Boolean}
 _EMPTY_METS = {"line": pl.UInt32, "metric": pl.Utf8, "tag": pl.Utf8, "value": pl.Float64}
@@ -71,8 +70,9 @@ class Plan:
     """How the lines of one shape are read: one row per number token that matters.
 
     Attributes:
-        rows: ``(k, j, role, magnitude, metric, tag)``: token ``k`` is pair ``j``'s step, step fraction,
-            epoch, epoch fraction or metric value (an epoch is also a metric row named ``epoch``).
+        rows: ``(k, fk, role, magnitude, metric, tag)`` in token order: token ``k`` is a step, an epoch or
+            a metric value (an epoch is also a metric row named ``epoch``); ``fk`` is the token of its
+            ``N/M`` denominator (-1: none).
         has_metric: The line carries a metric (not only a step and an epoch).
         lossy: One metric is a loss or perplexity (a line without a step is then still a metric line).
         dup: Two metrics of the line have one canonical name (:func:`parsers.lines.dedupe_canonical`).
@@ -80,29 +80,25 @@ class Plan:
     """
 
     def __init__(self, tpl: list[tuple[str, int, int | None, str | None]]) -> None:
-        self.rows: list[tuple[int, int, int, float, str | None, str | None]] = []
+        self.rows: list[tuple[int, int, int, float, str, str]] = []
         self.units: dict[str, str] = {}
         names: list[str] = []
         self.lossy = False
-        for j, (key, k, f, unit) in enumerate(tpl):
+        for key, k, f, unit in tpl:
             kind, name = classify(key)
             mag = _MAGNITUDE.get(unit or "", 1.0)
+            fk = -1 if f is None else f
             if kind == "step":
-                self.rows.append((k, j, _STEP, mag, None, None))
-                if f is not None:
-                    self.rows.append((f, j, _SFRAC, 1.0, None, None))
+                self.rows.append((k, fk, _STEP, mag, "", key))
             elif kind == "epoch":
-                self.rows.append((k, j, _EPOCH, mag, "epoch", key))
-                if f is not None:
-                    self.rows.append((f, j, _EFRAC, 1.0, None, None))
+                self.rows.append((k, fk, _EPOCH, mag, "epoch", key))
                 names.append("epoch")
             elif kind == "metric":
-                self.rows.append((k, j, _METRIC, mag, name, key))
+                self.rows.append((k, fk, _METRIC, mag, name, key))
                 names.append(name)
                 self.lossy = self.lossy or bool(_LOSSY.search(key))
                 if unit in _UNITS:
                     self.units[key] = unit
-        self.rows.sort()
         self.has_metric = any(r[2] == _METRIC for r in self.rows)
         self.dup = len(set(names)) < len(names)
 
@@ -192,42 +188,91 @@ def _regex_frames(df: pl.DataFrame, state: dict, notes: dict) -> tuple[pl.DataFr
     return lines, mets
 
 
+def _first_per_line(li: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lines, rows)``: for each line, its first row (in row order) where ``ok``."""
+    rows = np.flatnonzero(ok)
+    lines, first = np.unique(li[rows], return_index=True)
+    return lines, rows[first]
+
+
 def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: dict,
                  notes: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Lines of planned shapes (``df``: ``line, text, code``): one number scan, one join with the plans."""
-    rows = [(c, *r) for c, p in zip(codes, plans, strict=True) for r in p.rows]
-    plan = pl.DataFrame(rows, schema=_PLAN_SCHEMA, orient="row")
-    shape = pl.DataFrame({"code": pl.Series(codes, dtype=pl.UInt32),
-                          "has_metric": [p.has_metric for p in plans], "lossy": [p.lossy for p in plans],
-                          "dup": [p.dup for p in plans]})
-    toks = (df.select("line", "code", pl.col("text").str.extract_all(_NUM).alias("t"))
-            .with_columns(pl.int_ranges(pl.col("t").list.len()).alias("k")).explode(["t", "k"]))
-    j = toks.join(plan, on=["code", "k"], how="inner", maintain_order="left").select(
-        "line", "j", "role", "metric", "tag",
-        (pl.col("t").str.to_lowercase().cast(pl.Float64, strict=False) * pl.col("mag")).alias("value"))
-    role = pl.col("role")
-    step = (j.filter((role == _STEP) & _valid_step(pl.col("value")))
-            .unique(subset="line", keep="first", maintain_order=True).select("line", "j", pl.col("value").alias("step")))
-    fracs = j.filter(role == _SFRAC).select("line", "j", pl.col("value").cast(pl.Int64).alias("frac"))
-    step = step.join(fracs, on=["line", "j"], how="left").drop("j")
-    epoch = (j.filter(role == _EPOCH).unique(subset="line", keep="first", maintain_order=True)
-             .select("line", "j", pl.col("value").alias("epoch")))
-    efr = j.filter(role == _EFRAC).select("line", "j", pl.lit(True).alias("epoch_frac"))
-    epoch = epoch.join(efr, on=["line", "j"], how="left").drop("j")
-    per = (df.select("line", "code").join(shape, on="code", how="left", maintain_order="left")
-           .join(step, on="line", how="left", maintain_order="left")
-           .join(epoch, on="line", how="left", maintain_order="left"))
-    fr = per.filter(pl.col("frac").is_not_null())
-    if fr.height:
-        notes["frac"].append((int(fr.get_column("line")[-1]), int(fr.get_column("frac")[-1])))
+    """Lines of planned shapes (``df``: ``line, text, code``): one number scan, then arrays (no join, no loop).
+
+    Every line of a shape has the same number tokens in the same places, so the values of plan row ``r``
+    for line ``i`` is token ``start[i] + k[r]`` of the block's flat token column.
+    """
+    ncode = max(codes) + 1
+    rows = [r for p in plans for r in p.rows]
+    count = np.zeros(ncode, np.int64)
+    first = np.zeros(ncode, np.int64)
+    at = 0
     for c, p in zip(codes, plans, strict=True):
+        first[c], count[c] = at, len(p.rows)
+        at += len(p.rows)
+    pk = np.array([r[0] for r in rows], np.int64)
+    pfk = np.array([r[1] for r in rows], np.int64)
+    prole = np.array([r[2] for r in rows], np.int8)
+    pmag = np.array([r[3] for r in rows], np.float64)
+    toks = df.get_column("text").str.extract_all(_NUM)
+    n_tok = toks.list.len().to_numpy().astype(np.int64)
+    start = np.concatenate([[0], np.cumsum(n_tok)[:-1]])
+    flat = toks.explode().cast(pl.Float64, strict=False)  # reads nan, inf, infinity in any case
+    val = flat.fill_null(np.nan).to_numpy()
+    null = flat.is_null().to_numpy()
+    line_code = df.get_column("code").to_numpy().astype(np.int64)
+    per_line = count[line_code]
+    li = np.repeat(np.arange(df.height), per_line)  # row of df for every (line, plan row)
+    off = np.arange(li.shape[0]) - np.repeat(np.cumsum(per_line) - per_line, per_line)
+    r = np.repeat(first[line_code], per_line) + off  # plan row
+    tok = start[li] + pk[r]
+    v = val[tok] * pmag[r]
+    bad = null[tok]
+    role = prole[r]
+    fk = pfk[r]
+    ftok = np.where(fk >= 0, start[li] + np.maximum(fk, 0), 0)
+    fval = np.where(fk >= 0, val[ftok], np.nan)
+    n = df.height
+    with np.errstate(invalid="ignore"):
+        ok_step = (role == _STEP) & ~bad & np.isfinite(v) & (v >= 0) & (v == np.floor(v))
+    step = np.full(n, np.nan)
+    frac = np.full(n, np.nan)
+    sl, sr = _first_per_line(li, ok_step)
+    step[sl], frac[sl] = v[sr], fval[sr]
+    epoch = np.full(n, np.nan)
+    efrac = np.zeros(n, bool)
+    el, er = _first_per_line(li, (role == _EPOCH) & ~bad)
+    epoch[el], efrac[el] = v[er], fk[er] >= 0
+    has_epoch = np.zeros(n, bool)
+    has_epoch[el] = True
+    shape = {c: p for c, p in zip(codes, plans, strict=True)}
+    flags = np.array([[shape[c].has_metric, shape[c].lossy, shape[c].dup] if c in shape else [False] * 3
+                      for c in range(ncode)], bool)
+    line_no = df.get_column("line")
+    per = pl.DataFrame({
+        "line": line_no,
+        "step": pl.Series(step, nan_to_null=True),
+        "frac": pl.Series(frac, nan_to_null=True).cast(pl.Int64, strict=False),
+        "epoch": pl.Series(np.where(has_epoch, epoch, 0.0)),
+        "epoch_frac": efrac, "has_metric": flags[line_code, 0], "lossy": flags[line_code, 1],
+        "dup": flags[line_code, 2]})
+    per = per.with_columns(pl.when(pl.Series(has_epoch)).then(pl.col("epoch")).alias("epoch"))
+    fr = np.flatnonzero(~np.isnan(frac))
+    if fr.size:
+        notes["frac"].append((int(line_no[int(fr[-1])]), int(frac[fr[-1]])))
+    for c, p in shape.items():
         if p.units:
-            last = int(df.filter(pl.col("code") == c).get_column("line")[-1])
+            last = int(line_no[int(np.flatnonzero(line_code == c)[-1])])
             notes["units"].extend((last, k, u) for k, u in p.units.items())
     per = _line_rules(per, state)
-    mets = (j.filter(role.is_in([_METRIC, _EPOCH]) & pl.col("value").is_not_null())
-            .join(per.select("line"), on="line", how="semi", maintain_order="left")
-            .select("line", "metric", "tag", "value"))
+    kept = np.zeros(n, bool)
+    kept[np.searchsorted(line_no.to_numpy(), per.get_column("line").to_numpy())] = True
+    m = ((role == _METRIC) | (role == _EPOCH)) & ~bad & kept[li]
+    names = pl.Series([x[4] for x in rows], dtype=pl.Utf8)
+    tags = pl.Series([x[5] for x in rows], dtype=pl.Utf8)
+    ridx = pl.Series(r[m], dtype=pl.UInt32)
+    mets = pl.DataFrame({"line": line_no.gather(pl.Series(li[m], dtype=pl.UInt32)), "metric": names.gather(ridx),
+                         "tag": tags.gather(ridx), "value": pl.Series(v[m], dtype=pl.Float64, nan_to_null=False)})
     return per.select("line", "step", "dup"), mets
 
 
