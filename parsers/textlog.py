@@ -54,6 +54,7 @@ from parsers.lines import (
     repeat_string,
     torchtitan,
 )
+from parsers.lines.kv_bulk import SIG_SEP
 from parsers.lines.pyrepr import flatten
 
 FORMAT = "textlog"
@@ -145,7 +146,7 @@ class _Assembler:
         self.meta: dict[str, Any] = {}
         self.segment = 0
         self.seg_rows = 0
-        self.last_step: int | None = None
+        self.last: dict[tuple[int | None, str, str], int] = {}  # (rank, framework, line keys) -> step
         self.any_step: int | None = None
         self.activity = False
         self.launch_open = False
@@ -166,7 +167,6 @@ class _Assembler:
         self.rank: int | None = None
         self.hint: tuple[bool, bool] | None = None  # (may be a general metric line, may be an event line)
         self.ranks: Counter[int] = Counter()
-        self.rank_last: dict[int, int] = {}
         self.rank_seen: set[tuple[int, int, str]] = set()
 
     # -- segments and events -------------------------------------------------------------------
@@ -174,8 +174,7 @@ class _Assembler:
         if self.seg_rows:
             self.segment += 1
             self.seg_rows = 0
-            self.last_step = None
-            self.rank_last = {}
+            self.last = {}
             self.scale = None
 
     def event(self, kind: str, message: str, step: int | None) -> None:
@@ -292,22 +291,26 @@ class _Assembler:
             self.skip_counts["values another rank already logged"] += len(metrics) - len(out)
         return out
 
-    def went_back(self, step: int) -> bool:
-        """True when the current rank's step goes back (a restart), per rank when lines carry one."""
-        last = self.last_step if self.rank is None else self.rank_last.get(self.rank)
+    def went_back(self, step: int, counter: tuple[str, str]) -> bool:
+        """True when a counter's step goes back (a restart).
+
+        A counter is one rank's step as one kind of line prints it: a framework module's lines, or the
+        general reader's lines with one set of keys (``counter``, :func:`_counter`). A step below another
+        kind of line's step (DeepSpeed's ``step=10`` among PPO's ``step: 9``) is not a restart.
+        """
+        last = self.last.get((self.rank, *counter))
         return last is not None and step < last
 
-    def set_last(self, step: int) -> None:
-        self.last_step = step
-        if self.rank is not None:
-            self.rank_last[self.rank] = step
+    def set_last(self, step: int, counter: tuple[str, str]) -> None:
+        self.last[(self.rank, *counter)] = step
 
     def metrics(self, r: LineRecord) -> None:
         step = r.step if r.step is not None else self.any_step
         if step is None:
             self.skip_counts["metric line before any step"] += 1
             return
-        if r.step is not None and self.went_back(r.step):
+        counter = _counter(r.framework, r.metrics)
+        if r.step is not None and self.went_back(r.step, counter):
             self.brk()
         metrics = self.rank_rows(step, dedupe_canonical(r.metrics))
         if not metrics:
@@ -332,7 +335,7 @@ class _Assembler:
         if r.has_loss is not None:
             self.loss_lines.append((self.segment, step, r.has_loss, r.wall_time))
         if r.step is not None:
-            self.set_last(step)
+            self.set_last(step, counter)
         self.any_step = step
         self.activity = True
         self.launch_open = False
@@ -355,7 +358,8 @@ class _Assembler:
                 if step is None:
                     self.skip_counts["metric line before any step"] += 1
                     continue
-            if explicit and self.went_back(step):
+            counter = _counter("generic", mets)
+            if explicit and self.went_back(step, counter):
                 self.brk()
             mets = self.rank_rows(step, dedupe_canonical(mets))
             if not mets:
@@ -367,7 +371,7 @@ class _Assembler:
             self.frameworks["generic"] += len(mets)
             self.seg_rows += len(mets)
             if explicit:
-                self.set_last(step)
+                self.set_last(step, counter)
             self.any_step = step
         if lines:
             self.activity = True
@@ -395,14 +399,8 @@ class _Assembler:
         st = lines.get_column("step")
         explicit = st.is_not_null().to_numpy()
         steps = st.fill_null(-1).to_numpy().astype(np.int64)
-        # a step below the previous explicit step opens a segment (the rule of ``metrics``)
-        exp_steps = steps[explicit]
-        prev = np.empty_like(exp_steps)
-        if exp_steps.size:
-            prev[0] = self.last_step if self.last_step is not None else np.iinfo(np.int64).min
-            prev[1:] = exp_steps[:-1]
-        brk = np.zeros(steps.shape[0], dtype=bool)
-        brk[np.flatnonzero(explicit)] = exp_steps < prev
+        sig = lines.get_column("sig")
+        brk, last = self._breaks(steps, explicit, sig)
         # a line without a step belongs to the last step seen
         idx = np.where(explicit, np.arange(steps.shape[0]), -1)
         np.maximum.accumulate(idx, out=idx)
@@ -448,15 +446,11 @@ class _Assembler:
         self.segment += n_brk
         if n_brk:
             self.seg_rows = int((seg[row] == self.segment).sum())
-            self.last_step = None
         else:
             self.seg_rows += n
-        if exp_steps.size:
-            last_brk = np.flatnonzero(brk)
-            after = np.flatnonzero(explicit)
-            if not last_brk.size or after[-1] >= last_brk[-1]:
-                self.last_step = int(exp_steps[-1])
-        self.rank_last = {}
+        if n_brk:
+            self.last = {}
+        self.last.update(last)
         if have.any():
             self.any_step = int(filled[have][-1])
         self.frameworks["generic"] += n
@@ -465,6 +459,50 @@ class _Assembler:
         self.block_kinds.clear()
         self.last_ckpt = None
         return True
+
+    def _breaks(self, steps: np.ndarray, explicit: np.ndarray, sig: pl.Series) -> tuple[np.ndarray, dict]:
+        """Where a run of general metric lines opens a segment: a counter's step goes back (:meth:`went_back`).
+
+        Args:
+            steps: Step per line (any value where not ``explicit``).
+            explicit: The line gives its step.
+            sig: The line's keys (its counter, :func:`_counter`).
+
+        Returns:
+            ``(breaks, last)``: a bool per line, and each counter's last step after the last break.
+        """
+        n = steps.shape[0]
+        brk = np.zeros(n, dtype=bool)
+        pos = np.flatnonzero(explicit)
+        if not pos.size:
+            return brk, {}
+        names = sig.gather(pl.Series(pos, dtype=pl.UInt32))
+        uniq = names.unique(maintain_order=True)
+        keys = [(None, "generic", u) for u in uniq.to_list()]
+        g = names.replace_strict(uniq, pl.Series(range(len(keys)), dtype=pl.Int64)).to_numpy()
+        s = steps[pos]
+        order = np.argsort(g, kind="stable")
+        gs, ss, ps = g[order], s[order], pos[order]
+        first = np.ones(gs.shape[0], dtype=bool)
+        first[1:] = gs[1:] != gs[:-1]
+        prev = np.empty_like(ss)
+        prev[1:] = ss[:-1]
+        prev_pos = np.full(ss.shape[0], -1, dtype=np.int64)
+        prev_pos[1:] = ps[:-1]
+        before = np.array([self.last.get(keys[k], np.iinfo(np.int64).min) for k in gs[first]], dtype=np.int64)
+        prev[first] = before
+        prev_pos[first] = -1
+        cand = np.flatnonzero(ss < prev)
+        last_brk = -1
+        for c in sorted(cand.tolist(), key=lambda c: ps[c]):  # a break resets every counter: few, in order
+            if prev_pos[c] >= last_brk:
+                brk[ps[c]] = True
+                last_brk = int(ps[c])
+        after = ps >= last_brk
+        last: dict = {}
+        for k, v in zip(gs[after].tolist(), ss[after].tolist(), strict=True):
+            last[keys[k]] = v
+        return brk, last
 
     # -- one line --------------------------------------------------------------------------------
     def line(self, line: str, lineno: int) -> Any:
@@ -579,6 +617,19 @@ class _Assembler:
         if self.skip_counts:
             self.meta["skipped_lines"] = dict(self.skip_counts)
         return keep, self.meta
+
+
+def _counter(framework: str, metrics: list) -> tuple[str, str]:
+    """Which counter a metric line's step belongs to (a restart is judged per counter).
+
+    The framework modules read a trainer's own step lines: one counter for all of them (a file whose
+    torchtitan lines are followed by NeMo lines at a lower step holds two launches). The general
+    reader's lines are a counter per set of keys: a script's ``epoch: 0|step: 9|act_loss: ...`` and
+    the library's ``step=10, skipped=4`` beside it count different things.
+    """
+    if framework != "generic":
+        return "module", ""
+    return framework, SIG_SEP.join(t for _, t, _ in metrics)
 
 
 def _both_nan(a: Any, b: Any) -> bool:

@@ -213,3 +213,24 @@ def _shaped(draw):
 def test_line_and_planned_block_agree(lines):
     """Shapes shared by many lines are read by plans (one number scan); they read what parse_line reads."""
     test_line_and_block_agree.hypothesis.inner_test(lines)
+
+
+@pytest.mark.parametrize("long_run", [8, 10**9])
+def test_step_back_of_another_counter_is_not_a_restart(tmp_path, long_run):
+    """A restart is judged per counter: another counter's step going back is not one.
+
+    DeepSpeed's ``step=10`` among PPO's ``step: 9`` is not a restart; PPO's own step going back is (on the
+    bulk path and one line at a time).
+    """
+    lines = []
+    for _launch in range(2):
+        for i in range(120):
+            lines.append(f"epoch: 0|step: {i}|ppo_ep: 1|act_loss: {0.2 + i / 1000:.4f}|cri_loss: 0.1")
+            if i % 10 == 8:  # the engines count ahead of the script's own counter (as in the real log)
+                lines.append(f"[2023-04-18 08:48:36,035] [INFO] [logging.py:96:log_dist] [Rank 0] step={i + 2}, "
+                             f"skipped=4, lr=[5.79e-07, 5.79e-07], mom=[(0.9, 0.95), (0.9, 0.95)]")
+                lines.append(f"step={i + 2} tokens_per_sec={1000 + i}")
+    df, _ = _read(tmp_path, "\n".join(lines) + "\n", long_run)
+    assert df.get_column("segment").max() == 1  # only PPO's step 119 -> 0
+    loss = df.filter(pl.col("tag") == "act_loss")
+    assert loss.height == 240 and loss.filter(pl.col("segment") == 1).get_column("step").min() == 0

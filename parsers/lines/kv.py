@@ -34,9 +34,6 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-import polars as pl
-
 from parsers.lines import LineRecord, metric
 from parsers.lines.common import wall_time
 

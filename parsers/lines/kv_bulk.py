@@ -37,8 +37,10 @@ TEMPLATE_MIN = 8
 """A shape that this many lines of a block share is read by a plan (one number scan per line)."""
 _NUMTOK = re.compile(_NUM)
 _STEP, _EPOCH, _METRIC = 0, 1, 2
+SIG_SEP = "\x1f"
+"""Joins the keys of a metric line into its counter's name (``parsers.textlog``: a restart is judged per counter)."""
 _EMPTY_PAIRS = {"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64, "unit": pl.Utf8}
-_EMPTY_LINES = {"line": pl.UInt32, "step": pl.Int64, "dup": pl.Boolean}
+_EMPTY_LINES = {"line": pl.UInt32, "step": pl.Int64, "dup": pl.Boolean, "sig": pl.Utf8}
 _EMPTY_METS = {"line": pl.UInt32, "metric": pl.Utf8, "tag": pl.Utf8, "value": pl.Float64}
 
 
@@ -100,6 +102,7 @@ class Plan:
                 if unit in _UNITS:
                     self.units[key] = unit
         self.has_metric = any(r[2] == _METRIC for r in self.rows)
+        self.sig = SIG_SEP.join(r[5] for r in self.rows if r[2] != _STEP)
         self.dup = len(set(names)) < len(names)
 
 
@@ -184,7 +187,9 @@ def _regex_frames(df: pl.DataFrame, state: dict, notes: dict) -> tuple[pl.DataFr
                                                                      maintain_order="left")
     mets = mets.select("line", "metric", pl.col("key").alias("tag"), "value")
     dup = mets.filter(pl.struct("line", "metric").is_duplicated()).get_column("line").unique()
-    lines = per.select("line", "step", pl.col("line").is_in(dup.implode()).alias("dup"))
+    sig = mets.group_by("line", maintain_order=True).agg(pl.col("tag").str.join(SIG_SEP).alias("sig"))
+    lines = per.select("line", "step", pl.col("line").is_in(dup.implode()).alias("dup")).join(
+        sig, on="line", how="left", maintain_order="left").with_columns(pl.col("sig").fill_null(""))
     return lines, mets
 
 
@@ -249,13 +254,14 @@ def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: d
     flags = np.array([[shape[c].has_metric, shape[c].lossy, shape[c].dup] if c in shape else [False] * 3
                       for c in range(ncode)], bool)
     line_no = df.get_column("line")
+    sigs = pl.Series([shape[c].sig if c in shape else "" for c in range(ncode)], dtype=pl.Utf8)
     per = pl.DataFrame({
         "line": line_no,
         "step": pl.Series(step, nan_to_null=True),
         "frac": pl.Series(frac, nan_to_null=True).cast(pl.Int64, strict=False),
         "epoch": pl.Series(np.where(has_epoch, epoch, 0.0)),
         "epoch_frac": efrac, "has_metric": flags[line_code, 0], "lossy": flags[line_code, 1],
-        "dup": flags[line_code, 2]})
+        "dup": flags[line_code, 2], "sig": sigs.gather(pl.Series(line_code, dtype=pl.UInt32))})
     per = per.with_columns(pl.when(pl.Series(has_epoch)).then(pl.col("epoch")).alias("epoch"))
     fr = np.flatnonzero(~np.isnan(frac))
     if fr.size:
@@ -273,7 +279,7 @@ def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: d
     ridx = pl.Series(r[m], dtype=pl.UInt32)
     mets = pl.DataFrame({"line": line_no.gather(pl.Series(li[m], dtype=pl.UInt32)), "metric": names.gather(ridx),
                          "tag": tags.gather(ridx), "value": pl.Series(v[m], dtype=pl.Float64, nan_to_null=False)})
-    return per.select("line", "step", "dup"), mets
+    return per.select("line", "step", "dup", "sig"), mets
 
 
 def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
