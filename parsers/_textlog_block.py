@@ -151,7 +151,7 @@ class Reader:
         cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
         eventish = _Eventish(lines, cand_mask)
         cand_idx = cand_mask.arg_true()
-        asm, owned = self.asm, self.owned
+        asm = self.asm
         text = lines.to_list()
         skip_code = (code & ~cand_mask).to_numpy()
         all_shapes = lines.str.replace_all(_DIGITS, "#")
@@ -161,11 +161,23 @@ class Reader:
                 self.other(i)
             asm.hint = None
             return lineno
+        plan = self._candidates(lines, cand_idx, all_shapes, ranks)
+        self._ctx = (text, linenos, ranks, plan["walls"], plan["line_df"], plan["met_df"])
+        self._eventish = eventish
+        self._steps: dict[int, int | None] | None = None
+        self._walk(n, plan)
+        asm.hint = None
+        return lineno
+
+    def _candidates(self, lines: pl.Series, cand_idx: pl.Series, all_shapes: pl.Series, ranks: list) -> dict:
+        """The block's candidate lines: read in bulk, their shapes, which of them go one by one."""
+        n = lines.len()
         cl = lines.gather(cand_idx)
         shape_s = all_shapes.gather(cand_idx)
         uniq = shape_s.unique(maintain_order=True)
         codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
         uniq_list = uniq.to_list()
+        owned = self.owned
         own = np.array([(1 if owned[u] else 0) if u in owned else -1 for u in uniq_list], dtype=np.int8)
         cand_np = cand_idx.to_numpy().astype(np.int64)
         pos_arr = np.full(n, -1, dtype=np.int64)
@@ -175,22 +187,24 @@ class Reader:
         per_line = np.ones(n, dtype=bool)
         per_line[cand_np] = False
         per_line[cand_np[first_pos]] = True
-        per_idx = np.flatnonzero(per_line).tolist()
-        line_df, met_df = kv_bulk.read_block(cl, shape_s, asm.state, self.plans)
+        line_df, met_df = kv_bulk.read_block(cl, shape_s, self.asm.state, self.plans)
         gl = pl.Series(cand_np, dtype=pl.UInt32)  # positions in ``cl`` -> indices in the block
         line_df = line_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
         met_df = met_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
         walls = np.full(n, np.nan)
-        wl = np.array(_wall_times(cl), dtype=np.float64)
-        walls[cand_np] = wl
-        self._ctx = (text, linenos, ranks, walls, line_df, met_df)
-        self._eventish = eventish
-        self._steps: dict[int, int | None] | None = None
+        walls[cand_np] = np.array(_wall_times(cl), dtype=np.float64)
+        return {"codes": codes, "uniq": uniq_list, "own": own, "pos": pos_arr, "walls": walls,
+                "per_idx": np.flatnonzero(per_line).tolist(), "line_df": line_df, "met_df": met_df}
+
+    def _walk(self, n: int, plan: dict) -> None:
+        """The block in order: runs of known shapes in bulk (:meth:`gap`), the other lines one by one."""
+        asm = self.asm
+        text, linenos, ranks = self._ctx[:3]
+        codes, own, pos_arr = plan["codes"], plan["own"], plan["pos"]
         pos = 0
-        for j in [*per_idx, n]:
+        for j in [*plan["per_idx"], n]:
             if j > pos:
-                ok = own[codes[pos_arr[pos:j]]] == 1
-                self.gap(pos, j, ok)
+                self.gap(pos, j, own[codes[pos_arr[pos:j]]] == 1)
             if j < n:
                 k = pos_arr[j]
                 if k < 0:
@@ -198,14 +212,12 @@ class Reader:
                     pos = j + 1
                     continue
                 asm.rank = ranks[j]
-                asm.hint = (True, eventish[j])
+                asm.hint = (True, self._eventish[j])
                 mod = asm.line(text[j], linenos[j])
-                if k >= 0 and own[codes[k]] == -1:
+                if own[codes[k]] == -1:
                     own[codes[k]] = 1 if mod is kv else 0
-                    owned[uniq_list[codes[k]]] = mod is kv
+                    self.owned[plan["uniq"][codes[k]]] = mod is kv
             pos = j + 1
-        asm.hint = None
-        return lineno
 
     def small(self, pieces: list[str], linenos: list[int], lineno: int) -> int:
         """A block too short for the column kernels: every line one by one (the same rules, the same rows)."""

@@ -82,9 +82,49 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
     st = lines.get_column("step")
     explicit = st.is_not_null().to_numpy()
     steps = st.fill_null(-1).to_numpy().astype(np.int64)
-    sig = lines.get_column("sig")
-    brk, last = _breaks(asm, steps, explicit, sig)
-    # a line without a step belongs to the last step seen
+    brk, last = _breaks(asm, steps, explicit, lines.get_column("sig"))
+    filled, have = _fill_steps(asm, steps, explicit, brk)
+    seg = (np.cumsum(brk) + asm.segment).astype(np.int32)
+    # per metric row: the row of its line
+    ml = mets.get_column("line").to_numpy().astype(np.int64)
+    row = np.searchsorted(line_no, ml)
+    keep = have[row]
+    row = row[keep]
+    n = int(row.shape[0])
+    vals = mets.get_column("value").to_numpy()[keep]
+    wt = walls[ml[keep] - lo]
+    names = mets.get_column("metric").to_arrow().filter(pa.array(keep))
+    tags = mets.get_column("tag").to_arrow().filter(pa.array(keep))
+    asm.rows.add_chunk(pa.Table.from_arrays([
+        repeat_string("", n), pa.array(seg[row], pa.int32()), pa.array(filled[row], pa.int64()),
+        names.cast(pa.string()), pa.array(vals, pa.float64()),
+        pa.array(wt, pa.float64(), mask=np.isnan(wt)), tags.cast(pa.string()),
+        repeat_string(asm.rows.source, n)], schema=METRICS_SCHEMA))
+    _nonfinite_events(asm, names, tags, vals, seg[row], filled[row])
+    n_brk = int(brk.sum())
+    asm.segment += n_brk
+    if n_brk:
+        asm.seg_rows = int((seg[row] == asm.segment).sum())
+        asm.last = {}
+    else:
+        asm.seg_rows += n
+    asm.last.update(last)
+    if have.any():
+        asm.any_step = int(filled[have][-1])
+    asm.frameworks["generic"] += n
+    asm.activity = True
+    asm.launch_open = False
+    asm.block_kinds.clear()
+    asm.last_ckpt = None
+    return True
+
+
+def _fill_steps(asm: Assembler, steps: np.ndarray, explicit: np.ndarray,
+                brk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, have)``: a line without a step belongs to the last step seen (none yet: counted, no row).
+
+    ``brk`` is updated in place: no break on a line left out, nor before the segment has a row.
+    """
     idx = np.where(explicit, np.arange(steps.shape[0]), -1)
     np.maximum.accumulate(idx, out=idx)
     filled = np.where(idx >= 0, steps[np.maximum(idx, 0)], -1)
@@ -98,50 +138,21 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
     if n_skip:
         asm.skip_counts["metric line before any step"] += n_skip
         brk &= have
-    seg = (np.cumsum(brk) + asm.segment).astype(np.int32)
-    # per metric row: the row of its line
-    ml = mets.get_column("line").to_numpy().astype(np.int64)
-    row = np.searchsorted(line_no, ml)
-    keep = have[row]
-    row = row[keep]
-    n = int(row.shape[0])
-    vals = mets.get_column("value").to_numpy()[keep]
-    wt = walls[ml[keep] - lo]
-    src = asm.rows.source
-    names = mets.get_column("metric").to_arrow().filter(pa.array(keep))
-    tags = mets.get_column("tag").to_arrow().filter(pa.array(keep))
-    table = pa.Table.from_arrays([
-        repeat_string("", n), pa.array(seg[row], pa.int32()), pa.array(filled[row], pa.int64()),
-        names.cast(pa.string()), pa.array(vals, pa.float64()),
-        pa.array(wt, pa.float64(), mask=np.isnan(wt)), tags.cast(pa.string()),
-        repeat_string(src, n)], schema=METRICS_SCHEMA)
-    asm.rows.add_chunk(table)
+    return filled, have
+
+
+def _nonfinite_events(asm: Assembler, names: pa.Array, tags: pa.Array, vals: np.ndarray, segs: np.ndarray,
+                      steps: np.ndarray) -> None:
+    """A ``nan_detected`` event for each non-finite loss-family value of a run read in bulk."""
     bad = np.flatnonzero(~np.isfinite(vals))
-    if bad.size:
-        names_l, tags_l = names.to_pylist(), tags.to_pylist()
-        segs, stps = seg[row], filled[row]
-        for k in bad.tolist():
-            if kv.is_objective(names_l[k]):
-                asm.segment, seg_now = int(segs[k]), asm.segment
-                asm.event("nan_detected", kv.nonfinite_message(tags_l[k], float(vals[k])), int(stps[k]))
-                asm.segment = seg_now
-    n_brk = int(brk.sum())
-    asm.segment += n_brk
-    if n_brk:
-        asm.seg_rows = int((seg[row] == asm.segment).sum())
-    else:
-        asm.seg_rows += n
-    if n_brk:
-        asm.last = {}
-    asm.last.update(last)
-    if have.any():
-        asm.any_step = int(filled[have][-1])
-    asm.frameworks["generic"] += n
-    asm.activity = True
-    asm.launch_open = False
-    asm.block_kinds.clear()
-    asm.last_ckpt = None
-    return True
+    if not bad.size:
+        return
+    names_l, tags_l = names.to_pylist(), tags.to_pylist()
+    for k in bad.tolist():
+        if kv.is_objective(names_l[k]):
+            asm.segment, seg_now = int(segs[k]), asm.segment
+            asm.event("nan_detected", kv.nonfinite_message(tags_l[k], float(vals[k])), int(steps[k]))
+            asm.segment = seg_now
 
 
 def _breaks(asm: Assembler, steps: np.ndarray, explicit: np.ndarray, sig: pl.Series) -> tuple[np.ndarray, dict]:

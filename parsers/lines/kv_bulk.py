@@ -200,85 +200,96 @@ def _first_per_line(li: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndar
     return lines, rows[first]
 
 
+class _Tokens:
+    """Every (line, plan row) of a block's planned lines, as arrays over the block's flat number tokens.
+
+    Every line of a shape has the same number tokens in the same places, so the value of plan row ``r``
+    for line ``i`` is token ``start[i] + k[r]`` of the flat token column.
+
+    Attributes:
+        li: The line (row of the frame) of each item; ``r``: its plan row (into ``rows``).
+        v: Its value (magnitude multiplied out); ``bad``: the token is not a number.
+        role: ``_STEP``, ``_EPOCH`` or ``_METRIC``; ``fk``: its fraction token (-1: none); ``fval``: that value.
+    """
+
+    def __init__(self, df: pl.DataFrame, plans: list[Plan], codes: list[int]) -> None:
+        ncode = max(codes) + 1
+        self.rows = [r for p in plans for r in p.rows]
+        count = np.zeros(ncode, np.int64)
+        first = np.zeros(ncode, np.int64)
+        at = 0
+        for c, p in zip(codes, plans, strict=True):
+            first[c], count[c] = at, len(p.rows)
+            at += len(p.rows)
+        toks = df.get_column("text").str.extract_all(_NUM)
+        n_tok = toks.list.len().to_numpy().astype(np.int64)
+        start = np.concatenate([[0], np.cumsum(n_tok)[:-1]])
+        flat = toks.explode().cast(pl.Float64, strict=False)  # reads nan, inf, infinity in any case
+        val = flat.fill_null(np.nan).to_numpy()
+        null = flat.is_null().to_numpy()
+        self.line_code = df.get_column("code").to_numpy().astype(np.int64)
+        per_line = count[self.line_code]
+        self.li = np.repeat(np.arange(df.height), per_line)
+        off = np.arange(self.li.shape[0]) - np.repeat(np.cumsum(per_line) - per_line, per_line)
+        self.r = np.repeat(first[self.line_code], per_line) + off
+        tok = start[self.li] + np.array([x[0] for x in self.rows], np.int64)[self.r]
+        self.v = val[tok] * np.array([x[3] for x in self.rows], np.float64)[self.r]
+        self.bad = null[tok]
+        self.role = np.array([x[2] for x in self.rows], np.int8)[self.r]
+        self.fk = np.array([x[1] for x in self.rows], np.int64)[self.r]
+        ftok = np.where(self.fk >= 0, start[self.li] + np.maximum(self.fk, 0), 0)
+        self.fval = np.where(self.fk >= 0, val[ftok], np.nan)
+
+    def per_line(self, n: int) -> dict[str, np.ndarray]:
+        """Per line: the first valid step and its fraction, the first epoch and whether it has a fraction."""
+        v, role, bad = self.v, self.role, self.bad
+        with np.errstate(invalid="ignore"):
+            ok_step = (role == _STEP) & ~bad & np.isfinite(v) & (v >= 0) & (v == np.floor(v))
+        out = {"step": np.full(n, np.nan), "frac": np.full(n, np.nan), "epoch": np.full(n, np.nan),
+               "epoch_frac": np.zeros(n, bool), "has_epoch": np.zeros(n, bool)}
+        sl, sr = _first_per_line(self.li, ok_step)
+        out["step"][sl], out["frac"][sl] = v[sr], self.fval[sr]
+        el, er = _first_per_line(self.li, (role == _EPOCH) & ~bad)
+        out["epoch"][el], out["epoch_frac"][el], out["has_epoch"][el] = v[er], self.fk[er] >= 0, True
+        return out
+
+
 def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: dict,
                  notes: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Lines of planned shapes (``df``: ``line, text, code``): one number scan, then arrays (no join, no loop).
-
-    Every line of a shape has the same number tokens in the same places, so the values of plan row ``r``
-    for line ``i`` is token ``start[i] + k[r]`` of the block's flat token column.
-    """
-    ncode = max(codes) + 1
-    rows = [r for p in plans for r in p.rows]
-    count = np.zeros(ncode, np.int64)
-    first = np.zeros(ncode, np.int64)
-    at = 0
-    for c, p in zip(codes, plans, strict=True):
-        first[c], count[c] = at, len(p.rows)
-        at += len(p.rows)
-    pk = np.array([r[0] for r in rows], np.int64)
-    pfk = np.array([r[1] for r in rows], np.int64)
-    prole = np.array([r[2] for r in rows], np.int8)
-    pmag = np.array([r[3] for r in rows], np.float64)
-    toks = df.get_column("text").str.extract_all(_NUM)
-    n_tok = toks.list.len().to_numpy().astype(np.int64)
-    start = np.concatenate([[0], np.cumsum(n_tok)[:-1]])
-    flat = toks.explode().cast(pl.Float64, strict=False)  # reads nan, inf, infinity in any case
-    val = flat.fill_null(np.nan).to_numpy()
-    null = flat.is_null().to_numpy()
-    line_code = df.get_column("code").to_numpy().astype(np.int64)
-    per_line = count[line_code]
-    li = np.repeat(np.arange(df.height), per_line)  # row of df for every (line, plan row)
-    off = np.arange(li.shape[0]) - np.repeat(np.cumsum(per_line) - per_line, per_line)
-    r = np.repeat(first[line_code], per_line) + off  # plan row
-    tok = start[li] + pk[r]
-    v = val[tok] * pmag[r]
-    bad = null[tok]
-    role = prole[r]
-    fk = pfk[r]
-    ftok = np.where(fk >= 0, start[li] + np.maximum(fk, 0), 0)
-    fval = np.where(fk >= 0, val[ftok], np.nan)
+    """Lines of planned shapes (``df``: ``line, text, code``): one number scan, then arrays (no join, no loop)."""
+    t = _Tokens(df, plans, codes)
     n = df.height
-    with np.errstate(invalid="ignore"):
-        ok_step = (role == _STEP) & ~bad & np.isfinite(v) & (v >= 0) & (v == np.floor(v))
-    step = np.full(n, np.nan)
-    frac = np.full(n, np.nan)
-    sl, sr = _first_per_line(li, ok_step)
-    step[sl], frac[sl] = v[sr], fval[sr]
-    epoch = np.full(n, np.nan)
-    efrac = np.zeros(n, bool)
-    el, er = _first_per_line(li, (role == _EPOCH) & ~bad)
-    epoch[el], efrac[el] = v[er], fk[er] >= 0
-    has_epoch = np.zeros(n, bool)
-    has_epoch[el] = True
-    shape = {c: p for c, p in zip(codes, plans, strict=True)}
+    a = t.per_line(n)
+    shape = dict(zip(codes, plans, strict=True))
+    ncode = max(codes) + 1
     flags = np.array([[shape[c].has_metric, shape[c].lossy, shape[c].dup] if c in shape else [False] * 3
                       for c in range(ncode)], bool)
     line_no = df.get_column("line")
     sigs = pl.Series([shape[c].sig if c in shape else "" for c in range(ncode)], dtype=pl.Utf8)
+    lc = t.line_code
     per = pl.DataFrame({
-        "line": line_no,
-        "step": pl.Series(step, nan_to_null=True),
-        "frac": pl.Series(frac, nan_to_null=True).cast(pl.Int64, strict=False),
-        "epoch": pl.Series(np.where(has_epoch, epoch, 0.0)),
-        "epoch_frac": efrac, "has_metric": flags[line_code, 0], "lossy": flags[line_code, 1],
-        "dup": flags[line_code, 2], "sig": sigs.gather(pl.Series(line_code, dtype=pl.UInt32))})
-    per = per.with_columns(pl.when(pl.Series(has_epoch)).then(pl.col("epoch")).alias("epoch"))
-    fr = np.flatnonzero(~np.isnan(frac))
+        "line": line_no, "step": pl.Series(a["step"], nan_to_null=True),
+        "frac": pl.Series(a["frac"], nan_to_null=True).cast(pl.Int64, strict=False),
+        "epoch": pl.Series(np.where(a["has_epoch"], a["epoch"], 0.0)),
+        "epoch_frac": a["epoch_frac"], "has_metric": flags[lc, 0], "lossy": flags[lc, 1],
+        "dup": flags[lc, 2], "sig": sigs.gather(pl.Series(lc, dtype=pl.UInt32))})
+    per = per.with_columns(pl.when(pl.Series(a["has_epoch"])).then(pl.col("epoch")).alias("epoch"))
+    fr = np.flatnonzero(~np.isnan(a["frac"]))
     if fr.size:
-        notes["frac"].append((int(line_no[int(fr[-1])]), int(frac[fr[-1]])))
+        notes["frac"].append((int(line_no[int(fr[-1])]), int(a["frac"][fr[-1]])))
     for c, p in shape.items():
         if p.units:
-            last = int(line_no[int(np.flatnonzero(line_code == c)[-1])])
+            last = int(line_no[int(np.flatnonzero(lc == c)[-1])])
             notes["units"].extend((last, k, u) for k, u in p.units.items())
     per = _line_rules(per, state)
     kept = np.zeros(n, bool)
     kept[np.searchsorted(line_no.to_numpy(), per.get_column("line").to_numpy())] = True
-    m = ((role == _METRIC) | (role == _EPOCH)) & ~bad & kept[li]
-    names = pl.Series([x[4] for x in rows], dtype=pl.Utf8)
-    tags = pl.Series([x[5] for x in rows], dtype=pl.Utf8)
-    ridx = pl.Series(r[m], dtype=pl.UInt32)
-    mets = pl.DataFrame({"line": line_no.gather(pl.Series(li[m], dtype=pl.UInt32)), "metric": names.gather(ridx),
-                         "tag": tags.gather(ridx), "value": pl.Series(v[m], dtype=pl.Float64, nan_to_null=False)})
+    m = ((t.role == _METRIC) | (t.role == _EPOCH)) & ~t.bad & kept[t.li]
+    ridx = pl.Series(t.r[m], dtype=pl.UInt32)
+    mets = pl.DataFrame({"line": line_no.gather(pl.Series(t.li[m], dtype=pl.UInt32)),
+                         "metric": pl.Series([x[4] for x in t.rows], dtype=pl.Utf8).gather(ridx),
+                         "tag": pl.Series([x[5] for x in t.rows], dtype=pl.Utf8).gather(ridx),
+                         "value": pl.Series(t.v[m], dtype=pl.Float64, nan_to_null=False)})
     return per.select("line", "step", "dup", "sig"), mets
 
 
