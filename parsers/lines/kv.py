@@ -122,6 +122,30 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return None
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
+    step, step_frac, epoch, epoch_frac, out, lossy = _pairs(line, state)
+    if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
+            and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
+        step = int(epoch) * step_frac + step
+        state["kv_step_within_epoch"] = True
+    if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
+        if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
+            step = int(epoch)
+            state["kv_epoch_steps"] = True
+    if not any(n != "epoch" for n, _, _ in out):
+        return None
+    if step is None and not lossy:
+        return None
+    events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
+              if v is not None and not math.isfinite(v) and is_objective(n)]
+    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line))
+
+
+def _pairs(line: str, state: dict) -> tuple[int | None, int | None, float | None, bool, list, bool]:
+    """The pairs of a line: ``(step, its N/M denominator, epoch, the epoch has one, metrics, a loss is among them)``.
+
+    The first step pair that is a whole number >= 0 is the step; the first epoch pair is the epoch (also a
+    metric); identifiers (:data:`NOT_METRICS`) are dropped; units are recorded in ``state["kv_units"]``.
+    """
     step: int | None = None
     step_frac: int | None = None
     epoch: float | None = None
@@ -154,21 +178,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             state.setdefault("kv_units", {})[key] = unit
         lossy = lossy or bool(_LOSSY.search(key))
         out.append(metric(key, v, name))
-    if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
-            and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
-        step = int(epoch) * step_frac + step
-        state["kv_step_within_epoch"] = True
-    if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
-        if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
-            step = int(epoch)
-            state["kv_epoch_steps"] = True
-    if not any(n != "epoch" for n, _, _ in out):
-        return None
-    if step is None and not lossy:
-        return None
-    events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
-              if v is not None and not math.isfinite(v) and is_objective(n)]
-    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line))
+    return step, step_frac, epoch, epoch_frac, out, lossy
 
 
 def is_code(line: str) -> bool:
