@@ -33,13 +33,12 @@ _US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
 _ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
 
 
-def _clean_block(pieces: list[str]) -> tuple[pl.Series, list[int | None]]:
+def _clean_block(t: pl.Series) -> tuple[pl.Series, list[int | None]]:
     """:func:`parsers.lines.common.clean` over many lines at once, with each line's rank prefix.
 
     Returns:
         The cleaned lines and, per line, the rank of a ``[rankN]:``/``[defaultN]:``/``N: `` prefix (or None).
     """
-    t = pl.Series("t", pieces, dtype=pl.Utf8)
     if t.str.contains("\x1b", literal=True).any():
         t = t.str.replace_all(_ANSI, "")
     t = t.str.strip_chars_end()
@@ -93,6 +92,26 @@ def _wall_times(lines: pl.Series) -> list[float | None]:
 _EVENT = re.compile(common.EVENT_ANY)
 
 
+class _Text:
+    """The lines of a block as Python strings, made only where a line is read one by one.
+
+    Made at once for the ``eager`` lines, on demand for the others (most metric lines are read in bulk
+    and never need one).
+    """
+
+    def __init__(self, lines: pl.Series, eager: pl.Series) -> None:
+        self.lines = lines
+        self.text = np.empty(lines.len(), dtype=object)
+        if eager.len():
+            self.text[eager.to_numpy()] = lines.gather(eager).to_list()
+
+    def __getitem__(self, i: int) -> str:
+        v = self.text[i]
+        if v is None:
+            v = self.text[i] = self.lines[int(i)]
+        return v
+
+
 class _Eventish:
     """Per line of a block: may it be an event line (:data:`parsers.lines.common.EVENT_ANY`)?
 
@@ -100,8 +119,8 @@ class _Eventish:
     (most of them are read in bulk and never asked) is scanned when asked.
     """
 
-    def __init__(self, lines: pl.Series, cand: pl.Series) -> None:
-        self.lines = lines
+    def __init__(self, lines: pl.Series, cand: pl.Series, text: _Text) -> None:
+        self.text = text
         self.cand = cand.to_numpy()
         rest = (~cand).arg_true()
         self.known = np.zeros(lines.len(), dtype=bool)
@@ -110,7 +129,7 @@ class _Eventish:
 
     def __getitem__(self, i: int) -> bool:
         if self.cand[i]:
-            return bool(_EVENT.search(self.lines[i].strip()))
+            return bool(_EVENT.search(self.text[i].strip()))
         return bool(self.known[i])
 
 
@@ -139,23 +158,28 @@ class Reader:
         """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
         if not pieces:
             return lineno
-        linenos = []
-        for p in pieces:
-            linenos.append(lineno)
-            lineno += p.endswith("\n")
         if len(pieces) < self.SMALL:  # a short file: per line is faster than setting up the column kernels
+            linenos = []
+            for p in pieces:
+                linenos.append(lineno)
+                lineno += p.endswith("\n")
             return self.small(pieces, linenos, lineno)
-        lines, ranks = _clean_block(pieces)
+        raw = pl.Series("t", pieces, dtype=pl.Utf8)
+        ends = raw.str.ends_with("\n").cast(pl.Int64).to_numpy()
+        linenos = (np.cumsum(ends) - ends + lineno).tolist()
+        lineno += int(ends.sum())
+        lines, ranks = _clean_block(raw)
         n = lines.len()
         code = lines.str.contains(kv.CODE)
         cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
-        eventish = _Eventish(lines, cand_mask)
         cand_idx = cand_mask.arg_true()
         asm = self.asm
-        text = lines.to_list()
+        rest = (~cand_mask).arg_true()
+        text = _Text(lines, rest)
+        eventish = _Eventish(lines, cand_mask, text)
         skip_code = (code & ~cand_mask).to_numpy()
         all_shapes = lines.str.replace_all(_DIGITS, "#")
-        self._other = (text, linenos, ranks, eventish, skip_code, all_shapes.to_list())
+        self._other = (text, linenos, ranks, eventish, skip_code, _Text(all_shapes, rest))
         if cand_idx.len() == 0:
             for i in range(n):
                 self.other(i)

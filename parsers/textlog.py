@@ -40,6 +40,7 @@ from parsers._textlog_block import Reader as _Reader
 from parsers.lines import common, kv
 
 __all__ = ["FORMAT", "read", "sniff"]
+_READ_HINT = 1 << 20  # characters per read: whole lines, memory bounded by the block
 
 FORMAT = "textlog"
 HEAD_BYTES = 64 * 1024
@@ -132,12 +133,15 @@ def read(path: Path, root: Path) -> ParseResult:
     buf: list[str] = []
     try:
         with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
-            for piece in fh:
-                buf.append(piece)
-                if len(buf) > _BLOCK:
-                    last = buf.pop()  # the newest piece waits: it may be the unterminated last line
-                    lineno = reader.block(buf, lineno)
-                    buf = [last]
+            while True:
+                got = fh.readlines(_READ_HINT)  # whole lines, split in C
+                if not got:
+                    break
+                buf += got
+                while len(buf) > _BLOCK:
+                    rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line
+                    lineno = reader.block(buf[:_BLOCK], lineno)
+                    buf = rest
     except (OSError, EOFError) as exc:
         if lineno == 1 and not buf:
             raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
