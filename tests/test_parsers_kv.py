@@ -59,6 +59,9 @@ def block(lines: list[str]):
     ("acc (higher is better) : 0.49, step 3", 3, {"acc": 0.49}),
     ("[100/200000] Train loss: 0.00414, Valid loss: 0.00665", 100, {"loss": 0.00414, "eval_loss": 0.00665}),
     ("Epoch[002/100], Step[0100/0196], Avg Loss: 0.9829", 2 * 196 + 100, {"epoch": 2.0, "loss": 0.9829}),
+    ("2023/06/05 20:10:13 - mmengine - INFO - Epoch(train)   [3][50/500]  lr: 4.0e-05  loss: 0.4219", 3 * 500 + 50,
+     {"epoch": 3.0, "lr": 4e-05, "loss": 0.4219}),
+    ("Epoch [2][ 7/10]  loss: 1.5", 2 * 10 + 7, {"epoch": 2.0, "loss": 1.5}),
 ])
 def test_grammar(line, step, expect):
     """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""
