@@ -62,6 +62,10 @@ def block(lines: list[str]):
     ("2023/06/05 20:10:13 - mmengine - INFO - Epoch(train)   [3][50/500]  lr: 4.0e-05  loss: 0.4219", 3 * 500 + 50,
      {"epoch": 3.0, "lr": 4e-05, "loss": 0.4219}),
     ("Epoch [2][ 7/10]  loss: 1.5", 2 * 10 + 7, {"epoch": 2.0, "loss": 1.5}),
+    ("Epoch: [3]  [ 50/500]  loss: 0.4", 3 * 500 + 50, {"epoch": 3.0, "loss": 0.4}),
+    ("[0/25][100/782]\tLoss_D: 1.8 Loss_G: 4.4", 100, {"epoch": 0.0, "loss/d": 1.8, "loss/g": 4.4}),
+    ("[2024-09-24 09:36:48 ViT-B/16] (main.py 188): INFO Train: [3/50][2/6]\teta 0:08:30 lr 0.0001\ttot_loss 0.4772",
+     3 * 6 + 2, {"epoch": 3.0, "eta": 0.0, "lr": 1e-4, "loss/tot": 0.4772}),
 ])
 def test_grammar(line, step, expect):
     """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""

@@ -65,10 +65,16 @@ LEAD = r"^(\s*)\[(\d+)/(\d+)\]"
 """A line that starts with a bare ``[N/M]`` (``[100/200000] Train loss: ...``): N is the step."""
 LEAD_REPL = ("\\1step \\2/\\3 ", "${1}step ${2}/${3} ")  # Python re, Rust regex
 _LEAD = re.compile(LEAD)
-EPOCH_ITER = r"(?i)(epoch(?:\s*\([A-Za-z]+\))?\s*)\[(\d+)\]\s*\[\s*(\d+)/(\d+)\]"
-"""An epoch followed by a bracketed ``[N/M]`` (mmengine ``Epoch(train) [3][50/500]``): iteration N of M within it."""
+EPOCH_ITER = r"(?i)(epoch(?:\s*\([A-Za-z]+\))?\s*:?\s*)\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]"
+"""An epoch followed by a bracketed ``[N/M]`` (mmengine ``Epoch(train) [3][50/500]``, ``Epoch: [3] [ 50/500]``):
+iteration N of M within it."""
 EPOCH_ITER_REPL = ("\\1[\\2/\\2] iter [\\3/\\4]", "${1}[${2}/${2}] iter [${3}/${4}]")  # Python re, Rust regex
 _EPOCH_ITER = re.compile(EPOCH_ITER)
+NESTED = r"\[\s*(\d+)\s*/\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]"
+"""Two bracketed fractions in a row, ``[e/E][i/M]`` (DCGAN ``[0/25][0/782]``, Swin/X-CLIP ``Train: [0/50][0/6]``):
+the outer loop (epoch e of E) and iteration i of M within it."""
+NESTED_REPL = (" epoch [\\1/\\2] iter [\\3/\\4]", " epoch [${1}/${2}] iter [${3}/${4}]")
+_NESTED = re.compile(NESTED)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
              r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
@@ -124,10 +130,10 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     """
     if not _CAND.search(line) or _CODE.search(line):
         return None
+    if "]" in line:  # nested counters: ``[3/25][50/500]``, ``Epoch [3][50/500]`` are iteration 50 of epoch 3
+        line = _EPOCH_ITER.sub(EPOCH_ITER_REPL[0], _NESTED.sub(NESTED_REPL[0], line, count=1), count=1)
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
-    if "][" in line:  # ``Epoch [3][50/500]``: written as ``Epoch [3/3] iter [50/500]``, numbered 3 x 500 + 50
-        line = _EPOCH_ITER.sub(EPOCH_ITER_REPL[0], line, count=1)
     step, step_frac, epoch, epoch_frac, out, lossy = _pairs(line, state)
     if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
             and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch

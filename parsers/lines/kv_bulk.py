@@ -29,6 +29,8 @@ from parsers.lines.kv import (
     EPOCH_ITER_REPL,
     LEAD,
     LEAD_REPL,
+    NESTED,
+    NESTED_REPL,
     PAIR,
     classify,
 )
@@ -314,9 +316,10 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
     cache = {} if cache is None else cache
     if shapes is None:
         shapes = lines.str.replace_all(SHAPE, "#")
-    text = lines.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
-    if text.str.contains("][", literal=True).any():
-        text = text.str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])  # ``Epoch [3][50/500]``: iteration 50 of 500
+    text = lines
+    if text.str.contains("]", literal=True).any():  # nested counters, as in parse_line
+        text = text.str.replace(NESTED, NESTED_REPL[1]).str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])
+    text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     uniq = shapes.unique(maintain_order=True)
     code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
     df = pl.DataFrame({"text": text, "code": code}).with_row_index("line")
