@@ -89,12 +89,13 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
     ml = mets.get_column("line").to_numpy().astype(np.int64)
     row = np.searchsorted(line_no, ml)
     keep = have[row]
-    row = row[keep]
+    names, tags = mets.get_column("metric").to_arrow(), mets.get_column("tag").to_arrow()
+    vals = mets.get_column("value").to_numpy()
+    if not keep.all():  # lines before any step: no rows (usually none, and the filter copies every string)
+        row, ml, vals = row[keep], ml[keep], vals[keep]
+        names, tags = names.filter(pa.array(keep)), tags.filter(pa.array(keep))
     n = int(row.shape[0])
-    vals = mets.get_column("value").to_numpy()[keep]
-    wt = walls[ml[keep] - lo]
-    names = mets.get_column("metric").to_arrow().filter(pa.array(keep))
-    tags = mets.get_column("tag").to_arrow().filter(pa.array(keep))
+    wt = walls[ml - lo]
     asm.rows.add_chunk(pa.Table.from_arrays([
         repeat_string("", n), pa.array(seg[row], pa.int32()), pa.array(filled[row], pa.int64()),
         names.cast(pa.string()), pa.array(vals, pa.float64()),
