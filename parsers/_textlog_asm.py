@@ -58,6 +58,7 @@ class Assembler:
         self.segment = 0
         self.seg_rows = 0
         self.last: dict[tuple[int | None, str, str], int] = {}  # (rank, framework, line keys) -> step
+        self.finer = False  # a metric line with a step that is not its epoch was seen
         self.any_step: int | None = None
         self.activity = False
         self.launch_open = False
@@ -216,6 +217,10 @@ class Assembler:
         self.last[(self.rank, *counter)] = step
 
     def metrics(self, r: LineRecord) -> None:
+        if r.framework == "generic" and r.epoch is not None and self.finer:
+            r.step = None  # an epoch-indexed line among finer steps belongs to the last step seen
+        elif r.step is not None and not (r.framework == "generic" and r.epoch is not None):
+            self.finer = True
         step = r.step if r.step is not None else self.any_step
         if step is None:
             self.skip_counts["metric line before any step"] += 1

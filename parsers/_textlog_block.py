@@ -293,8 +293,9 @@ class Reader:
         """The metric lines ``lo..hi-1`` as :meth:`_Assembler.bulk` items."""
         text, linenos, ranks, walls, line_df, met_df = self._ctx
         if self._steps is None:
-            self._steps = dict(zip(line_df.get_column("line").to_list(), line_df.get_column("step").to_list(),
-                                   strict=True))
+            self._steps = dict(zip(line_df.get_column("line").to_list(),
+                                   zip(line_df.get_column("step").to_list(), line_df.get_column("ep").to_list(),
+                                       strict=True), strict=True))
             self._cols = (met_df.get_column("line").to_numpy(), met_df.get_column("metric").to_list(),
                           met_df.get_column("tag").to_list(), met_df.get_column("value").to_list())
         steps = self._steps
@@ -309,8 +310,8 @@ class Reader:
             while k < b and ml[k] == x:
                 k += 1
             w = walls[x]
-            out.append((steps[x], list(zip(mm[k0:k], mt[k0:k], mv[k0:k], strict=True)),
-                        None if w != w else float(w), ranks[x]))
+            out.append((steps[x][0], list(zip(mm[k0:k], mt[k0:k], mv[k0:k], strict=True)),
+                        None if w != w else float(w), ranks[x], steps[x][1]))
         return out
 
     def gap(self, a: int, b: int, ok: np.ndarray) -> None:

@@ -23,16 +23,20 @@ if TYPE_CHECKING:
     from parsers._textlog_asm import Assembler
 
 
-def bulk(asm: Assembler, lines: list[tuple[int | None, list, float | None, int | None]]) -> None:
+def bulk(asm: Assembler, lines: list[tuple[int | None, list, float | None, int | None, bool]]) -> None:
     """Metric lines read by the general reader (:mod:`parsers.lines.kv`) in bulk, in file order.
 
-    Each item is ``(step or None, [(metric, tag, value)], wall_time, rank)``; the rules are those of
+    Each item is ``(step or None, [(metric, tag, value)], wall_time, rank, step is the epoch)``; the rules are those of
     :meth:`metrics` for a general line (a step that goes back opens a segment; a line without a step
     belongs to the last step seen; another rank's lines are counted, not kept).
     """
     rows = asm.rows
-    for step, mets, wall, rank in lines:
+    for step, mets, wall, rank, ep in lines:
         asm.rank = rank
+        if ep and asm.finer:  # an epoch-indexed line among finer steps belongs to the last step seen
+            step = None
+        elif step is not None and not ep:
+            asm.finer = True
         explicit = step is not None
         if step is None:
             step = asm.any_step
@@ -81,6 +85,12 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
     line_no = lines.get_column("line").to_numpy().astype(np.int64)
     st = lines.get_column("step")
     explicit = st.is_not_null().to_numpy()
+    ep = lines.get_column("ep").to_numpy() & explicit
+    finer = explicit & ~ep
+    seen = np.logical_or.accumulate(finer) | asm.finer
+    prior = np.concatenate([[asm.finer], seen[:-1]])
+    explicit = explicit & ~(ep & prior)  # an epoch-indexed line among finer steps: the last step seen
+    asm.finer = bool(seen[-1])
     steps = st.fill_null(-1).to_numpy().astype(np.int64)
     brk, last = _breaks(asm, steps, explicit, lines.get_column("sig"))
     filled, have = _fill_steps(asm, steps, explicit, brk)

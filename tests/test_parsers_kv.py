@@ -241,3 +241,23 @@ def test_step_back_of_another_counter_is_not_a_restart(tmp_path, long_run):
     assert df.get_column("segment").max() == 1  # only PPO's step 119 -> 0
     loss = df.filter(pl.col("tag") == "act_loss")
     assert loss.height == 240 and loss.filter(pl.col("segment") == 1).get_column("step").min() == 0
+
+
+@pytest.mark.parametrize("long_run", [8, 10**9])
+def test_epoch_line_among_finer_steps_belongs_to_the_last_step(tmp_path, long_run):
+    """An epoch-indexed line among finer steps belongs to the last step seen; alone, the epoch is the step.
+
+    PaddleViT prints per-step lines and a per-epoch summary whose only counter is the epoch: one axis, no
+    phantom restart per epoch.
+    """
+    lines = []
+    for e in range(1, 31):
+        for s in range(50, 201, 50):
+            lines.append(f"Epoch[{e:03d}/100], Step[{s:04d}/0200], Avg Loss: {1 / e + s / 1e4:.4f}, Avg Acc: 0.5")
+        lines.append(f"----- Epoch[{e:03d}/100], Train Loss: {1 / e:.4f}, Train Acc: 0.76, time: 173.49")
+    df, _ = _read(tmp_path, "\n".join(lines) + "\n", long_run)
+    assert df.get_column("segment").max() == 0
+    summary = df.filter(pl.col("tag") == "Train Loss")
+    assert summary.height == 30 and summary.get_column("step").to_list() == [e * 200 + 200 for e in range(1, 31)]
+    only, _ = _read(tmp_path, "".join(f"Epoch {e} | train loss {1 / e:.3f}\n" for e in range(1, 60)), long_run)
+    assert only.filter(pl.col("metric") == "loss").get_column("step").to_list() == list(range(1, 60))

@@ -139,9 +139,11 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
         step = int(epoch) * step_frac + step
         state["kv_step_within_epoch"] = True
+    by_epoch = None
     if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
         if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
             step = int(epoch)
+            by_epoch = epoch
             state["kv_epoch_steps"] = True
     if not any(n != "epoch" for n, _, _ in out):
         return None
@@ -149,7 +151,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return None
     events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
               if v is not None and not math.isfinite(v) and is_objective(n)]
-    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line))
+    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line), epoch=by_epoch)
 
 
 def _pairs(line: str, state: dict) -> tuple[int | None, int | None, float | None, bool, list, bool]:

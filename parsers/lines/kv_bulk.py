@@ -44,7 +44,7 @@ _STEP, _EPOCH, _METRIC = 0, 1, 2
 SIG_SEP = "\x1f"
 """Joins the keys of a metric line into its counter's name (``parsers.textlog``: a restart is judged per counter)."""
 _EMPTY_PAIRS = {"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64, "unit": pl.Utf8}
-_EMPTY_LINES = {"line": pl.UInt32, "step": pl.Int64, "dup": pl.Boolean, "sig": pl.Utf8}
+_EMPTY_LINES = {"line": pl.UInt32, "step": pl.Int64, "dup": pl.Boolean, "sig": pl.Utf8, "ep": pl.Boolean}
 _EMPTY_METS = {"line": pl.UInt32, "metric": pl.Utf8, "tag": pl.Utf8, "value": pl.Float64}
 
 
@@ -192,8 +192,9 @@ def _regex_frames(df: pl.DataFrame, state: dict, notes: dict) -> tuple[pl.DataFr
     mets = mets.select("line", "metric", pl.col("key").alias("tag"), "value")
     dup = mets.filter(pl.struct("line", "metric").is_duplicated()).get_column("line").unique()
     sig = mets.group_by("line", maintain_order=True).agg(pl.col("tag").str.join(SIG_SEP).alias("sig"))
-    lines = per.select("line", "step", pl.col("line").is_in(dup.implode()).alias("dup")).join(
-        sig, on="line", how="left", maintain_order="left").with_columns(pl.col("sig").fill_null(""))
+    lines = per.select("line", "step", pl.col("line").is_in(dup.implode()).alias("dup"),
+                       pl.col("ep_step").alias("ep")).join(sig, on="line", how="left", maintain_order="left")
+    lines = lines.with_columns(pl.col("sig").fill_null("")).select(list(_EMPTY_LINES))
     return lines, mets
 
 
@@ -294,7 +295,7 @@ def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: d
                          "metric": pl.Series([x[4] for x in t.rows], dtype=pl.Utf8).gather(ridx),
                          "tag": pl.Series([x[5] for x in t.rows], dtype=pl.Utf8).gather(ridx),
                          "value": pl.Series(t.v[m], dtype=pl.Float64, nan_to_null=False)})
-    return per.select("line", "step", "dup", "sig"), mets
+    return per.select("line", "step", "dup", "sig", pl.col("ep_step").alias("ep")).select(list(_EMPTY_LINES)), mets
 
 
 def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
@@ -309,7 +310,8 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
 
     Returns:
         ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null:
-        the last step seen, ``dup`` bool: two of its metrics share a canonical name), in line order;
+        the last step seen, ``dup`` bool: two of its metrics share a canonical name, ``sig``: its keys, ``ep``:
+        the step is its epoch), in line order;
         ``metrics`` one row per metric of those lines (``line``, ``metric``, ``tag``, ``value``), by line,
         then by position in the line.
     """
