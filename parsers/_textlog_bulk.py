@@ -84,13 +84,7 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
         return False
     line_no = lines.get_column("line").to_numpy().astype(np.int64)
     st = lines.get_column("step")
-    explicit = st.is_not_null().to_numpy()
-    ep = lines.get_column("ep").to_numpy() & explicit
-    finer = explicit & ~ep
-    seen = np.logical_or.accumulate(finer) | asm.finer
-    prior = np.concatenate([[asm.finer], seen[:-1]])
-    explicit = explicit & ~(ep & prior)  # an epoch-indexed line among finer steps: the last step seen
-    asm.finer = bool(seen[-1])
+    explicit = _explicit(asm, st.is_not_null().to_numpy(), lines.get_column("ep").to_numpy())
     steps = st.fill_null(-1).to_numpy().astype(np.int64)
     brk, last = _breaks(asm, steps, explicit, lines.get_column("sig"))
     filled, have = _fill_steps(asm, steps, explicit, brk)
@@ -128,6 +122,15 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
     asm.block_kinds.clear()
     asm.last_ckpt = None
     return True
+
+
+def _explicit(asm: Assembler, explicit: np.ndarray, ep: np.ndarray) -> np.ndarray:
+    """Which lines give their own step: not an epoch-indexed line once finer steps were seen (the last step seen)."""
+    ep = ep & explicit
+    seen = np.logical_or.accumulate(explicit & ~ep) | asm.finer
+    prior = np.concatenate([[asm.finer], seen[:-1]])
+    asm.finer = bool(seen[-1])
+    return explicit & ~(ep & prior)
 
 
 def _fill_steps(asm: Assembler, steps: np.ndarray, explicit: np.ndarray,

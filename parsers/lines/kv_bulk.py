@@ -298,6 +298,16 @@ def _plan_frames(df: pl.DataFrame, plans: list[Plan], codes: list[int], state: d
     return per.select("line", "step", "dup", "sig", pl.col("ep_step").alias("ep")).select(list(_EMPTY_LINES)), mets
 
 
+def _note_state(notes: dict[str, list], state: dict[str, Any]) -> None:
+    """The block's last step total and each key's last unit (by line, over both paths) into ``state``."""
+    if notes["frac"]:
+        state["kv_total_steps"] = max(notes["frac"])[1]
+    if notes["units"]:
+        units = state.setdefault("kv_units", {})
+        for _, key, unit in sorted(notes["units"], key=lambda x: x[0]):
+            units[key] = unit
+
+
 def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
                cache: dict[str, Plan | None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Read many lines at once with the grammar of :func:`parsers.lines.kv.parse_line`.
@@ -346,12 +356,7 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
         parts.append(_plan_frames(df.filter(in_plan), plans, planned, state, notes))
     if len(planned) < len(uniq_l):
         parts.append(_regex_frames(df.filter(~in_plan), state, notes))
-    if notes["frac"]:
-        state["kv_total_steps"] = max(notes["frac"])[1]
-    if notes["units"]:
-        units = state.setdefault("kv_units", {})
-        for _, key, unit in sorted(notes["units"], key=lambda x: x[0]):
-            units[key] = unit
+    _note_state(notes, state)
     if not parts:
         return pl.DataFrame(schema=_EMPTY_LINES), pl.DataFrame(schema=_EMPTY_METS)
     if len(parts) == 1:
