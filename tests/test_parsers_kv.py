@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsers import textlog
-from parsers.lines import kv
+from parsers.lines import kv, kv_bulk
 
 
 def one(line: str):
@@ -25,11 +25,11 @@ def one(line: str):
 
 
 def block(lines: list[str]):
-    """What parse_block + frames_of read from the candidate lines (as parsers.textlog sends them), as one() says."""
+    """What read_block reads from the candidate lines (as parsers.textlog sends them), as one() says."""
     s = pl.Series(lines, dtype=pl.Utf8)
     cand = (s.str.contains(kv.CANDIDATE) & ~s.str.contains(kv.CODE)).arg_true().to_list()
-    ld, md = kv.frames_of(kv.parse_block(s.gather(cand)), {})
-    steps = dict(ld.iter_rows())
+    ld, md = kv_bulk.read_block(s.gather(cand), None, {})
+    steps = dict(ld.select("line", "step").iter_rows())
     out: list = [None] * len(lines)
     for i in steps:
         out[cand[i]] = (steps[i], {})
@@ -59,6 +59,13 @@ def block(lines: list[str]):
     ("acc (higher is better) : 0.49, step 3", 3, {"acc": 0.49}),
     ("[100/200000] Train loss: 0.00414, Valid loss: 0.00665", 100, {"loss": 0.00414, "eval_loss": 0.00665}),
     ("Epoch[002/100], Step[0100/0196], Avg Loss: 0.9829", 2 * 196 + 100, {"epoch": 2.0, "loss": 0.9829}),
+    ("2023/06/05 20:10:13 - mmengine - INFO - Epoch(train)   [3][50/500]  lr: 4.0e-05  loss: 0.4219", 3 * 500 + 50,
+     {"epoch": 3.0, "lr": 4e-05, "loss": 0.4219}),
+    ("Epoch [2][ 7/10]  loss: 1.5", 2 * 10 + 7, {"epoch": 2.0, "loss": 1.5}),
+    ("Epoch: [3]  [ 50/500]  loss: 0.4", 3 * 500 + 50, {"epoch": 3.0, "loss": 0.4}),
+    ("[0/25][100/782]\tLoss_D: 1.8 Loss_G: 4.4", 100, {"epoch": 0.0, "loss/d": 1.8, "loss/g": 4.4}),
+    ("[2024-09-24 09:36:48 ViT-B/16] (main.py 188): INFO Train: [3/50][2/6]\teta 0:08:30 lr 0.0001\ttot_loss 0.4772",
+     3 * 6 + 2, {"epoch": 3.0, "eta": 0.0, "lr": 1e-4, "loss/tot": 0.4772}),
 ])
 def test_grammar(line, step, expect):
     """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""
@@ -188,3 +195,69 @@ def test_step_outside_int64_is_skipped_not_a_crash(line: str, tmp_path: Path) ->
     got = textlog.read(log, tmp_path)
     assert got.metrics.column("step").to_pylist() == [1, 2]
     assert got.meta["skipped_lines"]["step outside int64 (not a step)"] == 1
+
+
+_KINDS = st.sampled_from(["{i}", "{f:.4f}", "{e:.2e}", "nan", "{i}ms", "{i}/{j}", "{f:.1f}%", "{i}K", "-{f:.3f}"])
+
+
+@st.composite
+def _shaped(draw):
+    """Lines of a few shapes, each repeated with other numbers (the bulk path's plans read them)."""
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        pairs = [(draw(_KEYS), draw(_SEPS), draw(_KINDS)) for _ in range(draw(st.integers(1, 5)))]
+        pre = draw(st.sampled_from(["", "2024-01-01 10:00:00,123 INFO ", "{", "[step] ", "[3/10] "]))
+        join = draw(_JOIN)
+        for _ in range(draw(st.integers(8, 12))):
+            vals = [kind.format(i=draw(st.integers(0, 5000)), j=draw(st.integers(1, 5000)),
+                                f=draw(st.floats(0, 1e4)), e=draw(st.floats(1e-6, 1e3))) for _, _, kind in pairs]
+            out.append(pre + join.join(f"{k}{s}{v}" for (k, s, _), v in zip(pairs, vals, strict=True)))
+    return draw(st.permutations(out))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_shaped())
+def test_line_and_planned_block_agree(lines):
+    """Shapes shared by many lines are read by plans (one number scan); they read what parse_line reads."""
+    test_line_and_block_agree.hypothesis.inner_test(lines)
+
+
+@pytest.mark.parametrize("long_run", [8, 10**9])
+def test_step_back_of_another_counter_is_not_a_restart(tmp_path, long_run):
+    """A restart is judged per counter: another counter's step going back is not one.
+
+    DeepSpeed's ``step=10`` among PPO's ``step: 9`` is not a restart; PPO's own step going back is (on the
+    bulk path and one line at a time).
+    """
+    lines = []
+    for _launch in range(2):
+        for i in range(120):
+            lines.append(f"epoch: 0|step: {i}|ppo_ep: 1|act_loss: {0.2 + i / 1000:.4f}|cri_loss: 0.1")
+            if i % 10 == 8:  # the engines count ahead of the script's own counter (as in the real log)
+                lines.append(f"[2023-04-18 08:48:36,035] [INFO] [logging.py:96:log_dist] [Rank 0] step={i + 2}, "
+                             f"skipped=4, lr=[5.79e-07, 5.79e-07], mom=[(0.9, 0.95), (0.9, 0.95)]")
+                lines.append(f"step={i + 2} tokens_per_sec={1000 + i}")
+    df, _ = _read(tmp_path, "\n".join(lines) + "\n", long_run)
+    assert df.get_column("segment").max() == 1  # only PPO's step 119 -> 0
+    loss = df.filter(pl.col("tag") == "act_loss")
+    assert loss.height == 240 and loss.filter(pl.col("segment") == 1).get_column("step").min() == 0
+
+
+@pytest.mark.parametrize("long_run", [8, 10**9])
+def test_epoch_line_among_finer_steps_belongs_to_the_last_step(tmp_path, long_run):
+    """An epoch-indexed line among finer steps belongs to the last step seen; alone, the epoch is the step.
+
+    PaddleViT prints per-step lines and a per-epoch summary whose only counter is the epoch: one axis, no
+    phantom restart per epoch.
+    """
+    lines = []
+    for e in range(1, 31):
+        for s in range(50, 201, 50):
+            lines.append(f"Epoch[{e:03d}/100], Step[{s:04d}/0200], Avg Loss: {1 / e + s / 1e4:.4f}, Avg Acc: 0.5")
+        lines.append(f"----- Epoch[{e:03d}/100], Train Loss: {1 / e:.4f}, Train Acc: 0.76, time: 173.49")
+    df, _ = _read(tmp_path, "\n".join(lines) + "\n", long_run)
+    assert df.get_column("segment").max() == 0
+    summary = df.filter(pl.col("tag") == "Train Loss")
+    assert summary.height == 30 and summary.get_column("step").to_list() == [e * 200 + 200 for e in range(1, 31)]
+    only, _ = _read(tmp_path, "".join(f"Epoch {e} | train loss {1 / e:.3f}\n" for e in range(1, 60)), long_run)
+    assert only.filter(pl.col("metric") == "loss").get_column("step").to_list() == list(range(1, 60))

@@ -70,15 +70,25 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     ts = wall_time(line)
     s = _STEP.search(msg)
     if s:
-        step, skipped = int(s.group(1)), int(s.group(2))
-        prev = state.get("ds_skipped", 0)
-        state["ds_skipped"] = skipped
-        delta = skipped - prev if skipped >= prev else skipped
-        lrs = [to_num(x) for x in s.group(3).split(",") if x.strip()]
-        out = [metric("skipped", float(delta), "skipped_step")]
-        if lrs and lrs[0] is not None:
-            out.insert(0, metric("lr", lrs[0]))
-        return LineRecord("deepspeed", step=step, metrics=out, wall_time=ts)
+        return _step_line(s, state, ts)
+    return _scale_line(msg, ts) or _other_line(msg, state, ts)
+
+
+def _step_line(s: re.Match, state: dict, ts: float | None) -> LineRecord:
+    """``step=N, skipped=K, lr=[...]``: the lr and the skipped steps since the last such line."""
+    step, skipped = int(s.group(1)), int(s.group(2))
+    prev = state.get("ds_skipped", 0)
+    state["ds_skipped"] = skipped
+    delta = skipped - prev if skipped >= prev else skipped
+    lrs = [to_num(x) for x in s.group(3).split(",") if x.strip()]
+    out = [metric("skipped", float(delta), "skipped_step")]
+    if lrs and lrs[0] is not None:
+        out.insert(0, metric("lr", lrs[0]))
+    return LineRecord("deepspeed", step=step, metrics=out, wall_time=ts)
+
+
+def _scale_line(msg: str, ts: float | None) -> LineRecord | None:
+    """The loss scaler's lines: overflow skips, scale changes, hysteresis, the minimum reached."""
     a = _ATTEMPT.search(msg)
     if a:
         new = float(a.group(2))
@@ -105,6 +115,11 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
                           events=[("loss_scale_change", msg.strip(), None)], wall_time=ts)
     if _MINIMUM.search(msg):
         return LineRecord("deepspeed", events=[("error", msg.strip(), None)])
+    return None
+
+
+def _other_line(msg: str, state: dict, ts: float | None) -> LineRecord | None:
+    """Throughput lines (``epoch=0/micro_step=10/global_step=10, ...``), the engine's config dump, the version."""
     t = _THROUGHPUT.search(msg)
     if t:
         out = []

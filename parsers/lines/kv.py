@@ -34,9 +34,6 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-import polars as pl
-
 from parsers.lines import LineRecord, metric
 from parsers.lines.common import wall_time
 
@@ -68,6 +65,16 @@ LEAD = r"^(\s*)\[(\d+)/(\d+)\]"
 """A line that starts with a bare ``[N/M]`` (``[100/200000] Train loss: ...``): N is the step."""
 LEAD_REPL = ("\\1step \\2/\\3 ", "${1}step ${2}/${3} ")  # Python re, Rust regex
 _LEAD = re.compile(LEAD)
+EPOCH_ITER = r"(?i)(epoch(?:\s*\([A-Za-z]+\))?\s*:?\s*)\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]"
+"""An epoch followed by a bracketed ``[N/M]`` (mmengine ``Epoch(train) [3][50/500]``, ``Epoch: [3] [ 50/500]``):
+iteration N of M within it."""
+EPOCH_ITER_REPL = ("\\1[\\2/\\2] iter [\\3/\\4]", "${1}[${2}/${2}] iter [${3}/${4}]")  # Python re, Rust regex
+_EPOCH_ITER = re.compile(EPOCH_ITER)
+NESTED = r"\[\s*(\d+)\s*/\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]"
+"""Two bracketed fractions in a row, ``[e/E][i/M]`` (DCGAN ``[0/25][0/782]``, Swin/X-CLIP ``Train: [0/50][0/6]``):
+the outer loop (epoch e of E) and iteration i of M within it."""
+NESTED_REPL = (" epoch [\\1/\\2] iter [\\3/\\4]", " epoch [${1}/${2}] iter [${3}/${4}]")
+_NESTED = re.compile(NESTED)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
              r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
@@ -123,8 +130,36 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     """
     if not _CAND.search(line) or _CODE.search(line):
         return None
+    if "]" in line:  # nested counters: ``[3/25][50/500]``, ``Epoch [3][50/500]`` are iteration 50 of epoch 3
+        line = _EPOCH_ITER.sub(EPOCH_ITER_REPL[0], _NESTED.sub(NESTED_REPL[0], line, count=1), count=1)
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
+    step, step_frac, epoch, epoch_frac, out, lossy = _pairs(line, state)
+    if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
+            and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
+        step = int(epoch) * step_frac + step
+        state["kv_step_within_epoch"] = True
+    by_epoch = None
+    if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
+        if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
+            step = int(epoch)
+            by_epoch = epoch
+            state["kv_epoch_steps"] = True
+    if not any(n != "epoch" for n, _, _ in out):
+        return None
+    if step is None and not lossy:
+        return None
+    events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
+              if v is not None and not math.isfinite(v) and is_objective(n)]
+    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line), epoch=by_epoch)
+
+
+def _pairs(line: str, state: dict) -> tuple[int | None, int | None, float | None, bool, list, bool]:
+    """The pairs of a line: ``(step, its N/M denominator, epoch, the epoch has one, metrics, a loss is among them)``.
+
+    The first step pair that is a whole number >= 0 is the step; the first epoch pair is the epoch (also a
+    metric); identifiers (:data:`NOT_METRICS`) are dropped; units are recorded in ``state["kv_units"]``.
+    """
     step: int | None = None
     step_frac: int | None = None
     epoch: float | None = None
@@ -157,21 +192,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             state.setdefault("kv_units", {})[key] = unit
         lossy = lossy or bool(_LOSSY.search(key))
         out.append(metric(key, v, name))
-    if (step is not None and step_frac and epoch_frac and epoch is not None and math.isfinite(epoch)
-            and epoch == int(epoch)):  # ``Epoch[3/100], Step[0050/0196]``: the step counts within the epoch
-        step = int(epoch) * step_frac + step
-        state["kv_step_within_epoch"] = True
-    if step is None and epoch is not None and out and any(n != "epoch" for n, _, _ in out):
-        if math.isfinite(epoch) and epoch == int(epoch):  # ``Epoch 3 | loss 1.2``: the epoch is the step
-            step = int(epoch)
-            state["kv_epoch_steps"] = True
-    if not any(n != "epoch" for n, _, _ in out):
-        return None
-    if step is None and not lossy:
-        return None
-    events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
-              if v is not None and not math.isfinite(v) and is_objective(n)]
-    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line))
+    return step, step_frac, epoch, epoch_frac, out, lossy
 
 
 def is_code(line: str) -> bool:
@@ -192,186 +213,6 @@ def is_objective(name: str) -> bool:
 def nonfinite_message(tag: str, value: float) -> str:
     """The ``nan_detected`` message of a metric line whose loss is not finite."""
     return f"{tag} = {value} on a metric line"
-
-
-_NUMTOK = re.compile(_NUM)
-TEMPLATE_MIN = 8
-"""A shape (the line with its digit runs replaced) that this many lines of a block share is read by template."""
-_SHAPE_DIGITS = re.compile(r"[0-9]+")
-
-
-def _template(line: str) -> list[tuple[str, int, int | None, str | None]] | None:
-    """Where each pair's value sits among the line's number tokens: ``[(key, token, frac token, unit)]``.
-
-    Lines of one shape have their number tokens in the same places, so the template of one line reads them
-    all with a single number scan. ``None`` when a value is not one whole token (the regex path reads it).
-    """
-    toks = [(m.start(), m.end()) for m in _NUMTOK.finditer(line)]
-    at = {st: k for k, (st, _) in enumerate(toks)}
-    out = []
-    for m in _PAIR.finditer(line):
-        key, _, frac, unit = m.groups()
-        vs, ve = m.span(2)
-        k = at.get(vs)
-        if k is None or toks[k][1] != ve:
-            return None
-        f = None
-        if frac is not None:
-            fs, fe = m.span(3)
-            f = at.get(fs)
-            if f is None or toks[f][1] != fe:
-                return None
-        out.append((key, k, f, unit))
-    return out
-
-
-_EMPTY_PAIRS = {"line": pl.UInt32, "key": pl.Utf8, "value": pl.Float64, "frac": pl.Int64, "unit": pl.Utf8}
-
-
-def _regex_pairs(df: pl.DataFrame) -> pl.DataFrame:
-    df = df.select("line", pl.col("text").str.extract_all(PAIR).alias("m")).explode("m").drop_nulls("m")
-    if df.height == 0:
-        return pl.DataFrame(schema=_EMPTY_PAIRS)
-    g = pl.col("m").str.extract_groups(PAIR)
-    df = df.select("line", g.alias("g")).unnest("g")
-    df.columns = ["line", "key", "raw", "frac", "unit"]
-    mag = pl.col("unit").replace_strict(_MAGNITUDE, default=1.0, return_dtype=pl.Float64)
-    return df.select(
-        "line", "key",
-        (pl.col("raw").str.replace_all(",", "", literal=True).str.to_lowercase()
-         .cast(pl.Float64, strict=False) * mag).alias("value"),
-        pl.col("frac").cast(pl.Int64, strict=False), "unit",
-    ).drop_nulls("value")
-
-
-def _template_pairs(df: pl.DataFrame, tpl: list[tuple[str, int, int | None, str | None]]) -> pl.DataFrame:
-    toks = df.select("line", pl.col("text").str.extract_all(_NUM).alias("t"))
-    exprs = []
-    for j, (_, k, f, unit) in enumerate(tpl):
-        mag = _MAGNITUDE.get(unit or "", 1.0)
-        val = (pl.col("t").list.get(k, null_on_oob=True).str.replace_all(",", "", literal=True).str.to_lowercase()
-               .cast(pl.Float64, strict=False))
-        exprs.append((val * mag if mag != 1.0 else val).alias(f"v{j}"))
-        if f is not None:
-            exprs.append(pl.col("t").list.get(f, null_on_oob=True).cast(pl.Int64, strict=False).alias(f"f{j}"))
-    wide = toks.select(exprs)
-    p = len(tpl)
-    n = wide.height
-    values = np.column_stack([wide.get_column(f"v{j}").to_numpy() for j in range(p)]).ravel()  # line-major
-    bad = np.column_stack([wide.get_column(f"v{j}").is_null().to_numpy() for j in range(p)]).ravel()
-    fracs = np.full((n, p), np.nan)
-    for j, (_, _, f, _) in enumerate(tpl):
-        if f is not None:
-            fracs[:, j] = wide.get_column(f"f{j}").cast(pl.Float64).to_numpy()
-    lines = np.repeat(toks.get_column("line").to_numpy(), p)
-    keys = pl.Series("key", [t[0] for t in tpl] * n, dtype=pl.Utf8)
-    units = pl.Series("unit", [t[3] for t in tpl] * n, dtype=pl.Utf8)
-    out = pl.DataFrame({"line": pl.Series(lines, dtype=pl.UInt32), "key": keys,
-                        "value": pl.Series(values, dtype=pl.Float64, nan_to_null=False),
-                        "frac": pl.Series(fracs.ravel(), dtype=pl.Float64, nan_to_null=True).cast(pl.Int64),
-                        "unit": units})
-    return out.filter(pl.Series(~bad)) if bad.any() else out
-
-
-def parse_block(lines: pl.Series, shapes: pl.Series | None = None) -> pl.DataFrame:
-    """Parse many lines at once with the grammar of :func:`parse_line`.
-
-    Lines whose shape (digit runs replaced) at least :data:`TEMPLATE_MIN` lines share are read by
-    template: the pairs of one of them are found once, and every line of the shape gives its values
-    by one scan for numbers (no capture groups, which are slow in Rust ``regex``). Other lines are
-    read by the pair pattern itself. Both give the pairs :func:`parse_line` finds.
-
-    Args:
-        lines: Cleaned lines (Utf8), in file order; position ``i`` is line ``i`` of the block.
-        shapes: The lines with ``[0-9]+`` replaced by ``#``, when the caller has them already.
-
-    Returns:
-        One row per pair: ``line`` (u32 position), ``key`` (as logged), ``value`` (f64, magnitudes
-        multiplied out), ``frac`` (denominator of an ``N/M`` fraction or null), ``unit`` (or null),
-        ordered by line, then by position in the line. The step and metric roles are left to
-        :func:`frames_of`.
-    """
-    if shapes is None:
-        shapes = lines.str.replace_all(r"[0-9]+", "#")
-    lines = lines.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
-    df = pl.DataFrame({"text": lines, "shape": shapes}).with_row_index("line")
-    counts = df.group_by("shape").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
-    parts = []
-    rest = []
-    for shape, n, example in counts.iter_rows():
-        tpl = _template(example) if n >= TEMPLATE_MIN and "#,#" not in shape else None
-        if tpl is None:
-            rest.append(shape)
-        elif tpl:
-            parts.append(_template_pairs(df.filter(pl.col("shape") == shape), tpl))
-    if rest:
-        sub = df if len(rest) == counts.height else df.filter(
-            pl.col("shape").is_in(pl.Series(rest, dtype=pl.Utf8).implode()))
-        parts.append(_regex_pairs(sub))
-    if not parts:
-        return pl.DataFrame(schema=_EMPTY_PAIRS)
-    return pl.concat([p.cast(_EMPTY_PAIRS) for p in parts]).sort("line", maintain_order=True)
-
-
-def frames_of(pairs: pl.DataFrame, state: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """:func:`lines_of` as two tables, without a Python loop over the pairs.
-
-    Args:
-        pairs: The output of :func:`parse_block`.
-        state: Per-file state, as in :func:`parse_line`.
-
-    Returns:
-        ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null);
-        ``metrics`` one row per metric of those lines (``line``, ``metric``, ``tag``, ``value``), in order.
-    """
-    empty_lines = pl.DataFrame(schema={"line": pl.UInt32, "step": pl.Int64})
-    empty_mets = pl.DataFrame(schema={"line": pl.UInt32, "metric": pl.Utf8, "tag": pl.Utf8, "value": pl.Float64})
-    if pairs.height == 0:
-        return empty_lines, empty_mets
-    keys = pairs.get_column("key").unique().to_list()
-    kinds = {k: classify(k) for k in keys}
-    code = pairs.get_column("key").replace_strict(keys, list(range(len(keys))), return_dtype=pl.UInt32)
-    kind = pl.Series([kinds[k][0] for k in keys], dtype=pl.Utf8).gather(code)
-    name = pl.Series(["epoch" if kinds[k][0] == "epoch" else kinds[k][1] for k in keys], dtype=pl.Utf8).gather(code)
-    lossy = pl.Series([bool(_LOSSY.search(k)) for k in keys], dtype=pl.Boolean).gather(code)
-    df = pairs.with_columns(kind.alias("kind"), name.alias("metric"), lossy.alias("lossy"))
-    is_step = (pl.col("kind") == "step") & pl.col("value").is_finite() & (pl.col("value") >= 0) & (
-        pl.col("value") == pl.col("value").floor())
-    per = df.group_by("line", maintain_order=True).agg(
-        pl.col("value").filter(is_step).first().alias("step"),
-        pl.col("frac").filter(is_step).first().alias("frac"),
-        pl.col("value").filter(pl.col("kind") == "epoch").first().alias("epoch"),
-        pl.col("frac").filter(pl.col("kind") == "epoch").first().is_not_null().alias("epoch_frac"),
-        ((pl.col("kind") == "metric") & pl.col("lossy")).any().alias("lossy"),
-        (pl.col("kind") == "metric").any().alias("has_metric"),
-    )
-    ep_step = (pl.col("step").is_null() & pl.col("epoch").is_not_null()
-               & (pl.col("epoch") == pl.col("epoch").floor()) & pl.col("epoch").is_finite())
-    within = (pl.col("step").is_not_null() & pl.col("frac").is_not_null() & pl.col("frac").gt(0)
-              & pl.col("epoch_frac").fill_null(False) & pl.col("epoch").is_finite()
-              & (pl.col("epoch") == pl.col("epoch").floor()))
-    if per.select(within.any()).item():
-        state["kv_step_within_epoch"] = True
-    per = per.with_columns(pl.when(within).then(pl.col("epoch").cast(pl.Int64) * pl.col("frac") + pl.col("step"))
-                           .otherwise(pl.col("step")).alias("step"))
-    per = per.with_columns(
-        pl.when(ep_step).then(pl.col("epoch")).otherwise(pl.col("step")).cast(pl.Int64).alias("step"),
-        ep_step.alias("ep_step"),
-    )
-    frac = per.get_column("frac").drop_nulls()
-    if frac.len():
-        state["kv_total_steps"] = int(frac[-1])
-    per = per.filter(pl.col("has_metric") & (pl.col("step").is_not_null() | pl.col("lossy")))
-    if per.height == 0:
-        return empty_lines, empty_mets
-    if per.get_column("ep_step").any():
-        state["kv_epoch_steps"] = True
-    units = df.filter(pl.col("unit").is_in(list(_UNITS)) & (pl.col("kind") == "metric")).select("key", "unit")
-    if units.height:
-        state.setdefault("kv_units", {}).update(dict(units.unique(subset="key", keep="last").iter_rows()))
-    mets = df.filter(pl.col("kind").is_in(["metric", "epoch"])).join(per.select("line"), on="line", how="semi",
-                                                                     maintain_order="left")
-    return per.select("line", "step"), mets.select("line", "metric", pl.col("key").alias("tag"), "value")
 
 
 def meta_of(state: dict[str, Any]) -> dict[str, Any]:

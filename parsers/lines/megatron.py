@@ -81,46 +81,9 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         A record, or ``None`` when the line is not a Megatron shape.
     """
     if "iteration" in line:
-        m = _ITER.match(line)
-        if m:
-            metrics, has_loss = _fields(m.group(3))
-            step = int(m.group(1))
-            events = []
-            for name, _, v in metrics:
-                if name == "skipped_step" and v:
-                    msg = f"{v:g} skipped iterations since the last log line"
-                    events.append(("overflow_skip", msg, step))
-                elif name == "nan_step" and v:
-                    events.append(("nan_detected", f"{v:g} NaN iterations since the last log line", step))
-            return LineRecord("megatron", step=step, metrics=metrics, has_loss=has_loss, events=events,
-                              meta={"train_iters": int(m.group(2))}, wall_time=wall_time(line))
-        m = _VALID.search(line)
-        if m:
-            metrics = []
-            for part in m.group(2).split("|"):
-                key, sep, val = part.rpartition(":")
-                try:
-                    v = float(val.strip())
-                except ValueError:
-                    continue
-                k = key.strip().lower()
-                name = "eval_loss" if k.endswith("loss value") else "eval_ppl" if k.endswith("ppl") else None
-                metrics.append(metric(key.strip(), v, name or "eval_" + key.strip()))
-            return LineRecord("megatron", step=int(m.group(1)), metrics=metrics, eval=True)
-        m = _SAVING.match(line)
-        if m:
-            return LineRecord("megatron", events=[("checkpoint_saved", line.strip(), int(m.group(1)))])
-        m = _LOAD.search(line)
-        if m:
-            step = int(m.group(1))
-            return LineRecord("megatron", step=step, resume=True,
-                              events=[("checkpoint_loaded", line.strip(), step)])
-        m = _NAN_GUARD.search(line)
-        if m and m.group(1):
-            return LineRecord("megatron", events=[("nan_detected", line.strip()[:300], int(m.group(1)))])
-        m = _SKIP_RANGE.search(line)
-        if m:
-            return LineRecord("megatron", events=[("data_skip", line.strip(), int(m.group(1)))])
+        r = _iteration_line(line)
+        if r is not None:
+            return r
     if state.get("in_args"):
         m = _ARG.match(line)
         if m:
@@ -143,3 +106,52 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     if _NAN_GUARD.search(s):
         return LineRecord("megatron", events=[("nan_detected", s[:300], None)])
     return None
+
+
+def _iteration_line(line: str) -> LineRecord | None:
+    """Lines that name an iteration: the training line, validation, checkpoint save/load, NaN guard, data skip."""
+    m = _ITER.match(line)
+    if m:
+        metrics, has_loss = _fields(m.group(3))
+        step = int(m.group(1))
+        events = []
+        for name, _, v in metrics:
+            if name == "skipped_step" and v:
+                msg = f"{v:g} skipped iterations since the last log line"
+                events.append(("overflow_skip", msg, step))
+            elif name == "nan_step" and v:
+                events.append(("nan_detected", f"{v:g} NaN iterations since the last log line", step))
+        return LineRecord("megatron", step=step, metrics=metrics, has_loss=has_loss, events=events,
+                          meta={"train_iters": int(m.group(2))}, wall_time=wall_time(line))
+    m = _VALID.search(line)
+    if m:
+        return LineRecord("megatron", step=int(m.group(1)), metrics=_valid_metrics(m.group(2)), eval=True)
+    m = _SAVING.match(line)
+    if m:
+        return LineRecord("megatron", events=[("checkpoint_saved", line.strip(), int(m.group(1)))])
+    m = _LOAD.search(line)
+    if m:
+        step = int(m.group(1))
+        return LineRecord("megatron", step=step, resume=True, events=[("checkpoint_loaded", line.strip(), step)])
+    m = _NAN_GUARD.search(line)
+    if m and m.group(1):
+        return LineRecord("megatron", events=[("nan_detected", line.strip()[:300], int(m.group(1)))])
+    m = _SKIP_RANGE.search(line)
+    if m:
+        return LineRecord("megatron", events=[("data_skip", line.strip(), int(m.group(1)))])
+    return None
+
+
+def _valid_metrics(rest: str) -> list:
+    """``lm loss value: X | lm loss PPL: Y`` of a validation line as ``eval_loss``, ``eval_ppl``, ``eval_<key>``."""
+    metrics = []
+    for part in rest.split("|"):
+        key, sep, val = part.rpartition(":")
+        try:
+            v = float(val.strip())
+        except ValueError:
+            continue
+        k = key.strip().lower()
+        name = "eval_loss" if k.endswith("loss value") else "eval_ppl" if k.endswith("ppl") else None
+        metrics.append(metric(key.strip(), v, name or "eval_" + key.strip()))
+    return metrics

@@ -115,6 +115,11 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
                                                 f"{msg[:120]!r}")
     if m is None:
         return None
+    return _run_line(msg)
+
+
+def _run_line(msg: str) -> LineRecord | None:
+    """Checkpoint loads and saves, the first step of a resumed launch, the launch and job-end lines."""
     ld = _LOAD.match(msg)
     if ld:
         step_text = ld.group(1) or (_STEP_DIR.search(ld.group(2) or "") or [None, None])[1]
