@@ -1,0 +1,226 @@
+"""Format-neutral checkpoint tensors: the reader contract and the streaming, parallel statistics reducer.
+
+**The reader contract.** Every checkpoint format module (:mod:`parsers.safetensors_ckpt`,
+:mod:`parsers.torch_ckpt`) has ``FORMAT`` (its name), ``sniff(path) -> bool`` and
+``read(path) -> Loaded``: a :class:`Loaded` holds the saved object with every readable tensor as a
+:class:`TensorRef` (a byte range of the file, nothing read yet), the skips (the file's own first when it
+is damaged), and the ``truncated``/``salvaged`` flags. ``read`` raises :class:`CheckpointError` (the
+message is the skip reason) for a file it cannot read at all, and nothing else; it never reads tensor
+data. :mod:`parsers.checkpoints` works on that contract only.
+
+**The reducer.** :func:`tensor_stats` streams one tensor once in bounded memory and returns its
+statistics (and optionally its distance to the same tensor of an earlier checkpoint). F32, BF16 and F16
+are reduced from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), everything else as
+float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. A tensor of more
+than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by a pool of
+:data:`WORKERS` threads (numpy releases the GIL in its reductions; each worker reads its range with
+``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are reduced from the cache they were
+just copied to) and merged in range order: the result does not depend on the number of workers, and
+memory is one read buffer and one block of scratch per worker (``benchmarks/bench_checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from forensics.model import Skip
+from parsers._tensor_kernels import KINDS, Acc, Moments, Scratch, delta_sq, reduce_bits, small_pattern
+from parsers.tensor_io import (
+    BLOCK,
+    CHUNK_BYTES,
+    ITEMSIZE,
+    CheckpointError,
+    TensorRef,
+    _Converter,
+    _decoder,
+    iter_blocks,
+    iter_raw,
+    read_range,
+)
+
+__all__ = ["BLOCK", "CHUNK_BYTES", "ITEMSIZE", "CheckpointError", "Loaded", "Moments", "TensorRef", "iter_blocks",
+           "iter_raw", "tensor_stats"]
+
+TASK_BYTES = 4 << 20
+"""Bytes of one tensor per worker task (``bench_checkpoint.py``: small enough that a 16 MiB tensor keeps two
+workers busy, large enough that the pool's hand-over, ~50 us, is under 5% of a task)."""
+READ_BYTES = 1 << 20
+"""Bytes per ``preadv`` inside a task: the chunk stays in the core's cache while it is reduced."""
+WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+"""Threads reducing one tensor's ranges (the cores this process may use, at most 4)."""
+
+
+@dataclass
+class Loaded:
+    """What a format reader's ``read`` gives for one checkpoint file (the reader contract).
+
+    Attributes:
+        obj: The saved object with every readable tensor as a :class:`TensorRef` (safetensors: ``{name:
+            ref}`` in data-offset order; torch: the unpickled structure). A tensor whose bytes are missing
+            or cut is left out (a dict key dropped, a list slot ``None``).
+        skipped: When the file is damaged (``truncated`` or ``salvaged``), first one :class:`Skip` for the
+            file itself (``what`` = ``"<path>"`` or ``"<path>:<offset>"``, the reason saying what was read);
+            then one per tensor left out (``what`` = ``"<path>:<where>"``).
+        truncated: The file ends before its format says it does (killed job, full disk): never a
+            checkpoint to resume from.
+        salvaged: The file's index (a zip central directory) was missing or unusable; its tensors were
+            found another way.
+        size: File size in bytes (where a truncated file ends).
+        metadata: String metadata the format stores (safetensors ``__metadata__``), else empty.
+    """
+
+    obj: Any
+    skipped: list[Skip] = field(default_factory=list)
+    truncated: bool = False
+    salvaged: bool = False
+    size: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing was missing, cut or salvaged: the format's own loader would read the file as it is."""
+        return not (self.truncated or self.salvaged or self.skipped)
+
+    @property
+    def damaged(self) -> bool:
+        """``skipped[0]`` is the file's own entry (see :attr:`skipped`)."""
+        return bool(self.truncated or self.salvaged) and bool(self.skipped)
+
+
+def _plain(ref: TensorRef) -> bool:
+    """The tensor's bytes are one contiguous range of the file (no zip inflation, no strided view)."""
+    return ref.member is None and ref.stride is None
+
+
+_POOL: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The worker pool of this process (a forked child makes its own: the parent's threads are not in it)."""
+    pid = os.getpid()
+    if pid not in _POOL:
+        _POOL.clear()
+        _POOL[pid] = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="tensor-stats")
+    return _POOL[pid]
+
+
+_local = threading.local()
+
+
+def _scratch() -> Scratch:
+    s = getattr(_local, "scratch", None)
+    if s is None:
+        s = _local.scratch = Scratch(BLOCK)
+    return s
+
+
+def _fill(fd: int, ref: TensorRef, lo: int, n: int, slot: int, s: Scratch) -> np.ndarray:
+    """Elements ``lo .. lo + n`` of ``ref`` as stored (raw dtype), read into scratch ``slot``."""
+    raw_dt = _decoder(ref.dtype)[0]
+    buf = s.bytes(slot, n * raw_dt.itemsize)
+    if read_range(fd, ref.offset + lo * raw_dt.itemsize, memoryview(buf)[: n * raw_dt.itemsize]) < n * raw_dt.itemsize:
+        raise CheckpointError(f"truncated: tensor {ref.name!r} ends beyond the end of the file")
+    return np.frombuffer(buf, dtype=raw_dt, count=n)
+
+
+def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef | None) -> Acc:
+    """Statistics of elements ``lo .. hi`` of a plain F32/BF16/F16 tensor (and the delta to ``prev``)."""
+    s, acc, kind = _scratch(), Acc(), KINDS[ref.dtype]
+    per_read = max(BLOCK, READ_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
+    fds = [os.open(ref.path, os.O_RDONLY)] + ([os.open(prev.path, os.O_RDONLY)] if prev is not None else [])
+    conv = (_Converter(ref.dtype, BLOCK), _Converter(prev.dtype, BLOCK)) if prev is not None else None
+    try:
+        for i in range(lo, hi, per_read):
+            n = min(per_read, hi - i)
+            raw = _fill(fds[0], ref, i, n, 0, s)
+            theirs = _fill(fds[1], prev, i, n, 1, s) if prev is not None else None
+            bits = raw.view(kind.uint)
+            for j in range(0, n, BLOCK):
+                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small)
+                if conv is not None and theirs is not None:
+                    acc.delta_sq += delta_sq(conv[0](raw[j:j + BLOCK]), conv[1](theirs[j:j + BLOCK]), s)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return acc
+
+
+def _bits_stats(ref: TensorRef, small: int | None, prev: TensorRef | None) -> Acc:
+    """Statistics of an F32/BF16/F16 tensor: in parallel ranges when its bytes lie plainly in a file."""
+    if _plain(ref) and (prev is None or _plain(prev)):
+        per_task = max(BLOCK, TASK_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
+        ranges = [(lo, min(lo + per_task, ref.numel)) for lo in range(0, ref.numel, per_task)]
+        if len(ranges) <= 1 or WORKERS == 1:
+            parts = [_task(ref, lo, hi, small, prev) for lo, hi in ranges]
+        else:
+            parts = list(_pool().map(lambda r: _task(ref, r[0], r[1], small, prev), ranges))
+        acc = Acc()
+        for p in parts:
+            acc.merge(p)
+        return acc
+    s, acc = _scratch(), Acc()  # a compressed member or a strided view: one sequential stream
+    theirs = iter_blocks(prev) if prev is not None else None
+    conv = _Converter(ref.dtype, BLOCK)
+    for raw in iter_raw(ref):  # chunks are whole multiples of BLOCK: aligned with prev's blocks
+        bits = raw.view(KINDS[ref.dtype].uint)
+        for j in range(0, raw.shape[0], BLOCK):
+            reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small)
+            if theirs is not None:
+                acc.delta_sq += delta_sq(conv(raw[j:j + BLOCK]), next(theirs), s)
+    if theirs is not None:
+        theirs.close()
+    return acc
+
+
+def _float_stats(ref: TensorRef, small_below: float | None, prev: TensorRef | None) -> tuple[Moments, float]:
+    """Statistics of any other dtype over float blocks (:class:`Moments`), and the delta to ``prev``."""
+    m, dsq, s = Moments(small_below), 0.0, _scratch()
+    theirs = iter_blocks(prev) if prev is not None else None
+    for b in iter_blocks(ref):
+        m.add(b)
+        if theirs is not None:
+            dsq += delta_sq(b, next(theirs), s)
+    if theirs is not None:
+        theirs.close()
+    return m, dsq
+
+
+def tensor_stats(ref: TensorRef, small_below: float | None = None, prev: TensorRef | None = None) -> dict[str, Any]:
+    """Statistics of one tensor, streamed once in bounded memory, and optionally its distance to another.
+
+    Args:
+        ref: The tensor.
+        small_below: For Adam second moments: also count ``0 < v <= small_below`` (compared exactly).
+        prev: The same tensor in an earlier checkpoint (same ``numel``, any dtype): also return
+            ``||ref - prev||^2``, in the same pass over ``ref``.
+
+    Returns:
+        ``{"numel", "l2", "rms", "max_abs", "n_nan", "n_inf", "n_zero"}`` (``l2``, ``rms`` and ``max_abs``
+        over the finite values; float64 sums) plus ``n_small``/``n_pos`` when ``small_below`` is given and
+        ``delta_sq`` (float64; NaN/inf when either tensor holds them) when ``prev`` is given.
+
+    Raises:
+        CheckpointError: Unsupported dtype, a strided view too large to materialise, the file ends before
+            the tensor does (truncated), or ``prev`` has another number of elements.
+    """
+    if prev is not None and prev.numel != ref.numel:
+        raise CheckpointError(f"tensor {ref.name!r}: {ref.numel} elements, the earlier one {prev.numel}")
+    if ref.dtype in KINDS:
+        small = small_pattern(ref.dtype, small_below) if small_below is not None else None
+        acc = _bits_stats(ref, small, prev)
+        out = acc.result(ref.dtype)
+        counts, dsq = (acc.n_small, acc.n_pos), acc.delta_sq
+    else:
+        m, dsq = _float_stats(ref, small_below, prev)
+        out, counts = m.result(), (m.n_small, m.n_pos)
+    if small_below is not None:
+        out.update(n_small=counts[0], n_pos=counts[1])
+    if prev is not None:
+        out["delta_sq"] = dsq
+    return out
