@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forensics.model import Skip
-from parsers.file_policy import is_readable_file
+from parsers.ckpt_layouts import read_index
 from parsers.tensors import ITEMSIZE, CheckpointError, Loaded, TensorRef, iter_blocks, tensor_stats
 
 __all__ = ["FORMAT", "ITEMSIZE", "MAX_HEADER_SIZE", "CheckpointError", "Header", "Loaded", "TensorRef", "iter_blocks",
@@ -88,6 +88,30 @@ def parse_header(path: str | Path) -> Header:
     """
     path = str(path)
     size = os.path.getsize(path)
+    n, obj = _header_json(path, size)
+    meta = obj.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        meta = {}
+    start, buf_len = 8 + n, size - 8 - n
+    entries = _entries(obj, buf_len)
+    declared = max((e for _, e, *_ in entries), default=0)
+    refs, skipped, cut = [], [], []
+    for b, end, name, dtype, shape in entries:
+        if end > buf_len:
+            cut.append(name)
+            skipped.append(Skip(f"{path}:{name}", f"truncated: tensor cut, its data [{start + b}, {start + end}) "
+                                f"runs past the end of the file at byte {size} (the header declares "
+                                f"{start + declared} bytes)"))
+        elif dtype not in ITEMSIZE:
+            skipped.append(Skip(f"{path}:{name}", f"dtype {dtype} not decoded (complex or sub-byte)"))
+        else:
+            refs.append(TensorRef(path=path, name=name, dtype=dtype, shape=shape, offset=start + b))
+    return Header(tensors=refs, metadata={str(k): str(v) for k, v in meta.items()}, skipped=skipped,
+                  file_bytes=size, declared_bytes=max(size, start + declared), cut=tuple(cut))
+
+
+def _header_json(path: str, size: int) -> tuple[int, dict]:
+    """The header length ``N`` and the header's JSON object, checked before anything larger is read."""
     with open(path, "rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
@@ -108,11 +132,15 @@ def parse_header(path: str | Path) -> Header:
         raise CheckpointError(f"header is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise CheckpointError("header is not a JSON object")
-    meta = obj.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict):
-        meta = {}
-    start, buf_len = 8 + n, size - 8 - n
-    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []  # begin, end, name, dtype, shape
+    return n, obj
+
+
+def _entries(obj: dict, buf_len: int) -> list[tuple[int, int, str, str, tuple[int, ...]]]:
+    """``(begin, end, name, dtype, shape)`` of every tensor entry, sorted by offset, checked against each other.
+
+    Offsets past ``buf_len`` are accepted only when the tensors tile ``[0, declared)`` without holes (a cut file).
+    """
+    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
     for name, e in obj.items():
         try:
             dtype, shape, (b, end) = e["dtype"], e["shape"], e["data_offsets"]
@@ -131,27 +159,14 @@ def parse_header(path: str | Path) -> Header:
     for (_, e0, n0, *_), (b1, _, n1, *_) in zip(entries, entries[1:], strict=False):
         if b1 < e0:
             raise CheckpointError(f"tensors {n0!r} and {n1!r} overlap in the data buffer")
-    declared = max((e for _, e, *_ in entries), default=0)
-    if declared > buf_len:  # explained by a truncation only if the tensors tile [0, declared) as written
+    if max((e for _, e, *_ in entries), default=0) > buf_len:  # a truncation only if they tile [0, declared)
         pos = 0
         for b, e, name, *_ in entries:
             if b != pos:
                 raise CheckpointError(f"corrupt: tensor {name!r} at bytes [{b}, {e}) of a data buffer that holds "
                                       f"{buf_len} bytes, after a hole at {pos} (not a truncated file)")
             pos = e
-    refs, skipped, cut = [], [], []
-    for b, end, name, dtype, shape in entries:
-        if end > buf_len:
-            cut.append(name)
-            skipped.append(Skip(f"{path}:{name}", f"truncated: tensor cut, its data [{start + b}, {start + end}) "
-                                f"runs past the end of the file at byte {size} (the header declares "
-                                f"{start + declared} bytes)"))
-        elif dtype not in ITEMSIZE:
-            skipped.append(Skip(f"{path}:{name}", f"dtype {dtype} not decoded (complex or sub-byte)"))
-        else:
-            refs.append(TensorRef(path=path, name=name, dtype=dtype, shape=shape, offset=start + b))
-    return Header(tensors=refs, metadata={str(k): str(v) for k, v in meta.items()}, skipped=skipped,
-                  file_bytes=size, declared_bytes=max(size, start + declared), cut=tuple(cut))
+    return entries
 
 
 def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str], list[Skip]]:
@@ -169,34 +184,6 @@ def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str], list
     """
     h = parse_header(path)
     return h.tensors, h.metadata, h.skipped
-
-
-def read_index(index: str | Path) -> tuple[dict[str, str], list[str]]:
-    """A sharded checkpoint's index (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``).
-
-    Args:
-        index: The index file.
-
-    Returns:
-        ``(weight_map, missing)``: tensor name -> shard file name, and the shard files the index
-        lists that are not in its folder.
-
-    Raises:
-        CheckpointError: The index is not JSON or has no ``weight_map``.
-    """
-    index = Path(index)
-    try:
-        obj = json.loads(index.read_text(encoding="utf-8"))
-        wmap = {str(k): str(v) for k, v in obj["weight_map"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"unreadable index: {type(exc).__name__}: {exc}") from None
-    # a shard is a file name in the index's folder: a name with a path in it ("../../etc/passwd") is never
-    # looked up (that would tell which paths outside the run exist) and counts as missing
-    shards = set(wmap.values())
-    missing = sorted(s for s in shards if "/" in s or "\\" in s or s in ("", ".", "..")
-                     or not is_readable_file(index.parent / s))
-    return wmap, missing
-
 
 
 def read(path: str | Path) -> Loaded:

@@ -6,6 +6,7 @@ Format-neutral: works on any object whose tensors are :class:`parsers.tensors.Te
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,3 +126,86 @@ def optimizer_tensors(opt: dict[str, Any]) -> Iterator[tuple[int, str, TensorRef
             if isinstance(v, TensorRef) and key != "step":
                 yield int(idx) if isinstance(idx, int) else -1, str(key), v
 
+
+def _map_params(opt: dict[str, Any], params: list[tuple[str, TensorRef]], ordered: bool) -> tuple[dict[int, str], str]:
+    """Optimizer param index -> parameter name, and how (``param_names``, ``order``, ``unique_shape``, ``none``)."""
+    groups = [g for g in opt["param_groups"] if isinstance(g, dict)]
+    ids = [i for g in groups for i in (g.get("params") or [])]
+    names: dict[int, str] = {}
+    for g in groups:
+        pn, gi = g.get("param_names"), g.get("params")
+        if isinstance(pn, list) and isinstance(gi, list) and len(pn) == len(gi):
+            names.update({int(i): str(n) for i, n in zip(gi, pn, strict=True)})
+    if ids and len(names) == len(ids):
+        return names, "param_names"
+    shapes = {i: r.shape for i, k, r in optimizer_tensors(opt) if k in ("exp_avg", "exp_avg_sq")}
+    if ordered and len(groups) == 1 and params:
+        k, out = 0, {}
+        for i in ids:  # model.parameters() order is the state-dict order with buffers interleaved
+            while k < len(params) and i in shapes and params[k][1].shape != shapes[i]:
+                k += 1
+            if k == len(params):
+                break
+            out[i], k = params[k][0], k + 1
+        if len(out) == len(ids):
+            return out, "order"
+    by_shape = Counter(r.shape for _, r in params)
+    opt_shape = Counter(shapes.values())
+    first = {r.shape: n for n, r in params}
+    out = {i: first[s] for i, s in shapes.items() if by_shape[s] == 1 and opt_shape[s] == 1}
+    return out, "unique_shape" if out else "none"
+
+
+def _group_of(opt: dict[str, Any], idx: int) -> dict[str, Any]:
+    for g in opt["param_groups"]:
+        if isinstance(g, dict) and idx in (g.get("params") or []):
+            return g
+    return {}
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with anything but numbers, strings, booleans, None and lists of them as ``str`` (for meta)."""
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x if isinstance(x, (int, float, str, bool)) or x is None else str(x)
+
+
+
+Entry = tuple[str, str, TensorRef, float | None]
+"""A tensor to read: ``(name, role, ref, small_below)``."""
+
+
+def optimizer_entries(opt: dict[str, Any], n_opt: int, params: list[tuple[str, TensorRef]],
+                      ordered: bool) -> tuple[dict[str, Any], list[float], list[Entry]]:
+    """One optimizer state dict's summary, its steps and its tensors, named after their parameters.
+
+    Args:
+        opt: An optimizer state dict as :func:`classify` finds it (``state``, ``param_groups``).
+        n_opt: Its index among the checkpoint's optimizers (names of the second on get ``opt<n>.``).
+        params: The model's ``(name, ref)`` in saved order (or any order when ``ordered`` is False).
+        ordered: ``params`` are in the order ``model.parameters()`` gave them (a torch state dict).
+
+    Returns:
+        ``({"step", "param_names", "param_groups"}, steps, [(name, role, ref, small_below)])``: the role is
+        ``exp_avg``, ``exp_avg_sq`` or ``other`` (then the name ends in ``:<state key>``); ``small_below``
+        is the Adam-epsilon threshold on ``v`` for ``exp_avg_sq`` (``(10 eps)^2 (1 - beta2^t)``), else None.
+    """
+    names, how = _map_params(opt, params, ordered)
+    steps = [scalar(st.get("step")) for st in list(opt["state"].values())[:2048] if isinstance(st, dict)]
+    steps = [s for s in steps if s is not None]
+    groups = [{k: jsonable(g.get(k)) for k in ("lr", "betas", "eps", "weight_decay") if k in g}
+              | {"n_params": len(g.get("params") or [])} for g in opt["param_groups"] if isinstance(g, dict)]
+    summary = {"step": int(max(steps)) if steps else None, "param_names": how, "param_groups": groups[:16]}
+    out: list[Entry] = []
+    for idx, key, ref in optimizer_tensors(opt):
+        base = names.get(idx, f"param{idx}") if n_opt == 0 else f"opt{n_opt}.{names.get(idx, f'param{idx}')}"
+        role = OPTIM_ROLES.get(key, "other")
+        small = None
+        if role == "exp_avg_sq":
+            g = _group_of(opt, idx)
+            eps = float(g.get("eps", 1e-8) or 1e-8)
+            beta2 = float((g.get("betas") or (0.9, 0.999))[1])
+            t = scalar(opt["state"][idx].get("step")) if idx in opt["state"] else None
+            small = (10 * eps) ** 2 * ((1 - beta2 ** t) if t else 1.0)
+        out.append((base if role != "other" else f"{base}:{key}", role, ref, small))
+    return summary, steps, out

@@ -126,7 +126,8 @@ def test_truncated_and_hostile_safetensors_are_skips(tmp_path: Path) -> None:
     tensors, updates, meta, skipped = read_checkpoints(bad, "bad")
     assert set(tensors.get_column("tensor")) == {r.name for r in h.tensors} and updates.height == 0
     refused = {f"{k}.safetensors" for k in ("header_cut", "offsets", "hole", "huge", "overlap")}
-    assert {s.what for s in skipped} == refused | {f"truncated.safetensors:{r.name}" for r in lost}
+    assert {s.what for s in skipped} == refused | {f"truncated.safetensors:{r.name}" for r in lost} | {
+        "truncated.safetensors"}  # the cut file itself, first (the reader contract), then its cut tensors
     assert meta[0]["complete"] is False and meta[0]["truncated"] is True
     assert any(p.startswith("truncated.safetensors: truncated at byte") for p in meta[0]["problems"])
 
@@ -429,7 +430,8 @@ def test_truncated_checkpoint_is_never_the_resume_point(tmp_path: Path) -> None:
     by = {m["step"]: m for m in meta}
     assert by[10]["complete"] and by[30]["complete"] and "truncated" not in by[30]
     assert by[20]["complete"] is False and by[20]["truncated"] is True
-    assert {s.what for s in skipped} == {f"ckpt/step_20/model.safetensors:{n}" for n in lost}
+    assert {s.what for s in skipped} == {f"ckpt/step_20/model.safetensors:{n}" for n in lost} | {
+        "ckpt/step_20/model.safetensors"}
     assert tensors.filter(pl.col("step") == 20).height == 4 - len(lost) > 0
     pairs = {(r["step_from"], r["step_to"], r["tensor"]) for r in updates.iter_rows(named=True)}
     assert {(a, b) for a, b, _ in pairs} == {(10, 20), (10, 30)}  # step 30 is compared with the whole step 10
