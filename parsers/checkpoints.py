@@ -38,7 +38,7 @@ from forensics.model import Skip
 from forensics.schema import TENSORS_SCHEMA, UPDATES_SCHEMA
 from parsers import ckpt_layouts, file_policy, safetensors_ckpt, torch_ckpt
 from parsers.state_dict import classify, jsonable, optimizer_entries
-from parsers.tensors import CheckpointError, TensorRef, tensor_stats
+from parsers.tensors import CheckpointError, TensorRef, stats_many
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".distcp")
 _STEP = re.compile(r"(?:^|[^a-z])(?:global_step|checkpoint|ckpt|step|iter(?:ation)?)[-_=]?(\d+)(?![0-9a-z])", re.I)
@@ -241,12 +241,6 @@ def _layer(name: str) -> str | None:
     return None
 
 
-def _stream(ref: TensorRef, prev: TensorRef | None, small: float | None) -> tuple[dict[str, Any], float | None]:
-    """Statistics of ``ref`` and, when ``prev`` is given, ``||ref - prev||^2`` in the same pass."""
-    st = tensor_stats(ref, small, prev if prev is not None and prev.numel == ref.numel else None)
-    return st, st.pop("delta_sq", None)
-
-
 @dataclass
 class _Base:
     """The checkpoint the next one's updates are measured from (its parameters with their norms)."""
@@ -266,14 +260,15 @@ def _stream_unit(u: _Unit, run_name: str, base: _Base, rows: list[dict[str, Any]
     cur: dict[str, tuple[TensorRef, float]] = {}
     finite, eps_rows = True, []
     newer = u.step is not None and base.step is not None and base.step < u.step
-    for name, role, ref, small in u.tensors:
-        p = base.tensors.get(name) if role == "param" and newer else None
-        try:
-            st, dsq = _stream(ref, p[0] if p else None, small)
-        except (CheckpointError, OSError, ValueError) as exc:
-            skipped.append(Skip(f"{u.rel}:{name}", f"tensor not read: {exc}"))
+    prevs = [base.tensors.get(name) if role == "param" and newer else None for name, role, _, _ in u.tensors]
+    results = stats_many([(ref, small, p[0] if p is not None and p[0].numel == ref.numel else None)
+                          for (_, _, ref, small), p in zip(u.tensors, prevs, strict=True)])
+    for (name, role, ref, small), p, st in zip(u.tensors, prevs, results, strict=True):
+        if isinstance(st, Exception):
+            skipped.append(Skip(f"{u.rel}:{name}", f"tensor not read: {st}"))
             u.info["complete"] = False
             continue
+        dsq = st.pop("delta_sq", None)
         finite = finite and st["n_nan"] + st["n_inf"] == 0
         rows.append({"run": run_name, "step": u.step, "checkpoint": u.rel, "tensor": name, "role": role,
                      "dtype": ref.dtype, "shape": list(ref.shape), **{k: st[k] for k in (

@@ -44,8 +44,8 @@ from parsers.tensor_io import (
     read_range,
 )
 
-__all__ = ["BLOCK", "CHUNK_BYTES", "ITEMSIZE", "CheckpointError", "Loaded", "Moments", "TensorRef", "iter_blocks",
-           "iter_raw", "tensor_stats"]
+__all__ = ["BLOCK", "CHUNK_BYTES", "ITEMSIZE", "CheckpointError", "Job", "Loaded", "Moments", "TensorRef",
+           "iter_blocks", "iter_raw", "stats_many", "tensor_stats"]
 
 TASK_BYTES = 4 << 20
 """Bytes of one tensor per worker task (``bench_checkpoint.py``: small enough that a 16 MiB tensor keeps two
@@ -151,20 +151,9 @@ def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef |
     return acc
 
 
-def _bits_stats(ref: TensorRef, small: int | None, prev: TensorRef | None) -> Acc:
-    """Statistics of an F32/BF16/F16 tensor: in parallel ranges when its bytes lie plainly in a file."""
-    if _plain(ref) and (prev is None or _plain(prev)):
-        per_task = max(BLOCK, TASK_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
-        ranges = [(lo, min(lo + per_task, ref.numel)) for lo in range(0, ref.numel, per_task)]
-        if len(ranges) <= 1 or WORKERS == 1:
-            parts = [_task(ref, lo, hi, small, prev) for lo, hi in ranges]
-        else:
-            parts = list(_pool().map(lambda r: _task(ref, r[0], r[1], small, prev), ranges))
-        acc = Acc()
-        for p in parts:
-            acc.merge(p)
-        return acc
-    s, acc = _scratch(), Acc()  # a compressed member or a strided view: one sequential stream
+def _stream_bits(ref: TensorRef, small: int | None, prev: TensorRef | None) -> Acc:
+    """An F32/BF16/F16 tensor that is a compressed member or a strided view: one sequential stream."""
+    s, acc = _scratch(), Acc()
     theirs = iter_blocks(prev) if prev is not None else None
     conv = _Converter(ref.dtype, BLOCK)
     for raw in iter_raw(ref):  # chunks are whole multiples of BLOCK: aligned with prev's blocks
@@ -178,8 +167,8 @@ def _bits_stats(ref: TensorRef, small: int | None, prev: TensorRef | None) -> Ac
     return acc
 
 
-def _float_stats(ref: TensorRef, small_below: float | None, prev: TensorRef | None) -> tuple[Moments, float]:
-    """Statistics of any other dtype over float blocks (:class:`Moments`), and the delta to ``prev``."""
+def _float_stats(ref: TensorRef, small_below: float | None, prev: TensorRef | None) -> dict[str, Any]:
+    """Statistics of any other dtype over float blocks (:class:`Moments`), with the delta to ``prev``."""
     m, dsq, s = Moments(small_below), 0.0, _scratch()
     theirs = iter_blocks(prev) if prev is not None else None
     for b in iter_blocks(ref):
@@ -188,11 +177,90 @@ def _float_stats(ref: TensorRef, small_below: float | None, prev: TensorRef | No
             dsq += delta_sq(b, next(theirs), s)
     if theirs is not None:
         theirs.close()
-    return m, dsq
+    out = m.result()
+    if small_below is not None:
+        out.update(n_small=m.n_small, n_pos=m.n_pos)
+    if prev is not None:
+        out["delta_sq"] = dsq
+    return out
+
+
+Job = tuple[TensorRef, "float | None", "TensorRef | None"]
+"""One tensor to reduce: ``(ref, small_below, prev)`` as the arguments of :func:`tensor_stats`."""
+
+
+def _tasks(job: Job) -> list[Any]:
+    """The pieces of work of one job: ranges of a plain F32/BF16/F16 tensor, else the whole tensor."""
+    ref, small_below, prev = job
+    if prev is not None and prev.numel != ref.numel:
+        raise CheckpointError(f"tensor {ref.name!r}: {ref.numel} elements, the earlier one {prev.numel}")
+    if ref.dtype not in KINDS:
+        return [lambda: _float_stats(ref, small_below, prev)]
+    small = small_pattern(ref.dtype, small_below) if small_below is not None else None
+    if not (_plain(ref) and (prev is None or _plain(prev))):
+        return [lambda: _stream_bits(ref, small, prev)]
+    per_task = max(BLOCK, TASK_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
+    return [(lambda lo=lo: _task(ref, lo, min(lo + per_task, ref.numel), small, prev))
+            for lo in range(0, ref.numel, per_task)]
+
+
+def _run(task: Any) -> Any:
+    try:
+        return task()
+    except (CheckpointError, OSError, ValueError) as exc:
+        return exc
+
+
+def _finish(job: Job, parts: list[Any]) -> dict[str, Any] | Exception:
+    """One job's result from its tasks' (in order): the statistics, or the first error."""
+    ref, small_below, prev = job
+    if any(isinstance(p, Exception) for p in parts):
+        return next(p for p in parts if isinstance(p, Exception))
+    if parts and isinstance(parts[0], dict):
+        return parts[0]
+    acc = Acc()
+    for p in parts:
+        acc.merge(p)
+    out = acc.result(ref.dtype)
+    if small_below is not None:
+        out.update(n_small=acc.n_small, n_pos=acc.n_pos)
+    if prev is not None:
+        out["delta_sq"] = acc.delta_sq
+    return out
+
+
+def stats_many(jobs: list[Job]) -> list[dict[str, Any] | Exception]:
+    """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` threads.
+
+    A tensor of more than :data:`TASK_BYTES` lying plainly in a file is cut into ranges; every other
+    tensor is one piece; the pieces of all jobs go to the pool together (so many small tensors keep every
+    core busy too) and each job's are merged in range order. Memory: one read buffer and one block of
+    scratch per worker, and the small per-piece results.
+
+    Args:
+        jobs: ``(ref, small_below, prev)`` per tensor.
+
+    Returns:
+        Per job, in order, what :func:`tensor_stats` returns, or the :class:`CheckpointError`
+        (``OSError``, ``ValueError``) it would raise.
+    """
+    pieces: list[list[Any] | Exception] = []
+    for job in jobs:
+        try:
+            pieces.append(_tasks(job))
+        except CheckpointError as exc:
+            pieces.append(exc)
+    flat = [t for p in pieces if not isinstance(p, Exception) for t in p]
+    done = iter(list(_pool().map(_run, flat)) if len(flat) > 1 and WORKERS > 1 else [_run(t) for t in flat])
+    return [p if isinstance(p, Exception) else _finish(job, [next(done) for _ in p])
+            for job, p in zip(jobs, pieces, strict=True)]
 
 
 def tensor_stats(ref: TensorRef, small_below: float | None = None, prev: TensorRef | None = None) -> dict[str, Any]:
     """Statistics of one tensor, streamed once in bounded memory, and optionally its distance to another.
+
+    F32/BF16/F16 from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), other dtypes as
+    float blocks (:class:`Moments`); a large tensor in parallel ranges (:func:`stats_many`).
 
     Args:
         ref: The tensor.
@@ -209,18 +277,7 @@ def tensor_stats(ref: TensorRef, small_below: float | None = None, prev: TensorR
         CheckpointError: Unsupported dtype, a strided view too large to materialise, the file ends before
             the tensor does (truncated), or ``prev`` has another number of elements.
     """
-    if prev is not None and prev.numel != ref.numel:
-        raise CheckpointError(f"tensor {ref.name!r}: {ref.numel} elements, the earlier one {prev.numel}")
-    if ref.dtype in KINDS:
-        small = small_pattern(ref.dtype, small_below) if small_below is not None else None
-        acc = _bits_stats(ref, small, prev)
-        out = acc.result(ref.dtype)
-        counts, dsq = (acc.n_small, acc.n_pos), acc.delta_sq
-    else:
-        m, dsq = _float_stats(ref, small_below, prev)
-        out, counts = m.result(), (m.n_small, m.n_pos)
-    if small_below is not None:
-        out.update(n_small=counts[0], n_pos=counts[1])
-    if prev is not None:
-        out["delta_sq"] = dsq
+    (out,) = stats_many([(ref, small_below, prev)])
+    if isinstance(out, Exception):
+        raise out
     return out

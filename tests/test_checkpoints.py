@@ -584,3 +584,33 @@ def test_recovery_says_why_no_checkpoint_qualifies() -> None:
     assert p is not None and p.resume_from["checkpoint"] is None
     assert "no checkpoint before the onset 250 qualifies" in p.resume_from["why"]
     assert "step 100 has 1 of 1 tensors non-finite" in p.resume_from["why"]
+
+
+def test_stats_many_equals_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many tensors at once (pieces of all of them in one pool) give what tensor_stats gives one by one.
+
+    Mixed dtypes and sizes (ranges of a large tensor, whole small ones, integers by the float path), an
+    earlier tensor for the update norm, and a tensor the file's end cuts: that one is an error in its
+    place, the others are unaffected.
+    """
+    monkeypatch.setattr(tensors, "TASK_BYTES", 2 * tensors.BLOCK)
+    monkeypatch.setattr(tensors, "WORKERS", 2)
+    tensors._POOL.clear()
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(6 * tensors.BLOCK + 5).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    _write_st(path, {"big": ("F32", big), "half": ("F16", big.astype(np.float16)), "ids": ("I64", np.arange(9)),
+                     "small": ("F32", big[:100].copy()), "last": ("F32", big[:5000].copy())})
+    refs = sc.read(path).obj
+    cut = sc.TensorRef(str(path), "cut", "F32", (1 << 20,), refs["last"].offset)  # runs past the end of the file
+    jobs = [(refs["big"], None, None), (refs["half"], 1e-3, refs["big"]), (cut, None, None), (refs["ids"], None, None),
+            (refs["small"], 0.5, None), (refs["last"], None, refs["last"])]
+    got = tensors.stats_many(jobs)
+    assert isinstance(got[2], sc.CheckpointError) and "truncated" in str(got[2])
+    for job, st in zip(jobs, got, strict=True):
+        if job[0] is not cut:
+            assert st == sc.tensor_stats(*job), job[0].name
+    assert got[1]["delta_sq"] == pytest.approx(float(np.sum((big.astype(np.float16).astype(np.float64) - big) ** 2)),
+                                               rel=1e-12)
+    assert got[5]["delta_sq"] == 0.0
+    tensors._POOL.clear()
