@@ -9,7 +9,7 @@ with ``refused: pickle wants to import os.system`` and nothing runs (docs/format
 unpickle untrusted data"; torch's own ``weights_only=True`` is the same idea with a larger list).
 
 The C unpickler never sees bytes that were not bounded first: the opcodes are scanned in pure Python
-(:func:`_prescan`: every memo index below the opcode count and :data:`MAX_MEMO`, so a 10-byte memo bomb
+(:func:`prescan`: every memo index below the opcode count and :data:`MAX_MEMO`, so a 10-byte memo bomb
 cannot make it allocate gigabytes), and the object it returns may expand to at most :func:`max_nodes`
 nodes (relative to the pickle's size) once shared references are walked path by path, counted memoised
 by object identity. :func:`resolve` turns the rebuild records into :class:`parsers.tensors.TensorRef`
@@ -49,7 +49,9 @@ _DTYPES = {"float32": "F32", "float": "F32", "float64": "F64", "double": "F64", 
 
 
 @dataclass(frozen=True)
-class _Storage:
+class Storage:
+    """A storage the pickle names: its key (the zip member ``data/<key>``), dtype and element count."""
+
     key: str
     dtype: str | None  # None: UntypedStorage (bytes), the dtype comes with _rebuild_tensor_v3
     numel: int
@@ -65,16 +67,16 @@ class _Tensor:
 
     __slots__ = ("storage", "offset", "shape", "stride", "dtype")
 
-    def __init__(self, storage: _Storage, offset: int, shape: tuple, stride: tuple, dtype: str | None) -> None:
+    def __init__(self, storage: Storage, offset: int, shape: tuple, stride: tuple, dtype: str | None) -> None:
         self.storage, self.offset, self.shape, self.stride = storage, int(offset), tuple(shape), tuple(stride)
         self.dtype = dtype or storage.dtype
 
 
-def _rebuild_v2(storage: _Storage, offset: int, size: tuple, stride: tuple, *_: Any) -> _Tensor:
+def _rebuild_v2(storage: Storage, offset: int, size: tuple, stride: tuple, *_: Any) -> _Tensor:
     return _Tensor(storage, offset, size, stride, None)
 
 
-def _rebuild_v3(storage: _Storage, offset: int, size: tuple, stride: tuple, _rg: Any, _hooks: Any,
+def _rebuild_v3(storage: Storage, offset: int, size: tuple, stride: tuple, _rg: Any, _hooks: Any,
                 dtype: _DType, *_: Any) -> _Tensor:
     return _Tensor(storage, offset, size, stride, dtype.code if isinstance(dtype, _DType) else None)
 
@@ -116,7 +118,7 @@ class Unpickler(pickle.Unpickler):
 
     def __init__(self, file: Any) -> None:
         super().__init__(file)
-        self.storages: dict[str, _Storage] = {}
+        self.storages: dict[str, Storage] = {}
         """Every storage the pickle named, by key (their byte sizes locate a cut file's members)."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -130,17 +132,17 @@ class Unpickler(pickle.Unpickler):
         raise CheckpointError(f"refused: pickle wants to import {module}.{name} (not a tensor or container; "
                               "nothing was run)")
 
-    def persistent_load(self, pid: Any) -> _Storage:
+    def persistent_load(self, pid: Any) -> Storage:
         """``('storage', <storage type>, key, location, numel)`` -> a storage record."""
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
                 and isinstance(pid[1], _StorageType) and isinstance(pid[4], int)):
             raise CheckpointError(f"refused: unknown persistent id {str(pid)[:80]}")
-        st = _Storage(str(pid[2]), pid[1].dtype, int(pid[4]))
+        st = Storage(str(pid[2]), pid[1].dtype, int(pid[4]))
         self.storages.setdefault(st.key, st)
         return st
 
 
-class _Missing(Exception):
+class Missing(Exception):
     """A storage is not (completely) in the file: its tensors are left out, not the file."""
 
 
@@ -148,7 +150,7 @@ class _Missing(Exception):
 _MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def _prescan(raw: bytes) -> int:
+def prescan(raw: bytes) -> int:
     """Check a pickle's opcodes before the C unpickler sees them; the byte length of the first pickle.
 
     The C unpickler sizes its memo by the largest index a ``PUT`` names (``LONG_BINPUT 2**29`` in a
@@ -182,10 +184,10 @@ def max_nodes(pickle_bytes: int) -> int:
     return max(MIN_NODES, 4 * pickle_bytes)
 
 
-def _unpickle(raw: bytes) -> tuple[Any, dict[str, _Storage]]:
+def unpickle(raw: bytes) -> tuple[Any, dict[str, Storage]]:
     """Unpickle ``data.pkl`` with the allowlist; the object and its storages by key.
 
-    Bounded (issue 16): opcodes are scanned first (:func:`_prescan`), and the result may expand to
+    Bounded (issue 16): opcodes are scanned first (:func:`prescan`), and the result may expand to
     at most :func:`max_nodes` nodes once shared references are walked path by path (counted
     memoised by identity: linear).
 
@@ -193,7 +195,7 @@ def _unpickle(raw: bytes) -> tuple[Any, dict[str, _Storage]]:
         CheckpointError: A refused global or persistent id, a memo bomb, a structure that expands past
             the node limit, or a malformed (e.g. cut) pickle.
     """
-    _prescan(raw)
+    prescan(raw)
     unp = Unpickler(io.BytesIO(raw))
     try:
         obj = unp.load()
@@ -201,30 +203,37 @@ def _unpickle(raw: bytes) -> tuple[Any, dict[str, _Storage]]:
         raise
     except Exception as exc:  # noqa: BLE001 - a malformed pickle is a skip, never a crash
         raise CheckpointError(f"malformed pickle: {type(exc).__name__}: {exc}") from None
-    _bounded(obj, len(raw))
+    bounded(obj, len(raw))
     return obj, unp.storages
 
 
-def _bounded(obj: Any, nbytes: int) -> None:
+def bounded(obj: Any, nbytes: int) -> None:
+    """Refuse an unpickled object that expands past :func:`max_nodes` of its pickle's size.
+
+    Raises:
+        CheckpointError: Too many nodes once shared references are walked, or nested too deep.
+    """
     try:
         expanded_size(obj, max_nodes(nbytes), 64)
     except TooLarge as exc:
         raise CheckpointError(f"refused: pickle structure {exc} from {nbytes} bytes of pickle") from None
 
 
-def _nbytes(s: _Storage) -> int:
+def storage_bytes(s: Storage) -> int:
+    """Byte size of a storage (``numel * itemsize``; bytes for an untyped storage)."""
     return s.numel * (ITEMSIZE.get(s.dtype, 0) if s.dtype else 1)
 
 
-def _count_tensors(obj: Any, depth: int = 0) -> int:
+def count_tensors(obj: Any, depth: int = 0) -> int:
+    """Tensor records in an unpickled object (shared ones counted per path; at most 64 levels deep)."""
     if depth > 64:
         return 0
     if isinstance(obj, _Tensor):
         return 1
     if isinstance(obj, dict):
-        return sum(_count_tensors(v, depth + 1) for v in obj.values())
+        return sum(count_tensors(v, depth + 1) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_count_tensors(v, depth + 1) for v in obj)
+        return sum(count_tensors(v, depth + 1) for v in obj)
     return 0
 
 
@@ -232,7 +241,7 @@ def _count_tensors(obj: Any, depth: int = 0) -> int:
 _DROP = object()
 
 
-def _resolve(obj: Any, path: str, locate: Any, depth: int, where: str, lost: list[Skip], at: int,
+def resolve(obj: Any, path: str, locate: Any, depth: int, where: str, lost: list[Skip], at: int,
              memo: dict[int, Any]) -> Any:
     """Replace tensors by refs; a tensor whose storage is missing or cut becomes ``_DROP`` (and a Skip).
 
@@ -254,18 +263,18 @@ def _resolve_one(obj: Any, path: str, locate: Any, depth: int, where: str, lost:
     if isinstance(obj, _Tensor):
         try:
             return _to_ref(obj, path, locate)
-        except _Missing as exc:
+        except Missing as exc:
             lost.append(Skip(f"{path}:{at}", f"tensor {where or '<root>'} not read: {exc}"))
             return _DROP
     if isinstance(obj, dict):
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for k, v in obj.items():
-            r = _resolve(v, path, locate, depth + 1, f"{where}.{k}" if where else str(k), lost, at, memo)
+            r = resolve(v, path, locate, depth + 1, f"{where}.{k}" if where else str(k), lost, at, memo)
             if r is not _DROP:
                 out[k] = r
         return out
     if isinstance(obj, (list, tuple)):
-        vals = [_resolve(v, path, locate, depth + 1, f"{where}[{i}]", lost, at, memo) for i, v in enumerate(obj)]
+        vals = [resolve(v, path, locate, depth + 1, f"{where}[{i}]", lost, at, memo) for i, v in enumerate(obj)]
         vals = [None if v is _DROP else v for v in vals]
         return vals if isinstance(obj, list) else tuple(vals)
     return obj

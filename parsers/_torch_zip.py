@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from parsers._safe_pickle import MAX_PICKLE_BYTES
 from parsers.tensors import CheckpointError
 
-_LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
+_LOCAL, _CENTRAL, DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
 _END_SIGS = (_CENTRAL, b"PK\x05\x06", b"PK\x06\x06")  # central directory, end records (ZIP64 too)
 _U32 = 0xFFFFFFFF
 _SCAN_CHUNK = 1 << 20
@@ -33,12 +33,12 @@ _MAX_CRC_CHECKS = 8
 the search gives up: only a crafted file has any, and each check re-reads the member."""
 
 
-class _Unusable(Exception):
+class Unusable(Exception):
     """The central directory is missing or disagrees with the local headers: walk the local headers."""
 
 
 @dataclass(frozen=True)
-class _Entry:
+class Entry:
     """One zip member as found on disk.
 
     Attributes:
@@ -61,7 +61,8 @@ class _Entry:
 
 
 
-def _pread(fh: Any, off: int, n: int) -> bytes:
+def pread(fh: Any, off: int, n: int) -> bytes:
+    """Up to ``n`` bytes of ``fh`` from offset ``off``."""
     fh.seek(off)
     return fh.read(n)
 
@@ -81,11 +82,11 @@ class _Local(NamedTuple):
 
 def _parse_local(fh: Any, pos: int) -> _Local | None:
     """The local file header at ``pos``, or ``None`` when there is none or the end of the file cuts it."""
-    hdr = _pread(fh, pos, 30)
+    hdr = pread(fh, pos, 30)
     if len(hdr) < 30 or hdr[:4] != _LOCAL:
         return None
     flag, method, crc, csz, usz, nl, el = struct.unpack("<2xHH4xIIIHH", hdr[4:30])
-    rest = _pread(fh, pos + 30, nl + el)
+    rest = pread(fh, pos + 30, nl + el)
     if len(rest) < nl + el:
         return None
     z64 = _zip64_values(rest[nl:])
@@ -130,11 +131,11 @@ def _descriptor_at(fh: Any, off: int, size: int, fsize: int, stored: bool, zip64
         can still be that descriptor (the data before it are whole, the file is cut); ``None``
         when there is no such descriptor.
     """
-    raw = _pread(fh, off, 28)
+    raw = pread(fh, off, 28)
     forms = ((24, "<IQQ"), (16, "<III")) if zip64 else ((16, "<III"), (24, "<IQQ"))
-    if fsize - off < forms[0][0] and _DESCRIPTOR.startswith(raw[:4]):
+    if fsize - off < forms[0][0] and DESCRIPTOR.startswith(raw[:4]):
         return 0, None
-    if raw[:4] != _DESCRIPTOR:
+    if raw[:4] != DESCRIPTOR:
         return None
     for n, fmt in forms:
         if len(raw) < n:
@@ -151,7 +152,7 @@ def _descriptor_at(fh: Any, off: int, size: int, fsize: int, stored: bool, zip64
 def _crc(fh: Any, off: int, n: int) -> int:
     value, done = 0, 0
     while done < n:
-        chunk = _pread(fh, off + done, min(_SCAN_CHUNK, n - done))
+        chunk = pread(fh, off + done, min(_SCAN_CHUNK, n - done))
         if not chunk:
             break
         value, done = zlib.crc32(chunk, value), done + len(chunk)
@@ -180,12 +181,12 @@ def _search_descriptor(fh: Any, data: int, limit: int, fsize: int, stored: bool,
     off, carry, step, crc_checks = data, b"", 4096, 0
     end = min(fsize, data + limit + 24)
     while off < end:
-        buf = _pread(fh, off, min(step, end - off))
+        buf = pread(fh, off, min(step, end - off))
         if not buf:
             break
         step = min(step * 4, _SCAN_CHUNK)  # small members (version, byteorder) cost one small read
         chunk, base = carry + buf, off - len(carry)
-        i = chunk.find(_DESCRIPTOR)
+        i = chunk.find(DESCRIPTOR)
         while i >= 0:
             j = base + i
             d = _descriptor_at(fh, j, j - data, fsize, stored, zip64)
@@ -197,19 +198,19 @@ def _search_descriptor(fh: Any, data: int, limit: int, fsize: int, stored: bool,
                     return j - data, d[0], d[1]
                 if crc_checks >= _MAX_CRC_CHECKS:
                     return None  # crafted look-alike descriptors: give up rather than re-read the file
-            i = chunk.find(_DESCRIPTOR, i + 1)
+            i = chunk.find(DESCRIPTOR, i + 1)
         carry = chunk[-3:]
         off += len(buf)
     return None
 
 
-class _Walk:
+class Walk:
     """The members of a zip file found by walking its local file headers from byte 0.
 
     For a member written with a data descriptor (general-purpose flag bit 3, sizes 0 in the local
     header: what ``torch.save`` writes) the size comes from ``sizes`` (a storage's byte size, known
     from ``data.pkl``) checked against the descriptor after it, else from a search for the
-    descriptor. Iterating yields :class:`_Entry` in file order; the walk ends at the central
+    descriptor. Iterating yields :class:`Entry` in file order; the walk ends at the central
     directory (``stop == "central directory"``), at the end of the file (``"eof"``: a cut member is
     yielded with ``complete=False``) or at bytes that are no local header, or a member whose end is
     not found (``"damage"``), with ``stop_at`` the offset.
@@ -227,10 +228,10 @@ class _Walk:
     def _end(self, why: str, at: int) -> None:
         self.stop, self.stop_at = why, at
 
-    def __iter__(self) -> Iterator[_Entry]:
+    def __iter__(self) -> Iterator[Entry]:
         pos, fh, fsize = 0, self.fh, self.fsize
         while True:
-            sig = _pread(fh, pos, 4)
+            sig = pread(fh, pos, 4)
             if sig in _END_SIGS:
                 return self._end("central directory", pos)
             if len(sig) == 4 and sig != _LOCAL:
@@ -246,15 +247,15 @@ class _Walk:
                     return self._end("damage", loc.data)
                 if found is None:
                     want = self.sizes.get(loc.name) if stored else None
-                    yield _Entry(loc.name, loc.data, want if want is not None else fsize - loc.data + 1, 0,
+                    yield Entry(loc.name, loc.data, want if want is not None else fsize - loc.data + 1, 0,
                                  loc.method, None, complete=False)
                     return self._end("eof", fsize)
                 size, dlen, crc = found
             usize = size if stored or loc.flag & 0x8 else loc.usize
             if loc.data + size > fsize:
-                yield _Entry(loc.name, loc.data, size, usize, loc.method, crc, complete=False)
+                yield Entry(loc.name, loc.data, size, usize, loc.method, crc, complete=False)
                 return self._end("eof", fsize)
-            yield _Entry(loc.name, loc.data, size, usize, loc.method, crc)
+            yield Entry(loc.name, loc.data, size, usize, loc.method, crc)
             if loc.flag & 0x8 and dlen == 0:
                 return self._end("eof", fsize)  # cut at or inside this member's descriptor
             pos = loc.data + size + dlen
@@ -276,14 +277,14 @@ class _Walk:
                     return guess, d[0], d[1]
         if want is not None and loc.data + want > fsize:
             return None  # a storage the end of the file cuts
-        limit = MAX_PICKLE_BYTES if _pickle_name([loc.name]) else fsize - loc.data
+        limit = MAX_PICKLE_BYTES if pickle_name([loc.name]) else fsize - loc.data
         found = _search_descriptor(fh, loc.data, limit, fsize, stored, loc.zip64)
         if found is not None:
             return found
         return None if loc.data + limit + 24 >= fsize else "damage"
 
 
-def _member_bytes(fh: Any, e: _Entry, limit: int) -> tuple[bytes, bool]:
+def member_bytes(fh: Any, e: Entry, limit: int) -> tuple[bytes, bool]:
     """The uncompressed bytes of a small member and whether they match its CRC-32 (True when unknown).
 
     Raises:
@@ -292,7 +293,7 @@ def _member_bytes(fh: Any, e: _Entry, limit: int) -> tuple[bytes, bool]:
     """
     if e.size > limit:
         raise CheckpointError(f"{e.name} is {e.size} bytes (limit {limit}): refused")
-    raw = _pread(fh, e.data, e.size)
+    raw = pread(fh, e.data, e.size)
     if len(raw) < e.size:
         raise CheckpointError(f"{e.name} is cut at byte {e.data + len(raw)}")
     if e.method == zipfile.ZIP_STORED:
@@ -310,11 +311,11 @@ def _member_bytes(fh: Any, e: _Entry, limit: int) -> tuple[bytes, bool]:
     return out, e.crc is None or zlib.crc32(out) == e.crc
 
 
-def _central_entries(fh: Any, fsize: int) -> dict[str, _Entry]:
+def central_entries(fh: Any, fsize: int) -> dict[str, Entry]:
     """Members listed by the central directory, each checked against its local header and descriptor.
 
     Raises:
-        _Unusable: No central directory, or one that does not agree with the local headers (a name,
+        Unusable: No central directory, or one that does not agree with the local headers (a name,
             an offset, a size or a CRC that differs: flipped bytes).
     """
     try:
@@ -322,37 +323,37 @@ def _central_entries(fh: Any, fsize: int) -> dict[str, _Entry]:
     except OSError:
         raise
     except Exception as exc:  # noqa: BLE001 - BadZipFile, ValueError, EOFError, struct.error...: walk instead
-        raise _Unusable(f"no readable zip central directory ({type(exc).__name__}: {exc})") from None
-    out: dict[str, _Entry] = {}
+        raise Unusable(f"no readable zip central directory ({type(exc).__name__}: {exc})") from None
+    out: dict[str, Entry] = {}
     with zf:
         for info in zf.infolist():
             loc = _parse_local(fh, info.header_offset) if 0 <= info.header_offset < fsize else None
             if loc is None:
-                raise _Unusable(f"central directory points to no local header for {info.orig_filename}")
+                raise Unusable(f"central directory points to no local header for {info.orig_filename}")
             method, data, size = loc.method, loc.data, info.compress_size
             if loc.name != info.orig_filename or method != info.compress_type:
-                raise _Unusable(f"central directory disagrees with the local header at byte {info.header_offset}")
+                raise Unusable(f"central directory disagrees with the local header at byte {info.header_offset}")
             if data + size > fsize:
-                raise _Unusable(f"central directory: {info.orig_filename} runs past the end of the file")
+                raise Unusable(f"central directory: {info.orig_filename} runs past the end of the file")
             if method == zipfile.ZIP_STORED and info.file_size != size:
-                raise _Unusable(f"central directory: {info.orig_filename} is stored but its two sizes differ")
+                raise Unusable(f"central directory: {info.orig_filename} is stored but its two sizes differ")
             if loc.flag & 0x8:
                 d = _descriptor_at(fh, data + size, size, fsize, method == zipfile.ZIP_STORED, loc.zip64, info.CRC)
                 if not (d and d[0]):
-                    raise _Unusable(f"central directory: size or CRC of {info.orig_filename} disagrees with its "
+                    raise Unusable(f"central directory: size or CRC of {info.orig_filename} disagrees with its "
                                     "data descriptor")
             elif loc.csize != size or loc.crc != info.CRC:
-                raise _Unusable(f"central directory: size or CRC of {info.orig_filename} disagrees with its "
+                raise Unusable(f"central directory: size or CRC of {info.orig_filename} disagrees with its "
                                 "local header")
-            out[info.orig_filename] = _Entry(info.orig_filename, data, size, info.file_size, info.compress_type,
+            out[info.orig_filename] = Entry(info.orig_filename, data, size, info.file_size, info.compress_type,
                                              info.CRC)
     return out
 
 
-def _has_end_record(fh: Any, fsize: int) -> bool:
+def has_end_record(fh: Any, fsize: int) -> bool:
     """True when the file ends with a whole end-of-central-directory record (22 bytes and its comment)."""
     base = max(0, fsize - 65557)
-    tail = _pread(fh, base, fsize - base)
+    tail = pread(fh, base, fsize - base)
     i = tail.rfind(b"PK\x05\x06")
     while i >= 0:
         if i + 22 <= len(tail) and i + 22 + struct.unpack_from("<H", tail, i + 20)[0] == len(tail):
@@ -361,6 +362,7 @@ def _has_end_record(fh: Any, fsize: int) -> bool:
     return False
 
 
-def _pickle_name(names: Any) -> str | None:
+def pickle_name(names: Any) -> str | None:
+    """The first member name whose last component is ``data.pkl``, or None."""
     return next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
 

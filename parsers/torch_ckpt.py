@@ -36,27 +36,27 @@ from typing import Any, NamedTuple
 from forensics.model import Skip
 from parsers._safe_pickle import (
     MAX_PICKLE_BYTES,
+    Missing,
+    Storage,
     Unpickler,
-    _bounded,
-    _count_tensors,
-    _Missing,
-    _nbytes,
-    _prescan,
-    _resolve,
-    _Storage,
-    _unpickle,
+    bounded,
+    count_tensors,
     max_nodes,
+    prescan,
+    resolve,
+    storage_bytes,
+    unpickle,
 )
 from parsers._torch_zip import (
-    _DESCRIPTOR,
-    _central_entries,
-    _Entry,
-    _has_end_record,
-    _member_bytes,
-    _pickle_name,
-    _pread,
-    _Unusable,
-    _Walk,
+    DESCRIPTOR,
+    Entry,
+    Unusable,
+    Walk,
+    central_entries,
+    has_end_record,
+    member_bytes,
+    pickle_name,
+    pread,
 )
 from parsers.state_dict import OPTIM_ROLES, Content, classify, optimizer_tensors, scalar
 from parsers.tensors import CheckpointError, Loaded, TensorRef
@@ -113,17 +113,17 @@ def read(path: str | Path) -> Loaded:
                                           "it to safetensors")
                 raise CheckpointError("not a torch zip checkpoint")
             try:
-                entries = _central_entries(fh, fsize)
-                pkl = _pickle_name(entries)
+                entries = central_entries(fh, fsize)
+                pkl = pickle_name(entries)
                 if pkl is None:
-                    raise _Unusable("no data.pkl in the central directory")
-                raw, crc_ok = _member_bytes(fh, entries[pkl], MAX_PICKLE_BYTES)
+                    raise Unusable("no data.pkl in the central directory")
+                raw, crc_ok = member_bytes(fh, entries[pkl], MAX_PICKLE_BYTES)
                 if not crc_ok:  # the central directory and the local header agree on it: the bytes are bad
                     raise CheckpointError(f"corrupt: {pkl} does not match its CRC-32 (flipped bytes?); nothing "
                                           "was read")
-                obj, _ = _unpickle(raw)
+                obj, _ = unpickle(raw)
                 return _finish(fh, path, fsize, obj, pkl, entries, None)
-            except _Unusable as exc:
+            except Unusable as exc:
                 return _salvage(fh, path, fsize, str(exc))
     except OSError as exc:
         raise CheckpointError(f"unreadable: {exc.strerror or exc}") from None
@@ -134,27 +134,27 @@ def read(path: str | Path) -> Loaded:
 def _salvage(fh: Any, path: str, fsize: int, why: str) -> Loaded:
     """Walk the local headers of a file whose central directory is missing or unusable (see :func:`read`)."""
     sizes: dict[str, int] = {}
-    walk = _Walk(fh, fsize, sizes)
-    entries: dict[str, _Entry] = {}
+    walk = Walk(fh, fsize, sizes)
+    entries: dict[str, Entry] = {}
     found: tuple[Any, str] | None = None
     for e in walk:
         entries.setdefault(e.name, e)
-        if found is None and _pickle_name([e.name]) is not None:
+        if found is None and pickle_name([e.name]) is not None:
             if e.complete:
-                raw, crc_ok = _member_bytes(fh, e, MAX_PICKLE_BYTES)
+                raw, crc_ok = member_bytes(fh, e, MAX_PICKLE_BYTES)
                 if not crc_ok:
                     raise CheckpointError(f"corrupt: {e.name} does not match its CRC-32; nothing was read")
-                obj, storages = _unpickle(raw)
+                obj, storages = unpickle(raw)
             elif (tail := _pickle_before_end(fh, e, fsize)) is not None:
                 obj, storages = tail
             else:
                 raise CheckpointError(f"incomplete save: data.pkl is cut (the file ends at byte {fsize}, inside "
                                       f"{e.name}): no tensor can be named; nothing was read")
             prefix = e.name[: -len("data.pkl")]
-            sizes.update({f"{prefix}data/{k}": _nbytes(s) for k, s in storages.items()})
+            sizes.update({f"{prefix}data/{k}": storage_bytes(s) for k, s in storages.items()})
             found = (obj, e.name)
     if walk.stop == "central directory":
-        truncated = not _has_end_record(fh, fsize)
+        truncated = not has_end_record(fh, fsize)
     else:
         truncated = walk.stop == "eof"
     if found is None:
@@ -178,7 +178,7 @@ def _salvage(fh: Any, path: str, fsize: int, why: str) -> Loaded:
     return _finish(fh, path, fsize, obj, pkl, entries, _Salvage(note, at, truncated, walk.stop))
 
 
-def _pickle_before_end(fh: Any, e: _Entry, fsize: int) -> tuple[Any, dict[str, _Storage]] | None:
+def _pickle_before_end(fh: Any, e: Entry, fsize: int) -> tuple[Any, dict[str, Storage]] | None:
     """A whole stored ``data.pkl`` whose descriptor is cut, unpickled; ``None`` when the pickle itself is cut.
 
     Whole: the pickle ends (STOP) within the last 15 bytes of the file and only the start of a data
@@ -190,9 +190,9 @@ def _pickle_before_end(fh: Any, e: _Entry, fsize: int) -> tuple[Any, dict[str, _
     n = fsize - e.data
     if e.method != zipfile.ZIP_STORED or n > MAX_PICKLE_BYTES + 16:
         return None
-    data = _pread(fh, e.data, n)
+    data = pread(fh, e.data, n)
     try:
-        _prescan(data)
+        prescan(data)
     except CheckpointError as exc:
         if "refused" in exc.args[0]:
             raise
@@ -205,18 +205,18 @@ def _pickle_before_end(fh: Any, e: _Entry, fsize: int) -> tuple[Any, dict[str, _
         raise
     except Exception:  # noqa: BLE001 - cut inside the pickle
         return None
-    _bounded(obj, n)
+    bounded(obj, n)
     rest = bio.read()
-    return (obj, unp.storages) if len(rest) < 16 and _DESCRIPTOR.startswith(rest[:4]) else None
+    return (obj, unp.storages) if len(rest) < 16 and DESCRIPTOR.startswith(rest[:4]) else None
 
 
-def _finish(fh: Any, path: str, fsize: int, obj: Any, pkl: str, entries: dict[str, _Entry],
+def _finish(fh: Any, path: str, fsize: int, obj: Any, pkl: str, entries: dict[str, Entry],
             salvage: _Salvage | None) -> Loaded:
     """Check the byte order and turn tensors into refs; missing or cut storages drop their tensors."""
     prefix = pkl[: -len("data.pkl")]
     order = entries.get(prefix + "byteorder")
     if order is not None and order.complete:
-        raw, _ = _member_bytes(fh, order, 64)
+        raw, _ = member_bytes(fh, order, 64)
         if raw.strip() not in (b"", b"little"):
             raise CheckpointError("big-endian torch archive: not supported")
     cache: dict[str, tuple[int, str | None, int]] = {}
@@ -226,19 +226,19 @@ def _finish(fh: Any, path: str, fsize: int, obj: Any, pkl: str, entries: dict[st
             e = entries.get(f"{prefix}data/{key}")
             if e is None:
                 if salvage is None:  # not in the central directory: look for it in the local headers
-                    raise _Unusable(f"storage data/{key} is not in the central directory")
+                    raise Unusable(f"storage data/{key} is not in the central directory")
                 if salvage.stop == "eof":
-                    raise _Missing(f"its storage data/{key} is missing: the file ends at byte {fsize} before it")
+                    raise Missing(f"its storage data/{key} is missing: the file ends at byte {fsize} before it")
                 if salvage.stop == "central directory":
-                    raise _Missing(f"its storage data/{key} is missing from the archive")
-                raise _Missing(f"its storage data/{key} was not found before unreadable bytes at {salvage.at}")
+                    raise Missing(f"its storage data/{key} is missing from the archive")
+                raise Missing(f"its storage data/{key} was not found before unreadable bytes at {salvage.at}")
             if not e.complete:
-                raise _Missing(f"its storage data/{key} is cut: it needs bytes {e.data}-{e.data + e.size}, the file "
+                raise Missing(f"its storage data/{key} is cut: it needs bytes {e.data}-{e.data + e.size}, the file "
                                f"ends at byte {fsize}")
             if e.method == zipfile.ZIP_STORED:
                 cache[key] = (e.data, None, e.size)
             elif salvage is not None:
-                raise _Missing(f"its storage data/{key} is compressed and the zip central directory is unusable")
+                raise Missing(f"its storage data/{key} is compressed and the zip central directory is unusable")
             else:
                 cache[key] = (0, e.name, e.usize)
         return cache[key]
@@ -246,13 +246,13 @@ def _finish(fh: Any, path: str, fsize: int, obj: Any, pkl: str, entries: dict[st
     lost: list[Skip] = []
     at = fsize if salvage is None else salvage.at
     try:
-        out = _resolve(obj, path, locate, 0, "", lost, at, {})
+        out = resolve(obj, path, locate, 0, "", lost, at, {})
     except (TypeError, ValueError, OverflowError) as exc:
         raise CheckpointError(f"malformed tensor record: {type(exc).__name__}: {exc}") from None
     if salvage is None:
         return Loaded(out, lost, size=fsize)
     note, at, truncated, _stop = salvage
-    n_all = _count_tensors(obj)
+    n_all = count_tensors(obj)
     head = Skip(f"{path}:{at}", f"{note}: {n_all - len(lost)} of {n_all} tensors read"
                 + (f", {len(lost)} not (listed)" if lost else ""))
     return Loaded(out, [head, *lost], truncated=truncated, salvaged=True, size=fsize)
