@@ -4,7 +4,8 @@ A sharded checkpoint's index (``model.safetensors.index.json``, ``pytorch_model.
 its shards: a missing one is listed with the tensors it held. A torch.distributed checkpoint
 (``*.distcp``) is complete when its ``.metadata`` is there (a pickle of torch classes: never read). A
 DeepSpeed ZeRO checkpoint (``mp_rank_XX_model_states.pt``, ``zero_pp_rank_D_mp_rank_XX_optim_states.pt``)
-is complete when every data-parallel x model-parallel partition is (docs/formats.md#sharded-checkpoints).
+is complete when every data-parallel x model-parallel partition is (docs/formats.md#dcp,
+docs/formats.md#deepspeed-zero).
 
 Each check returns :data:`Problem` tuples ``(what, why, incomplete)``: ``what`` relative to the run folder,
 ``why`` the one-line reason, ``incomplete`` whether it makes the checkpoint unfit to resume from.
