@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 
 CHUNK_BYTES = 4 << 20
-"""Bytes per sequential read (the bound on the memory one open tensor stream holds). Small enough for the chunk
-the kernel just copied to be reduced from the cache (``bench_checkpoint.py``, page-cached file, GB/s per CPU
-second: BF16 1.1 with 32 MiB reads, 1.7 with 2-4 MiB; F16 0.8 / 1.0; F32 the same); still large sequential
-reads, never mmap page faults (docs/formats.md#streaming-reduction)."""
+"""Bytes per sequential read of :func:`iter_raw` (the bound on the memory one open tensor stream holds; the
+parallel reducer reads :data:`parsers.tensors.READ_BYTES` at a time instead): large sequential reads, never
+mmap page faults (docs/formats.md#streaming-reduction)."""
 BLOCK = 1 << 16
-"""Elements reduced per numpy call (cache-sized; measured fastest between 2**14 and 2**18)."""
+"""Elements reduced per numpy call (cache-sized; ``reduce_bits`` measured fastest at 2**16 of 2**15 to 2**17)."""
 MAX_STRIDED_BYTES = 64 << 20
 """A non-contiguous view is materialised only when its storage span is at most this size."""
 
