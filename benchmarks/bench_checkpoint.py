@@ -195,8 +195,12 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
         while fh.read(64 << 20):
             pass
     largest = max(r.nbytes for r in sc.read_header(path)[0]) / 2**20
+    try:
+        from parsers.tensors import WORKERS as workers
+    except ImportError:  # an older checkout: one thread
+        workers = 1
     print(f"{dtype}: {path.name} ({size / 2**20:.0f} MiB of tensors, largest {largest:.0f} MiB), best of "
-          f"{args.repeat}", flush=True)
+          f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs", flush=True)
     res = {}
     for m in ["copy", "copy-mmap", "ours", "ours-1"] + (["numpy"] if args.numpy else []):
         out = subprocess.run([sys.executable, __file__, "--worker", m, str(path), str(args.repeat)],
