@@ -230,6 +230,20 @@ def _finish(job: Job, parts: list[Any]) -> dict[str, Any] | Exception:
     return out
 
 
+IN_FLIGHT = 256
+"""Pieces handed to the pool at a time (a header of a million tiny tensors must not queue a million futures)."""
+
+
+def _run_all(tasks: list[Any]) -> list[Any]:
+    """Every task's result in order: in the pool, :data:`IN_FLIGHT` at a time, or here when there is one."""
+    if len(tasks) <= 1 or WORKERS == 1:
+        return [_run(t) for t in tasks]
+    out: list[Any] = []
+    for i in range(0, len(tasks), IN_FLIGHT):
+        out += _pool().map(_run, tasks[i:i + IN_FLIGHT])
+    return out
+
+
 def stats_many(jobs: list[Job]) -> list[dict[str, Any] | Exception]:
     """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` threads.
 
@@ -252,7 +266,7 @@ def stats_many(jobs: list[Job]) -> list[dict[str, Any] | Exception]:
         except CheckpointError as exc:
             pieces.append(exc)
     flat = [t for p in pieces if not isinstance(p, Exception) for t in p]
-    done = iter(list(_pool().map(_run, flat)) if len(flat) > 1 and WORKERS > 1 else [_run(t) for t in flat])
+    done = iter(_run_all(flat))
     return [p if isinstance(p, Exception) else _finish(job, [next(done) for _ in p])
             for job, p in zip(jobs, pieces, strict=True)]
 

@@ -595,6 +595,7 @@ def test_stats_many_equals_one_by_one(tmp_path: Path, monkeypatch: pytest.Monkey
     """
     monkeypatch.setattr(tensors, "TASK_BYTES", 2 * tensors.BLOCK)
     monkeypatch.setattr(tensors, "WORKERS", 2)
+    monkeypatch.setattr(tensors, "IN_FLIGHT", 3)  # several windows of pieces
     tensors._POOL.clear()
     rng = np.random.default_rng(5)
     big = rng.standard_normal(6 * tensors.BLOCK + 5).astype(np.float32)
