@@ -77,7 +77,7 @@ class TensorRef:
 
 
 
-def _decoder(dtype: str) -> tuple[np.dtype, np.dtype | None]:
+def decoder(dtype: str) -> tuple[np.dtype, np.dtype | None]:
     """(raw dtype to view the bytes as, float dtype to convert to or None when the view is final)."""
     if dtype in ("F32", "F64"):
         return np.dtype(_FLOAT_DTYPES[dtype]), None
@@ -172,7 +172,7 @@ def iter_raw(ref: TensorRef, chunk_bytes: int = CHUNK_BYTES, block: int = BLOCK)
         CheckpointError: Unsupported dtype, a strided view too large to materialise, or the file
             ends before the tensor does (truncated).
     """
-    raw_dt, _ = _decoder(ref.dtype)
+    raw_dt, _ = decoder(ref.dtype)
     size = raw_dt.itemsize
     n_total = ref.numel
     per_chunk = _per_chunk(size, chunk_bytes, block)
@@ -195,15 +195,16 @@ def iter_raw(ref: TensorRef, chunk_bytes: int = CHUNK_BYTES, block: int = BLOCK)
         fh.close()
 
 
-class _Converter:
+class Converter:
     """Raw blocks of one dtype to float blocks, into reused buffers (see :func:`iter_blocks`)."""
 
     def __init__(self, dtype: str, block: int) -> None:
-        _, out_dt = _decoder(dtype)
+        _, out_dt = decoder(dtype)
         self.conv = np.empty(block, dtype=out_dt) if out_dt is not None else None
         self.u32 = np.empty(block, dtype=np.uint32) if dtype == "BF16" else None
 
     def __call__(self, b: np.ndarray) -> np.ndarray:
+        """The block as float32 (float types up to 32 bits) or float64 (F64, integers); a reused buffer."""
         if self.conv is None:
             return b
         m = b.shape[0]
@@ -234,7 +235,7 @@ def iter_blocks(ref: TensorRef, chunk_bytes: int = CHUNK_BYTES, block: int = BLO
         CheckpointError: Unsupported dtype, a strided view too large to materialise, or the file
             ends before the tensor does (truncated).
     """
-    convert = _Converter(ref.dtype, block)
+    convert = Converter(ref.dtype, block)
     for arr in iter_raw(ref, chunk_bytes, block):
         for i in range(0, arr.shape[0], block):
             yield convert(arr[i:i + block])

@@ -16,7 +16,9 @@ than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size,
 :data:`WORKERS` threads (numpy releases the GIL in its reductions; each worker reads its range with
 ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are reduced from the cache they were
 just copied to) and merged in range order: the result does not depend on the number of workers, and
-memory is one read buffer and one block of scratch per worker (``benchmarks/bench_checkpoint.py``).
+memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends the pieces of many
+tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the pool together, so a model
+of many small tensors keeps every core busy too (``benchmarks/bench_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from parsers.tensor_io import (
     CHUNK_BYTES,
     ITEMSIZE,
     CheckpointError,
+    Converter,
     TensorRef,
-    _Converter,
-    _decoder,
+    decoder,
     iter_blocks,
     iter_raw,
     read_range,
@@ -123,7 +125,7 @@ def _scratch() -> Scratch:
 
 def _fill(fd: int, ref: TensorRef, lo: int, n: int, slot: int, s: Scratch) -> np.ndarray:
     """Elements ``lo .. lo + n`` of ``ref`` as stored (raw dtype), read into scratch ``slot``."""
-    raw_dt = _decoder(ref.dtype)[0]
+    raw_dt = decoder(ref.dtype)[0]
     buf = s.bytes(slot, n * raw_dt.itemsize)
     if read_range(fd, ref.offset + lo * raw_dt.itemsize, memoryview(buf)[: n * raw_dt.itemsize]) < n * raw_dt.itemsize:
         raise CheckpointError(f"truncated: tensor {ref.name!r} ends beyond the end of the file")
@@ -135,7 +137,7 @@ def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef |
     s, acc, kind = _scratch(), Acc(), KINDS[ref.dtype]
     per_read = max(BLOCK, READ_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
     fds = [os.open(ref.path, os.O_RDONLY)] + ([os.open(prev.path, os.O_RDONLY)] if prev is not None else [])
-    conv = (_Converter(ref.dtype, BLOCK), _Converter(prev.dtype, BLOCK)) if prev is not None else None
+    conv = (Converter(ref.dtype, BLOCK), Converter(prev.dtype, BLOCK)) if prev is not None else None
     try:
         for i in range(lo, hi, per_read):
             n = min(per_read, hi - i)
@@ -156,7 +158,7 @@ def _stream_bits(ref: TensorRef, small: int | None, prev: TensorRef | None) -> A
     """An F32/BF16/F16 tensor that is a compressed member or a strided view: one sequential stream."""
     s, acc = _scratch(), Acc()
     theirs = iter_blocks(prev) if prev is not None else None
-    conv = _Converter(ref.dtype, BLOCK)
+    conv = Converter(ref.dtype, BLOCK)
     for raw in iter_raw(ref):  # chunks are whole multiples of BLOCK: aligned with prev's blocks
         bits = raw.view(KINDS[ref.dtype].uint)
         for j in range(0, raw.shape[0], BLOCK):
