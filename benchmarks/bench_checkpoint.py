@@ -1,41 +1,29 @@
-"""Per-tensor checkpoint statistics: our streaming reader against a plain numpy pass over the same file.
+"""Per-tensor checkpoint statistics against a plain copy of the same bytes, measured in the same run (issue 17).
 
 Writes, in the temp folder, one safetensors file per dtype (F32, BF16, F16) of about ``--size-mb`` MB
-(default 2048, the issue's target): one embedding of a quarter of the file (64-512 MiB, much larger than
-a 4 MiB read chunk), 16 MiB tensors and 64 small ones, N(0, 0.02) values written with numpy (no torch
-needed). The files are deleted at the end unless ``--keep`` (then reused by the next run). The page
-cache is warmed first, so this measures decoding and reduction, not the disk. Each method runs in its
-own single-threaded subprocess (``OMP/OPENBLAS/MKL_NUM_THREADS=1``: the goal is per core) so that its
-peak RSS (``VmHWM``, reset after the imports; ``ru_maxrss`` elsewhere) is its own:
+(default 384): one embedding of a quarter of the file (much larger than a read chunk), 16 MiB tensors
+and 64 small ones, N(0, 0.02) values written with numpy (no torch needed). The files are deleted at the
+end unless ``--keep``. The page cache is warmed first, so this measures decoding and reduction against
+the memory bandwidth, not the disk. Each method runs in its own subprocess (BLAS/OpenMP at one thread)
+so that its peak RSS growth (``VmHWM``, reset after the imports) is its own; each is timed ``--repeat``
+times (default 3) and the best wall time is kept (the machine may be shared):
 
-- ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`tensor_stats` (streamed, 4 MiB chunks;
-  BF16/F16 from their bit patterns, :class:`parsers.safetensors_ckpt.Bits16`);
-- ``ours-float``: the same with :class:`Bits16` off (BF16/F16 converted to float32 block by block and
-  reduced by :class:`Moments`, the reducer used before issue 4's change; 16-bit files only);
-- ``ours+delta`` (with ``--delta``): statistics plus the update norm against a previous checkpoint (the
-  same file streamed a second time), as :func:`parsers.checkpoints.read_checkpoints` does from the second
-  checkpoint on; its GB/s count the file once;
-- ``numpy``: every tensor read whole with ``np.fromfile`` (BF16 via the exact bit shift, F16 as numpy
-  float16), then the same statistics over the whole array: float64 sum of squares and max |x| over the
-  finite values, NaN/inf/zero counts;
-- ``torch``: ``safetensors.torch.load_file`` (the whole file) + ``double()`` norm, ``abs().max()``,
-  counts (only with ``--torch``).
+- ``copy``: the file's tensor bytes read into one preallocated, already touched buffer (``readinto``,
+  4 MiB at a time into consecutive slices: the kernel's copy out of the page cache);
+- ``copy-mmap``: ``np.copyto`` of the memory-mapped file into such a buffer (the user-space copy);
+- ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`parsers.tensors.tensor_stats` per tensor
+  (all the cores the process may use, :data:`parsers.tensors.WORKERS`);
+- ``ours-1``: the same with one worker (the per-core figure);
+- ``numpy`` (``--numpy``): every tensor read whole with ``np.fromfile`` (BF16 by the bit shift, F16 as
+  numpy float16), then the same statistics as a user would write them.
 
-Printed per file and method: seconds, GB/s by the wall clock and by CPU time (user + system; the
-machine may be shared: CPU time is the per-core figure) with the system share (page faults of fresh
-allocations, the kernel's copies out of the page cache), time relative to numpy, peak RSS growth over
-the imports, and the sum of the tensors' l2 norms (equal across methods); then ours against numpy and
-our RSS growth against the bound of the issue (largest tensor + 256 MB).
+Printed per file and method: seconds, GB/s by the wall clock and by CPU time (user + system), peak RSS
+growth, the sum of the tensors' l2 norms (equal across our methods); then ``ours`` against the faster
+copy, as a ratio of times (the issue's goal: at most 2x), and our RSS growth against the bound (the
+largest tensor's read buffers: a few MB).
 
-``--micro`` instead times the ways to reduce 16-bit blocks in memory (no file): :class:`Bits16`'s two
-exact methods (counts and max from the bits + float64 conversion, ``ml_dtypes`` for BF16 and the bit trick
-of ``_f16_magnitude`` for F16, and ``np.einsum``; a 65536-bin
-``np.bincount`` histogram) with several step sizes, against the float path (conversion to float32 by
-bit shift, numpy or ``ml_dtypes``, then :class:`Moments`) with several block sizes.
-
-Usage: ``python benchmarks/bench_checkpoint.py [--size-mb 2048] [--dtype F32 BF16 F16] [--keep] [--delta]
-[--torch]``
-or ``python benchmarks/bench_checkpoint.py --micro``.
+Usage: ``python benchmarks/bench_checkpoint.py [--size-mb 384] [--dtype F32 BF16 F16] [--repeat 3] [--keep]
+[--numpy]``. ``FORENSICS_BENCH_SRC=/path/to/checkout`` times another checkout's readers (before/after).
 """
 
 from __future__ import annotations
@@ -43,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import mmap
 import os
 import resource
 import struct
@@ -54,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, os.environ.get("FORENSICS_BENCH_SRC") or str(Path(__file__).resolve().parents[1]))
 
 from parsers import safetensors_ckpt as sc  # noqa: E402
 
@@ -62,6 +51,7 @@ BIG = 16 << 20
 ITEM = {"F32": 4, "BF16": 2, "F16": 2}
 RAW = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+COPY_CHUNK = 4 << 20
 
 
 def bench_path(size_mb: int, dtype: str) -> Path:
@@ -75,7 +65,7 @@ def make_file(size_mb: int, dtype: str) -> Path:
     if path.exists():
         return path
     item = ITEM[dtype]
-    embed = max(64 << 20, min(512 << 20, (size_mb << 20) // 4))  # one tensor larger than a read chunk
+    embed = max(16 << 20, (size_mb << 20) // 4)  # one tensor much larger than a read chunk
     shapes = {"embed.weight": [embed // item // 1024, 1024]}
     shapes |= {f"layers.{i}.w": [BIG // item // 1024, 1024] for i in range(max(1, ((size_mb << 20) - embed) // BIG))}
     shapes |= {f"layers.{i}.b": [1024] for i in range(64)}
@@ -106,14 +96,15 @@ def make_file(size_mb: int, dtype: str) -> Path:
     return path
 
 
-def _np_stats(x: np.ndarray) -> tuple[float, float, int, int, int]:
-    """(l2, max_abs, n_nan, n_inf, n_zero) of a whole array, as a user would write them in numpy."""
+def _np_stats(x: np.ndarray) -> float:
+    """l2 of a whole array (with max_abs and the NaN/inf/zero counts computed too), as a user would in numpy."""
     x64 = x.astype(np.float64)
     fin = np.isfinite(x64)
     if not fin.all():
         x64 = x64[fin]
-    return (math.sqrt(float(x64 @ x64)), float(np.abs(x64).max()) if x64.size else 0.0, int(np.isnan(x).sum()),
-            int(np.isinf(x).sum()), int(x.size - np.count_nonzero(x)))
+    float(np.abs(x64).max()) if x64.size else 0.0
+    int(np.isnan(x).sum()), int(np.isinf(x).sum()), int(x.size - np.count_nonzero(x))
+    return math.sqrt(float(x64 @ x64))
 
 
 def _peak_mb() -> float:
@@ -134,160 +125,120 @@ def _reset_peak() -> None:
         pass
 
 
-def worker(method: str, path: str) -> dict:
-    """Run one method over the file; return wall and CPU seconds, the sum of the l2 norms, peak RSS and growth."""
-    sc._table16("BF16"), sc._table16("F16")  # part of the import cost, not of the pass
-    _reset_peak()
-    base_rss = _peak_mb()  # after imports
-    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    total = 0.0
-    if method in ("ours", "ours-float", "ours+delta"):
-        if method == "ours-float":
-            sc.BITS16_MIN = 1 << 62
-        refs, _, _ = sc.read_header(path)
-        if method == "ours+delta":  # as read_checkpoints does from the second checkpoint on: two streams
-            total = sum(sc.tensor_stats(r, prev=r)["l2"] for r in refs)
-        else:
-            total = sum(sc.tensor_stats(r)["l2"] for r in refs)
-    elif method == "numpy":
-        refs, _, _ = sc.read_header(path)
+def _data_range(path: str) -> tuple[int, int]:
+    """(first, end) byte offsets of the tensor data in a safetensors file."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+    return 8 + n, os.path.getsize(path)
+
+
+def _pass(method: str, path: str, buf: np.ndarray | None) -> float:
+    """One timed pass of ``method``; returns the sum of the l2 norms (0 for the copies)."""
+    if method == "copy":
+        lo, hi = _data_range(path)
+        view = memoryview(buf)  # type: ignore[arg-type]
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(lo)
+            for i in range(0, hi - lo, COPY_CHUNK):
+                fh.readinto(view[i:min(i + COPY_CHUNK, hi - lo)])
+        return 0.0
+    if method == "copy-mmap":
+        lo, hi = _data_range(path)
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            src = np.frombuffer(m, np.uint8, count=hi - lo, offset=lo)
+            np.copyto(buf, src)  # type: ignore[arg-type]
+            del src
+        return 0.0
+    refs, _, _ = sc.read_header(path)
+    if method == "numpy":
+        total = 0.0
         for r in refs:
             raw = np.fromfile(path, dtype=RAW[r.dtype], count=r.numel, offset=r.offset)
-            x = (raw.astype(np.uint32) << 16).view(np.float32) if r.dtype == "BF16" else raw
-            total += _np_stats(x)[0]
-    elif method == "torch":
-        import torch
-        from safetensors.torch import load_file
+            total += _np_stats((raw.astype(np.uint32) << 16).view(np.float32) if r.dtype == "BF16" else raw)
+        return total
+    return sum(sc.tensor_stats(r)["l2"] for r in refs)
 
-        torch.set_num_threads(1)
-        for t in load_file(path).values():
-            total += float(t.double().norm())
-            float(t.abs().max()) if t.numel() else 0.0
-            int(t.isnan().sum()), int(t.isinf().sum()), int((t == 0).sum())
-    seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-    user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+
+def worker(method: str, path: str, repeat: int) -> dict:
+    """Run one method ``repeat`` times; the best wall seconds with its CPU seconds, the l2 sum, RSS growth."""
+    if method == "ours-1":
+        try:
+            from parsers import tensors
+
+            tensors.WORKERS = 1
+        except ImportError:  # an older checkout: one core anyway
+            pass
+    buf = None
+    if method.startswith("copy"):
+        lo, hi = _data_range(path)
+        buf = np.ones(hi - lo, np.uint8)  # preallocated and touched: the copy pays no page faults
+    _reset_peak()
+    base_rss = _peak_mb()
+    best = {"seconds": math.inf}
+    for _ in range(repeat):
+        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        total = _pass(method, path, buf)
+        seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        if seconds < best["seconds"]:
+            best = {"seconds": seconds, "cpu": r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, "l2_sum": total}
     peak = _peak_mb()
-    return {"seconds": seconds, "cpu": user + system, "sys": system, "l2_sum": total, "peak_rss_mb": peak,
-            "rss_growth_mb": peak - base_rss}
+    return best | {"rss_growth_mb": peak - base_rss}
 
 
-def micro(n: int = 1 << 25, repeat: int = 5) -> None:
-    """Time the ways to reduce ``n`` 16-bit elements held in memory (best CPU time of ``repeat``)."""
-    import ml_dtypes
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(n, dtype=np.float32) * 0.02
-    data = {"BF16": (x.view(np.uint32) >> 16).astype(np.uint16), "F16": x.astype(np.float16).view(np.uint16)}
-
-    def best(fn) -> float:  # noqa: ANN001
-        t = math.inf
-        for _ in range(repeat):
-            c0 = time.process_time()
-            fn()
-            t = min(t, time.process_time() - c0)
-        return 2 * n / t / 1e9
-
-    def bits16(u: np.ndarray, dtype: str, method: str, block: int):  # noqa: ANN202
-        def run() -> None:
-            sc.BITS16_BLOCK = block
-            m = sc.Bits16(dtype, method=method)
-            for i in range(0, n, 2 << 20):  # 4 MiB chunks, as iter_raw gives them
-                m.add_bits(u[i:i + (2 << 20)])
-            m.result()
-        return run
-
-    def floats(u: np.ndarray, dtype: str, block: int, how: str):  # noqa: ANN202
-        conv = sc._Converter(dtype, block)
-        f32 = np.empty(block, np.float32)
-        view = u.view(ml_dtypes.bfloat16 if dtype == "BF16" else np.float16)
-
-        def run() -> None:
-            m = sc.Moments()
-            for i in range(0, n, block):
-                if how == "ml_dtypes":
-                    b = f32[: min(block, n - i)]
-                    np.copyto(b, view[i:i + block], casting="unsafe")
-                else:
-                    b = conv(u[i:i + block] if dtype == "BF16" else view[i:i + block])
-                m.add(b)
-            m.result()
-        return run
-
-    keep = sc.BITS16_BLOCK
-    print(f"micro-benchmark: {n} elements ({2 * n / 2**20:.0f} MiB) per dtype, best of {repeat}, GB/s of 16-bit "
-          "data per CPU second")
-    for dtype, u in data.items():
-        for k in (14, 16, 17, 18):
-            print(f"  {dtype:5s} Bits16 convert (bits + exact f64 + einsum),     steps of 2^{k}  "
-                  f"{best(bits16(u, dtype, 'convert', 1 << k)):6.2f}", flush=True)
-        for k in (14, 16, 17, 18, 20):
-            print(f"  {dtype:5s} Bits16 hist    (np.bincount, 65536 bins),       steps of 2^{k}  "
-                  f"{best(bits16(u, dtype, 'hist', 1 << k)):6.2f}", flush=True)
-        how = "bit shift" if dtype == "BF16" else "numpy f16"
-        for k in (14, 16, 18):
-            print(f"  {dtype:5s} float path ({how} -> f32, Moments),          blocks of 2^{k} "
-                  f"{best(floats(u, dtype, 1 << k, how)):6.2f}", flush=True)
-        if dtype == "BF16":
-            print(f"  {dtype:5s} float path (ml_dtypes -> f32, Moments),          blocks of 2^16 "
-                  f"{best(floats(u, dtype, 1 << 16, 'ml_dtypes')):6.2f}", flush=True)
-    sc.BITS16_BLOCK = keep
+def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]) -> None:
+    existed = bench_path(args.size_mb, dtype).exists()
+    path = make_file(args.size_mb, dtype)
+    if not existed:
+        made.append(path)
+    size = _data_range(str(path))[1] - _data_range(str(path))[0]
+    with open(path, "rb") as fh:  # warm the page cache
+        while fh.read(64 << 20):
+            pass
+    largest = max(r.nbytes for r in sc.read_header(path)[0]) / 2**20
+    try:
+        from parsers.tensors import WORKERS as workers
+    except ImportError:  # an older checkout: one thread
+        workers = 1
+    print(f"{dtype}: {path.name} ({size / 2**20:.0f} MiB of tensors, largest {largest:.0f} MiB), best of "
+          f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs", flush=True)
+    res = {}
+    for m in ["copy", "copy-mmap", "ours", "ours-1"] + (["numpy"] if args.numpy else []):
+        out = subprocess.run([sys.executable, __file__, "--worker", m, str(path), str(args.repeat)],
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            print(f"  {m:10s} failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = res[m] = json.loads(out.stdout)
+        print(f"  {m:10s} {r['seconds']:6.3f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
+              f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
+              + (f"  sum of l2 {r['l2_sum']:.10g}" if not m.startswith("copy") else ""), flush=True)
+    copies = [res[m]["seconds"] for m in ("copy", "copy-mmap") if m in res]
+    if copies and "ours" in res:
+        ref = min(copies)
+        o = res["ours"]
+        print(f"  -> {dtype} ours {size / o['seconds'] / 1e9:.2f} GB/s vs copy {size / ref / 1e9:.2f} GB/s: "
+              f"{o['seconds'] / ref:.2f}x the copy's time (goal <= 2x); RSS growth {o['rss_growth_mb']:.0f} MB",
+              flush=True)
 
 
 def main() -> None:
-    """Run every method on each dtype variant and print one line per method."""
+    """Run every method on each dtype variant and print one line per method and the ratio to the copy."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mb", type=int, default=2048)
+    ap.add_argument("--size-mb", type=int, default=384)
     ap.add_argument("--dtype", nargs="+", default=["F32", "BF16", "F16"], choices=sorted(ITEM))
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the generated files in the temp folder for next time")
-    ap.add_argument("--torch", action="store_true", help="also time safetensors.torch.load_file + torch")
-    ap.add_argument("--delta", action="store_true", help="also time statistics + update norm (two streams)")
-    ap.add_argument("--micro", action="store_true", help="only the in-memory micro-benchmark of 16-bit reductions")
-    ap.add_argument("--worker", nargs=2, metavar=("METHOD", "FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--numpy", action="store_true", help="also time whole-tensor numpy statistics")
+    ap.add_argument("--worker", nargs=3, metavar=("METHOD", "FILE", "REPEAT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker)))
-        return
-    if args.micro:
-        micro()
+        print(json.dumps(worker(args.worker[0], args.worker[1], int(args.worker[2]))))
         return
     env = {**os.environ, **ONE_THREAD}
     made: list[Path] = []
     try:
         for dtype in args.dtype:
-            existed = bench_path(args.size_mb, dtype).exists()
-            t0 = time.perf_counter()
-            path = make_file(args.size_mb, dtype)
-            if not existed:
-                made.append(path)
-            size = path.stat().st_size
-            with open(path, "rb") as fh:  # warm the page cache
-                while fh.read(64 << 20):
-                    pass
-            largest = max(r.nbytes for r in sc.read_header(path)[0]) / 2**20
-            print(f"{dtype}: {path} ({size / 2**20:.0f} MiB, largest tensor {largest:.0f} MiB; written in "
-                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
-            methods = (["ours"] + (["ours-float"] if dtype != "F32" else []) + (["ours+delta"] if args.delta else [])
-                       + ["numpy"] + (["torch"] if args.torch else []))
-            res = {}
-            for m in methods:
-                out = subprocess.run([sys.executable, __file__, "--worker", m, str(path)], capture_output=True,
-                                     text=True, env=env)
-                if out.returncode != 0:
-                    print(f"  {m:11s} failed: {out.stderr.strip().splitlines()[-1:]}")
-                    continue
-                res[m] = json.loads(out.stdout)
-            ref = res.get("numpy")
-            for m, r in res.items():
-                rel = f"x{r['seconds'] / ref['seconds']:.2f} wall, x{r['cpu'] / ref['cpu']:.2f} CPU of numpy" if ref \
-                    else ""
-                print(f"  {m:11s} {r['seconds']:6.2f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
-                      f"{size / r['cpu'] / 1e9:5.2f} GB/s CPU ({100 * r['sys'] / r['cpu']:3.0f}% sys)  {rel}  "
-                      f"peak RSS +{r['rss_growth_mb']:5.0f} MB  sum of l2 {r['l2_sum']:.10g}", flush=True)
-            if "ours" in res and ref:
-                o = res["ours"]
-                print(f"  -> ours/numpy speed: {ref['seconds'] / o['seconds']:.2f}x wall, {ref['cpu'] / o['cpu']:.2f}x "
-                      f"CPU; RSS growth {o['rss_growth_mb']:.0f} MB vs bound largest tensor + 256 = "
-                      f"{largest + 256:.0f} MB", flush=True)
+            _run_dtype(dtype, args, env, made)
     finally:
         if not args.keep:
             for p in made:

@@ -20,8 +20,11 @@ import polars as pl
 import pytest
 
 from forensics.model import RunData
+from parsers import _tensor_kernels as kernels
 from parsers import safetensors_ckpt as sc
+from parsers import tensors
 from parsers import torch_ckpt as tc
+from parsers._tensor_kernels import Moments
 from parsers.checkpoints import read_checkpoints
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_logs"
@@ -123,7 +126,8 @@ def test_truncated_and_hostile_safetensors_are_skips(tmp_path: Path) -> None:
     tensors, updates, meta, skipped = read_checkpoints(bad, "bad")
     assert set(tensors.get_column("tensor")) == {r.name for r in h.tensors} and updates.height == 0
     refused = {f"{k}.safetensors" for k in ("header_cut", "offsets", "hole", "huge", "overlap")}
-    assert {s.what for s in skipped} == refused | {f"truncated.safetensors:{r.name}" for r in lost}
+    assert {s.what for s in skipped} == refused | {f"truncated.safetensors:{r.name}" for r in lost} | {
+        "truncated.safetensors"}  # the cut file itself, first (the reader contract), then its cut tensors
     assert meta[0]["complete"] is False and meta[0]["truncated"] is True
     assert any(p.startswith("truncated.safetensors: truncated at byte") for p in meta[0]["problems"])
 
@@ -132,7 +136,7 @@ def _st_tensors() -> dict[str, tuple[str, np.ndarray]]:
     """Several tensors of the dtypes the readers treat differently (histogram, float path, integers, empty)."""
     ml = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(3)
-    big = rng.standard_normal(sc.BITS16_MIN + 1234).astype(np.float32) * 0.05
+    big = rng.standard_normal((1 << 16) + 1234).astype(np.float32) * 0.05
     big[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40]
     return {"embed": ("BF16", big.astype(ml.bfloat16)), "proj": ("F16", (big * 4).astype(np.float16)),
             "bias": ("F32", rng.standard_normal(37).astype(np.float32)), "norm": ("BF16", np.ones(10, ml.bfloat16)),
@@ -196,19 +200,20 @@ def _write_st(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
     path.write_bytes(struct.pack("<Q", len(hb)) + hb + b"".join(bufs))
 
 
-def _hostile16(dtype: str, n: int, seed: int) -> np.ndarray:
-    """Random 16-bit patterns of every class mixed with ordinary values, as uint16.
+def _hostile_bits(dtype: str, n: int, seed: int) -> np.ndarray:
+    """Random bit patterns of every class mixed with ordinary values, as the dtype's unsigned integer.
 
     NaN of both signs and many payloads, +-inf, +-0, subnormals, huge and tiny normals.
     """
     rng = np.random.default_rng(seed)
     ml = pytest.importorskip("ml_dtypes")
-    ftype = ml.bfloat16 if dtype == "BF16" else np.float16
-    x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(ftype).view(np.uint16).copy()
+    ftype, utype, inf = {"BF16": (ml.bfloat16, np.uint16, 0x7F80), "F16": (np.float16, np.uint16, 0x7C00),
+                         "F32": (np.float32, np.uint32, 0x7F800000)}[dtype]
+    x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(ftype).view(utype).copy()
     special = rng.random(n) < 0.3
-    x[special] = rng.integers(0, 1 << 16, int(special.sum()), dtype=np.uint16)  # any bit pattern at all
-    inf = 0x7F80 if dtype == "BF16" else 0x7C00
-    x[:8] = [inf, inf | 0x8000, 0, 0x8000, 1, 0x8001, inf - 1, inf + 1]  # +-inf, +-0, +-min subnormal, max, NaN
+    x[special] = rng.integers(0, np.iinfo(utype).max, int(special.sum()), dtype=utype, endpoint=True)  # any pattern
+    sign = 0x8000 if utype is np.uint16 else 0x80000000
+    x[:8] = [inf, inf | sign, 0, sign, 1, sign | 1, inf - 1, inf + 1]  # +-inf, +-0, +-min subnormal, max, NaN
     return x
 
 
@@ -220,77 +225,92 @@ def _reference16(x: np.ndarray, small: float) -> dict[str, float]:
             "n_pos": int((x > 0).sum()), "n_small": int(((x > 0) & (x <= small)).sum())}
 
 
-@pytest.mark.parametrize("dtype", ["BF16", "F16"])
-def test_bits16_stats_equal_float64_reference(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """BF16/F16 statistics from bit patterns equal a plain numpy float64 computation and the float path.
+def _float_path(ref: sc.TensorRef, small: float) -> dict:
+    """The same statistics by the generic float-block reducer (Moments over iter_blocks), for comparison."""
+    m = Moments(small)
+    for b in sc.iter_blocks(ref):
+        m.add(b)
+    return m.result() | {"n_small": m.n_small, "n_pos": m.n_pos}
 
-    Both exact methods (convert, histogram) and the float path they replace, on data with NaN, +-inf, +-0
-    and subnormals and on finite data: counts (NaN, inf, zero, Adam-epsilon) and max_abs identical, l2 and
-    the update norm to float64 rounding.
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+def test_bit_kernels_equal_float64_reference(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F32/BF16/F16 statistics from bit patterns equal a plain numpy float64 computation and the float path.
+
+    On data with NaN, +-inf, +-0 and subnormals and on finite data, read in one range, in parallel ranges
+    (several workers, ranges and reads smaller than the tensor) and by the float-block reducer: counts
+    (NaN, inf, zero, Adam-epsilon) and max_abs identical, l2 and the update norm to float64 rounding; the
+    parallel result equals the one-worker result bit for bit.
     """
     ml = pytest.importorskip("ml_dtypes")
-    ftype = ml.bfloat16 if dtype == "BF16" else np.float16
-    bits = _hostile16(dtype, 3 * sc.BITS16_BLOCK + 777, seed=1)
+    ftype = {"BF16": ml.bfloat16, "F16": np.float16, "F32": np.float32}[dtype]
+    bits = _hostile_bits(dtype, 5 * tensors.BLOCK + 777, seed=1)
     with np.errstate(invalid="ignore"):  # signalling NaN patterns
         x = bits.view(ftype).astype(np.float64)
     assert np.isnan(x).sum() > 100 and np.isinf(x).sum() >= 2 and (x == 0).sum() >= 2
-    assert np.sum((x != 0) & (np.abs(x) < (1.2e-38 if dtype == "BF16" else 6.2e-5))) > 10  # subnormals
-    clean = np.where(np.isfinite(x), bits, 0).astype(np.uint16)
+    tiny = {"BF16": 1.2e-38, "F16": 6.2e-5, "F32": 1.2e-38}[dtype]
+    assert np.sum((x != 0) & (np.abs(x) < tiny)) > 2  # subnormals
+    clean = np.where(np.isfinite(x), bits, 0).astype(bits.dtype)
     prev = np.random.default_rng(2).standard_normal(bits.shape[0]).astype(np.float32)
     path = tmp_path / "m.safetensors"
     for label, data in (("with NaN/inf", bits), ("finite", clean)):
-        _write_st(path, {"w": (dtype, data.view("<u2")), "prev": ("F32", prev)})
-        refs = {r.name: r for r in sc.read_header(path)[0]}
+        _write_st(path, {"w": (dtype, data), "prev": ("F32", prev)})
+        refs = sc.read(path).obj
         with np.errstate(invalid="ignore"):
             x = data.view(ftype).astype(np.float64)
             d = x - prev.astype(np.float64)
         pos = np.abs(x[np.isfinite(x) & (x > 0)])
         small = float(np.sort(pos)[pos.size // 3])  # a threshold equal to one of the values
         want, want_dsq = _reference16(x, small), float(np.sum(d * d))
-        got = {}
-        for method in ("convert", "hist"):
-            monkeypatch.setitem(sc.BITS16_METHOD, dtype, method)
-            got[method] = sc.tensor_stats(refs["w"], small_below=small)
+        got = {"float": _float_path(refs["w"], small)} if dtype != "F32" else {}
+        for mode, workers, task in (("one range", 1, 1 << 30), ("ranges", 1, 4 * tensors.BLOCK),
+                                    ("parallel", 3, 4 * tensors.BLOCK)):
+            monkeypatch.setattr(tensors, "WORKERS", workers)
+            monkeypatch.setattr(tensors, "TASK_BYTES", task)
+            monkeypatch.setattr(tensors, "READ_BYTES", tensors.BLOCK)
+            tensors._POOL.clear()
+            got[mode] = sc.tensor_stats(refs["w"], small_below=small)
             dsq = sc.tensor_stats(refs["w"], prev=refs["prev"])["delta_sq"]
-            assert dsq == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, method)
-        monkeypatch.setattr(sc, "BITS16_MIN", 1 << 62)  # the float path, as before
-        got["float"] = sc.tensor_stats(refs["w"], small_below=small)
-        dsq = sc.tensor_stats(refs["w"], prev=refs["prev"])["delta_sq"]
-        assert dsq == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, "float")
+            assert dsq == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, mode)
+            back = sc.tensor_stats(refs["prev"], prev=refs["w"])["delta_sq"]  # F32 with another previous dtype
+            assert back == pytest.approx(want_dsq, rel=1e-12, nan_ok=True), (label, mode)
         monkeypatch.undo()
-        back = sc.tensor_stats(refs["prev"], prev=refs["w"])["delta_sq"]  # F32 with a 16-bit previous tensor
-        assert back == pytest.approx(want_dsq, rel=1e-12, nan_ok=True)
+        tensors._POOL.clear()
+        assert got["parallel"] == got["ranges"], label  # the same ranges in another order of work: same bits
         n_fin = x.size - want["n_nan"] - want["n_inf"]
-        for method, st in got.items():
+        for mode, st in got.items():
             for k in ("numel", "n_nan", "n_inf", "n_zero", "max_abs", "n_pos", "n_small"):
-                assert st[k] == want[k], (label, method, k)
-            assert st["l2"] == pytest.approx(want["l2"], rel=1e-12), (label, method)
-            assert st["rms"] == pytest.approx(want["l2"] / math.sqrt(n_fin), rel=1e-12), (label, method)
+                assert st[k] == want[k], (label, mode, k)
+            assert st["l2"] == pytest.approx(want["l2"], rel=1e-12), (label, mode)
+            assert st["rms"] == pytest.approx(want["l2"] / math.sqrt(n_fin), rel=1e-12), (label, mode)
     assert math.isfinite(want_dsq)  # the finite data's update norm was compared, not NaN with NaN
-    with pytest.raises(ValueError):
-        sc.Bits16("F32")
-    with pytest.raises(TypeError):
-        sc.Bits16(dtype).add(np.zeros(3, np.float32))
 
 
-def test_bits16_tables_match_ml_dtypes() -> None:
-    """Every BF16/F16 bit pattern's value (histogram tables, F16 bit trick) equals ml_dtypes'/numpy's conversion."""
+def test_bit_patterns_match_ml_dtypes() -> None:
+    """Every BF16/F16 pattern reduced alone gives numpy's/ml_dtypes' value; thresholds map to the right pattern."""
     ml = pytest.importorskip("ml_dtypes")
     bits = np.arange(1 << 16, dtype=np.uint16)
+    s = kernels.Scratch(1 << 16)
     for dtype, ftype in (("BF16", ml.bfloat16), ("F16", np.float16)):
-        t = sc._table16(dtype)
         with np.errstate(invalid="ignore"):
             ref = bits.view(ftype).astype(np.float64)
-        assert np.array_equal(t["value"], ref, equal_nan=True)
         fin = np.isfinite(ref)
-        assert np.array_equal(t["sq"][fin], ref[fin] ** 2) and not t["sq"][~fin].any()
-        assert np.array_equal(t["nan"], np.isnan(ref)) and np.array_equal(t["inf"], np.isinf(ref))
-        assert np.array_equal(fin, (bits & 0x7FFF) < sc._INF16[dtype])
-        order = np.argsort(bits[fin] & 0x7FFF, kind="stable")  # magnitudes ordered like their patterns
-        assert np.all(np.diff(np.abs(ref[fin])[order]) >= 0)
-    mag = sc._f16_magnitude(bits & 0x7FFF, np.empty(1 << 16, np.uint32), np.empty(1 << 16, np.float64))
-    fin = np.isfinite(bits.view(np.float16))
-    assert np.array_equal(mag[fin], np.abs(bits.view(np.float16)[fin].astype(np.float64)))
+        assert np.array_equal(fin, (bits & 0x7FFF) < kernels.KINDS[dtype].inf)
+        for p in np.flatnonzero(fin & (bits < 0x8000))[::97]:  # every 97th positive finite pattern
+            assert kernels.pattern_value(dtype, int(p)) == ref[p]
+            acc = kernels.Acc()
+            kernels.reduce_bits(dtype, bits[p:p + 1], acc, s)
+            assert acc.sumsq == ref[p] ** 2 and acc.top == p, (dtype, p)
+            assert kernels.small_pattern(dtype, float(ref[p])) == p  # patterns 1..p are <= that value
+        acc = kernels.Acc()
+        kernels.reduce_bits(dtype, bits, acc, s)  # all 65536 at once: the finite squares, exactly summable
+        assert acc.sumsq == pytest.approx(float(np.sum(ref[fin] ** 2)), rel=1e-15)
+        assert acc.n_nan == int(np.isnan(ref).sum()) and acc.n_inf == 2 and acc.n_zero == 2
+    for v in (1e-8, 0.1, 3.0, float(np.float32(0.1))):
+        p = kernels.small_pattern("F32", v)
+        below = float(np.array(p, np.uint32).view(np.float32))
+        above = float(np.array(p + 1, np.uint32).view(np.float32))
+        assert below <= v < above, v
 
 
 class _Evil:
@@ -410,7 +430,8 @@ def test_truncated_checkpoint_is_never_the_resume_point(tmp_path: Path) -> None:
     by = {m["step"]: m for m in meta}
     assert by[10]["complete"] and by[30]["complete"] and "truncated" not in by[30]
     assert by[20]["complete"] is False and by[20]["truncated"] is True
-    assert {s.what for s in skipped} == {f"ckpt/step_20/model.safetensors:{n}" for n in lost}
+    assert {s.what for s in skipped} == {f"ckpt/step_20/model.safetensors:{n}" for n in lost} | {
+        "ckpt/step_20/model.safetensors"}
     assert tensors.filter(pl.col("step") == 20).height == 4 - len(lost) > 0
     pairs = {(r["step_from"], r["step_to"], r["tensor"]) for r in updates.iter_rows(named=True)}
     assert {(a, b) for a, b, _ in pairs} == {(10, 20), (10, 30)}  # step 30 is compared with the whole step 10
@@ -563,3 +584,34 @@ def test_recovery_says_why_no_checkpoint_qualifies() -> None:
     assert p is not None and p.resume_from["checkpoint"] is None
     assert "no checkpoint before the onset 250 qualifies" in p.resume_from["why"]
     assert "step 100 has 1 of 1 tensors non-finite" in p.resume_from["why"]
+
+
+def test_stats_many_equals_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many tensors at once (pieces of all of them in one pool) give what tensor_stats gives one by one.
+
+    Mixed dtypes and sizes (ranges of a large tensor, whole small ones, integers by the float path), an
+    earlier tensor for the update norm, and a tensor the file's end cuts: that one is an error in its
+    place, the others are unaffected.
+    """
+    monkeypatch.setattr(tensors, "TASK_BYTES", 2 * tensors.BLOCK)
+    monkeypatch.setattr(tensors, "WORKERS", 2)
+    monkeypatch.setattr(tensors, "IN_FLIGHT", 3)  # several windows of pieces
+    tensors._POOL.clear()
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(6 * tensors.BLOCK + 5).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    _write_st(path, {"big": ("F32", big), "half": ("F16", big.astype(np.float16)), "ids": ("I64", np.arange(9)),
+                     "small": ("F32", big[:100].copy()), "last": ("F32", big[:5000].copy())})
+    refs = sc.read(path).obj
+    cut = sc.TensorRef(str(path), "cut", "F32", (1 << 20,), refs["last"].offset)  # runs past the end of the file
+    jobs = [(refs["big"], None, None), (refs["half"], 1e-3, refs["big"]), (cut, None, None), (refs["ids"], None, None),
+            (refs["small"], 0.5, None), (refs["last"], None, refs["last"])]
+    got = tensors.stats_many(jobs)
+    assert isinstance(got[2], sc.CheckpointError) and "truncated" in str(got[2])
+    for job, st in zip(jobs, got, strict=True):
+        if job[0] is not cut:
+            assert st == sc.tensor_stats(*job), job[0].name
+    assert got[1]["delta_sq"] == pytest.approx(float(np.sum((big.astype(np.float16).astype(np.float64) - big) ** 2)),
+                                               rel=1e-12)
+    assert got[5]["delta_sq"] == 0.0
+    tensors._POOL.clear()

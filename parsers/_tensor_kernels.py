@@ -1,0 +1,240 @@
+"""The reductions behind :func:`parsers.tensors.tensor_stats`: per-block numpy kernels, no I/O.
+
+Two reducers give the same statistics (sum of squares in float64, max |x|, NaN/inf/zero counts, the
+Adam-epsilon share):
+
+- :func:`reduce_bits` for F32, BF16 and F16, from the raw bit patterns: ``bits & mask`` (the sign
+  cleared) is zero for +-0, :data:`Kind.inf` for +-inf, above it for NaN, and finite magnitudes are
+  ordered like their patterns, so the counts and ``max |x|`` are integer reductions
+  (``np.maximum.reduce``, ``np.count_nonzero`` on the masked view); the sum of squares comes from the
+  magnitudes widened to float64 into a reused buffer (BF16 by ``<< 16`` into float32's upper half, F16
+  by ``<< 13`` into float32's exponent and mantissa slots, i.e. ``|x| * 2**-112``, both exact), squared in
+  place and summed pairwise (``np.add.reduce``). NaN/inf are masked only in the blocks that hold them.
+- :class:`Moments` for everything else (F64, integers, FP8 through ``ml_dtypes``), over float blocks.
+
+Every buffer is a :class:`Scratch` of one block, reused across calls (one per worker thread).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class Moments:
+    """Streaming per-tensor statistics over float blocks (float64 accumulation).
+
+    ``l2``, ``rms`` and ``max_abs`` are taken over the finite values; NaN and +-inf are counted in
+    ``n_nan``/``n_inf`` (a tensor with one inf keeps a meaningful norm). ``n_zero`` counts exact zeros.
+    For ``exp_avg_sq`` tensors, ``small_below`` (a threshold on v) also counts ``0 < v <= small_below``
+    and ``n_pos`` counts ``v > 0`` (the Adam-epsilon share, see :mod:`forensics.detectors.ckpt_update_growth`).
+    """
+
+    __slots__ = ("numel", "sumsq", "max_abs", "n_nan", "n_inf", "n_zero", "small_below", "n_small", "n_pos")
+
+    def __init__(self, small_below: float | None = None) -> None:
+        self.numel = self.n_nan = self.n_inf = self.n_zero = self.n_small = self.n_pos = 0
+        self.sumsq = 0.0
+        self.max_abs = 0.0
+        self.small_below = small_below
+
+    def add(self, b: np.ndarray) -> None:
+        """Fold one 1-D float32/float64 block in."""
+        n = int(b.shape[0])
+        if n == 0:
+            return
+        self.numel += n
+        s = float(np.einsum("i,i->", b, b, dtype=np.float64))
+        if math.isfinite(s):
+            mx = max(float(b.max()), -float(b.min()))
+        else:  # NaN/inf present (or float64 squares overflowed): the slow, masked path
+            fin = np.isfinite(b)
+            n_fin = int(np.count_nonzero(fin))
+            n_nan = int(np.count_nonzero(np.isnan(b)))
+            self.n_nan += n_nan
+            self.n_inf += n - n_fin - n_nan
+            f = b[fin]
+            s = float(np.einsum("i,i->", f, f, dtype=np.float64)) if n_fin else 0.0
+            mx = max(float(f.max()), -float(f.min())) if n_fin else 0.0
+        self.sumsq += s
+        self.max_abs = max(self.max_abs, mx)
+        self.n_zero += n - int(np.count_nonzero(b))
+        if self.small_below is not None:
+            pos = b > 0
+            self.n_pos += int(np.count_nonzero(pos))
+            self.n_small += int(np.count_nonzero(pos & (b <= self.small_below)))
+
+    def result(self) -> dict[str, Any]:
+        """``numel, l2, rms, max_abs, n_nan, n_inf, n_zero`` (the TENSORS_SCHEMA statistics)."""
+        n_fin = self.numel - self.n_nan - self.n_inf
+        return {"numel": self.numel, "l2": math.sqrt(self.sumsq), "rms": math.sqrt(self.sumsq / n_fin) if n_fin else
+                float("nan"), "max_abs": self.max_abs if n_fin else float("nan"), "n_nan": self.n_nan,
+                "n_inf": self.n_inf, "n_zero": self.n_zero}
+
+@dataclass(frozen=True)
+class Kind:
+    """How the bit patterns of one float dtype are read.
+
+    Attributes:
+        uint: The unsigned integer dtype of the same width (the raw view).
+        mask: All bits but the sign.
+        inf: The pattern of +inf; larger masked patterns are NaN.
+        shift: Left shift that puts a masked pattern into a float32 (0 for F32 itself).
+        scale: Factor from the squares of those float32 values to the true squares (``2**224`` for F16).
+        float: The numpy dtype of one element (to print ``max_abs`` from its pattern).
+    """
+
+    uint: Any
+    mask: int
+    inf: int
+    shift: int
+    scale: float
+    float: Any
+
+
+KINDS = {
+    "F32": Kind(np.uint32, 0x7FFFFFFF, 0x7F800000, 0, 1.0, np.float32),
+    "BF16": Kind(np.uint16, 0x7FFF, 0x7F80, 16, 1.0, None),
+    "F16": Kind(np.uint16, 0x7FFF, 0x7C00, 13, 2.0 ** 224, np.float16),
+}
+"""The dtypes :func:`reduce_bits` reduces (docs/formats.md#streaming-reduction)."""
+
+
+class Scratch:
+    """Reused per-thread buffers of at most ``block`` elements each, by name."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self._bufs: dict[str, np.ndarray] = {}
+        self.raw: dict[int, bytearray] = {}
+
+    def get(self, key: str, dtype: Any, n: int) -> np.ndarray:
+        """The first ``n`` elements of buffer ``key`` (allocated once, ``block`` elements of ``dtype``)."""
+        buf = self._bufs.get(key)
+        if buf is None or buf.dtype != dtype:
+            buf = self._bufs[key] = np.empty(self.block, dtype=dtype)
+        return buf[:n]
+
+    def bytes(self, slot: int, n: int) -> bytearray:
+        """A reused byte buffer of at least ``n`` bytes (``slot`` 0 for the tensor, 1 for the earlier one)."""
+        buf = self.raw.get(slot)
+        if buf is None or len(buf) < n:
+            buf = self.raw[slot] = bytearray(n)
+        return buf
+
+
+class Acc:
+    """Partial statistics of one range of a tensor (merged in range order by :meth:`merge`)."""
+
+    __slots__ = ("numel", "sumsq", "top", "n_nan", "n_inf", "n_zero", "n_small", "n_pos", "delta_sq")
+
+    def __init__(self) -> None:
+        self.numel = self.n_nan = self.n_inf = self.n_zero = self.n_small = self.n_pos = 0
+        self.top = -1  # the largest finite masked pattern seen
+        self.sumsq = self.delta_sq = 0.0
+
+    def merge(self, o: Acc) -> None:
+        """Fold another range's statistics in."""
+        self.numel += o.numel
+        self.sumsq += o.sumsq
+        self.delta_sq += o.delta_sq
+        self.top = max(self.top, o.top)
+        self.n_nan += o.n_nan
+        self.n_inf += o.n_inf
+        self.n_zero += o.n_zero
+        self.n_small += o.n_small
+        self.n_pos += o.n_pos
+
+    def result(self, dtype: str) -> dict[str, Any]:
+        """``numel, l2, rms, max_abs, n_nan, n_inf, n_zero`` as :meth:`Moments.result` gives them."""
+        n_fin = self.numel - self.n_nan - self.n_inf
+        return {"numel": self.numel, "l2": math.sqrt(self.sumsq), "rms": math.sqrt(self.sumsq / n_fin) if n_fin
+                else float("nan"), "max_abs": pattern_value(dtype, self.top) if n_fin else float("nan"),
+                "n_nan": self.n_nan, "n_inf": self.n_inf, "n_zero": self.n_zero}
+
+
+def pattern_value(dtype: str, pattern: int) -> float:
+    """The value of a non-negative bit pattern of ``dtype`` (0.0 for ``-1``: nothing seen)."""
+    if pattern < 0:
+        return 0.0
+    k = KINDS[dtype]
+    if k.float is None:  # BF16: the upper half of a float32
+        return float(np.array(pattern << 16, np.uint32).view(np.float32))
+    return float(np.array(pattern, k.uint).view(k.float))
+
+
+@functools.cache
+def _patterns16(dtype: str) -> np.ndarray:
+    """Values (float64) of the positive finite 16-bit patterns 1 .. inf - 1, increasing."""
+    k = KINDS[dtype]
+    bits = np.arange(1, k.inf, dtype=np.uint32)
+    if dtype == "BF16":
+        return (bits << 16).view(np.float32).astype(np.float64)
+    return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+def small_pattern(dtype: str, small_below: float) -> int:
+    """``P`` such that the positive patterns ``1 .. P`` are exactly the values ``0 < v <= small_below`` (float64)."""
+    if dtype != "F32":
+        return int(np.searchsorted(_patterns16(dtype), small_below, side="right"))
+    with np.errstate(over="ignore"):
+        c = np.float32(small_below)
+    if not float(c) <= small_below:  # rounded up (or NaN)
+        c = np.nextafter(c, np.float32(-np.inf))
+    return int(np.array(c, np.float32).view(np.uint32)) if c > 0 else 0
+
+
+def reduce_bits(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int | None = None) -> None:
+    """Fold a 1-D block of raw patterns (``KINDS[dtype].uint``, at most ``s.block`` elements) into ``acc``.
+
+    Args:
+        dtype: ``"F32"``, ``"BF16"`` or ``"F16"``.
+        bits: The patterns as stored.
+        acc: The statistics so far.
+        s: Scratch buffers.
+        small: :func:`small_pattern` of the Adam-epsilon threshold, or None (no ``n_small``/``n_pos``).
+    """
+    k = KINDS[dtype]
+    m = int(bits.shape[0])
+    if m == 0:
+        return
+    a = s.get("abs", k.uint, m)
+    np.bitwise_and(bits, k.mask, out=a)
+    top = int(np.maximum.reduce(a))
+    acc.numel += m
+    acc.n_zero += m - int(np.count_nonzero(a))
+    if small is not None:
+        t = s.get("dec", k.uint, m)
+        np.subtract(bits, 1, out=t)  # positive patterns 1..inf become 0..inf-1; +-0 and negatives stay above
+        acc.n_pos += int(np.count_nonzero(t < k.inf))
+        acc.n_small += int(np.count_nonzero(t < small))
+    if top >= k.inf:  # NaN or inf in this block: count them, keep the finite magnitudes
+        fin = a < k.inf
+        n_inf = int(np.count_nonzero(a == k.inf))
+        a = a[fin]
+        acc.n_inf += n_inf
+        acc.n_nan += m - int(a.shape[0]) - n_inf
+        top = int(np.maximum.reduce(a)) if a.shape[0] else -1
+    acc.top = max(acc.top, top)
+    f = s.get("f64", np.float64, int(a.shape[0]))
+    if k.shift:
+        u32 = s.get("u32", np.uint32, int(a.shape[0]))
+        np.left_shift(a, k.shift, out=u32, dtype=np.uint32)
+        np.copyto(f, u32.view(np.float32))
+    else:
+        np.copyto(f, a.view(np.float32))
+    np.multiply(f, f, out=f)
+    acc.sumsq += float(np.add.reduce(f)) * k.scale
+
+
+def delta_sq(a: np.ndarray, b: np.ndarray, s: Scratch) -> float:
+    """``sum((a - b)**2)`` in float64 of two float blocks of the same length (NaN/inf give NaN/inf)."""
+    d = s.get("delta", np.float64, int(a.shape[0]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(a, b, out=d, dtype=np.float64)
+        np.multiply(d, d, out=d)
+    return float(np.add.reduce(d))
