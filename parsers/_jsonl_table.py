@@ -1,0 +1,342 @@
+"""The long metrics table of one JSONL file as it is built (:mod:`parsers.jsonl`), block by block.
+
+:class:`_State` holds what a file accumulates (key ranks, tag ids, damage, run start); :class:`_Stream`
+the rows of one output table (one Arrow record batch per block); :class:`_Segmenter` the local segments.
+:func:`add_block` merges the records of one block, read by either engine (:class:`_Records`: the
+per-line path of :mod:`parsers._jsonl_lines`, the polars frames of :mod:`parsers._jsonl_frames`), in
+line order, and appends their rows. Step, wall time, suffix and segment rules are applied here once,
+on arrays, to the records of both engines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from forensics.model import Skip
+from forensics.schema import METRICS_SCHEMA, canonical_metric
+from parsers._jsonl_fields import STEP_KEYS, _flatten, _safe_tag
+
+MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
+
+
+class _Stream:
+    """The rows of one output table: one Arrow record batch per block, segments carried across blocks."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+        self.records = 0
+        self.non_numeric: dict[str, int] = {}
+        self.used_tags = np.zeros(0, bool)
+        self.segments = _Segmenter()
+
+    def add(self, st: _State, cols: tuple[np.ndarray, ...], non_numeric: dict[str, int]) -> None:
+        """Append one block's rows, grouped by record in line order.
+
+        Args:
+            st: The file state (tag names).
+            cols: Per record: ``step`` int64, ``counts`` int64 (its rows), then per row: ``tag`` int32,
+                ``value`` float64, ``null`` bool or None, then per record: ``wall`` float64 (NaN: none).
+            non_numeric: key -> text values that were not numbers, in this block.
+        """
+        for k, c in non_numeric.items():
+            self.non_numeric[k] = self.non_numeric.get(k, 0) + c
+        rec_step, counts, tag, val, null, rec_wall = cols
+        n = len(tag)
+        if not n:
+            return
+        used = np.bincount(tag) > 0
+        if len(used) > len(self.used_tags):
+            self.used_tags = np.concatenate([self.used_tags, np.zeros(len(used) - len(self.used_tags), bool)])
+        self.used_tags[:len(used)] |= used
+        has_rows = counts > 0
+        if not has_rows.all():
+            rec_step, counts, rec_wall = rec_step[has_rows], counts[has_rows], rec_wall[has_rows]
+        seg = self.segments(rec_step, counts, tag)
+        step, wall = np.repeat(rec_step, counts), np.repeat(rec_wall, counts)
+        names, metrics = st.tag_arrays()
+        idx = pa.array(tag, pa.int32())
+        missing = np.isnan(wall)
+        self.batches.append(pa.RecordBatch.from_arrays(
+            [_constant(n, ""), pa.array(seg, pa.int32()), pa.array(step, pa.int64()), pc.take(metrics, idx),
+             pa.array(val, pa.float64(), mask=null),
+             pa.array(wall, pa.float64(), mask=missing if missing.any() else None),
+             pc.take(names, idx), _constant(n, st.rel)], schema=METRICS_SCHEMA))
+
+    def table(self) -> pa.Table:
+        """The long metrics table (METRICS_SCHEMA), one chunk per block."""
+        batches, self.batches = self.batches, []
+        return pa.Table.from_batches(batches, schema=METRICS_SCHEMA)
+
+
+class _Segmenter:
+    """Local segments of one stream's records, block by block.
+
+    A record starts a new segment when its step is below the previous record's, or equals it and logs
+    a tag already logged at that step since the segment began (an appended resume). Records without
+    rows take no part. Vectorised; only runs of equal steps that repeat a tag are walked in Python.
+    """
+
+    def __init__(self) -> None:
+        self.last: int | None = None  # step of the last record so far
+        self.tags: set[int] = set()  # tags logged at that step since the current segment began
+        self.seg = 0
+
+    def __call__(self, s: np.ndarray, counts: np.ndarray, tag: np.ndarray) -> np.ndarray:
+        """int32 segment per row, from int64 step and row count (> 0) per record and int32 tag per row."""
+        first = np.cumsum(counts) - counts
+        brk, same = np.zeros(len(s), bool), np.zeros(len(s), bool)
+        brk[1:], same[1:] = s[1:] < s[:-1], s[1:] == s[:-1]
+        if self.last is not None:
+            brk[0], same[0] = s[0] < self.last, s[0] == self.last
+        new_run = ~same
+        new_run[0] = True
+        bounds = np.r_[np.flatnonzero(new_run), len(s)]  # runs of records at one step
+        run = np.cumsum(new_run) - 1
+        walk = {0} if same[0] else set()  # run 0 continues the last block's run
+        multi = same.copy()
+        multi[:-1] |= same[1:]
+        if multi[1:].any():
+            row_rec = np.repeat(np.arange(len(s)), counts)
+            sel = multi[row_rec]
+            width = int(tag.max()) + 1
+            combo = np.sort(run[row_rec[sel]].astype(np.int64) * width + tag[sel])
+            walk.update(np.unique(combo[1:][combo[1:] == combo[:-1]] // width).tolist())
+        last_run = len(bounds) - 2
+        final: set[int] | None = None
+        for r in sorted(walk):
+            seen = set(self.tags) if r == 0 and same[0] else set()
+            for ri in range(int(bounds[r]), int(bounds[r + 1])):
+                tags = set(tag[first[ri]:first[ri] + counts[ri]].tolist())
+                if seen & tags:
+                    brk[ri], seen = True, tags
+                else:
+                    seen |= tags
+            if r == last_run:
+                final = seen
+        if final is None:
+            final = set(tag[first[bounds[last_run]]:].tolist())
+        self.last, self.tags = int(s[-1]), final
+        seg = self.seg + np.cumsum(brk)
+        self.seg = int(seg[-1])
+        return np.repeat(seg.astype(np.int32), counts)
+
+
+def _constant(n: int, text: str) -> pa.Array:
+    """``n`` copies of ``text`` as a string array, built from buffers (no Python loop).
+
+    A block holds at most a few million rows, so ``n * len(text)`` stays within int32 offsets.
+    """
+    raw = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(raw)) if raw else np.zeros(n + 1, np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
+class _State:
+    """Everything one file accumulates: key ranks, tags, streams, damage, run start."""
+
+    def __init__(self, rel: str) -> None:
+        self.rel = rel
+        self.key_index: dict[str, int] = {}
+        self.keys: list[str] = []
+        self.rank: list[int] = []  # per key id: order of first row in the file (-1: none yet)
+        self.next_rank = 0
+        self.key_tag: list[int] = []  # per key id: the tag id of the bare key
+        self.tag_index: dict[str, int] = {}
+        self.tags: list[str] = []
+        self.suffix_index: dict[str, int] = {}
+        self.suffixes: list[str] = []
+        self.pair_tag: dict[tuple[int, int], int] = {}
+        self._names = self._metrics = pa.array([], pa.string())
+        self.main = _Stream()
+        self.indexed: _Stream | None = None  # records numbered 0, 1, ... while no step key has been seen
+        self.step_key: str | None = None
+        self.no_step = 0
+        self.start: float | None = None  # run start (s since epoch) from _timestamp - _runtime
+        self.runtime_seen = False
+        self.bad: list[Skip] = []
+        self.n_bad = 0
+        self.python_lines = 0
+
+    def key_id(self, key: str) -> int:
+        ki = self.key_index.get(key)
+        if ki is None:
+            ki = self.key_index[key] = len(self.keys)
+            self.keys.append(key)
+            self.rank.append(-1)
+            self.key_tag.append(self.tag_id(key))
+        return ki
+
+    def tag_id(self, tag: str) -> int:
+        ti = self.tag_index.get(tag)
+        if ti is None:
+            ti = self.tag_index[tag] = len(self.tags)
+            self.tags.append(_safe_tag(tag))
+        return ti
+
+    def tag_arrays(self) -> tuple[pa.Array, pa.Array]:
+        """(tag names, canonical metric names) as string arrays indexed by tag id."""
+        if len(self._names) != len(self.tags):
+            self._metrics = pa.array([canonical_metric(t) for t in self.tags], pa.string())
+            self._names = pa.array(self.tags, pa.string())
+        return self._names, self._metrics
+
+    def suffix_id(self, suffix: str) -> int:
+        si = self.suffix_index.get(suffix)
+        if si is None:
+            si = self.suffix_index[suffix] = len(self.suffixes)
+            self.suffixes.append(suffix)
+        return si
+
+    def skip(self, line_no: int, reason: str) -> None:
+        self.n_bad += 1
+        if len(self.bad) < MAX_REPORTED:
+            self.bad.append(Skip(f"{self.rel}:{line_no}", reason))
+
+
+class _Records:
+    """Records (parsed JSON objects) of some lines of one block, and their candidate metric rows.
+
+    Attributes (one entry per record, in line order): ``line`` int64 (1-based line number), ``step``
+    int64 (0 when ``has_step`` is False), ``has_step`` bool, ``step_key`` int8 (index into
+    :data:`STEP_KEYS`, -1: none), ``wall`` float64 s since epoch (NaN: none),
+    ``runtime`` float64 s (NaN: none), ``suffix`` int32 suffix id (-1: none). ``first``: key id ->
+    (line, position in the line) of its first row here, for keys without a rank yet. ``non_numeric``:
+    (has_step, key) -> count of text values that are not numbers.
+    """
+
+    line: np.ndarray
+    step: np.ndarray
+    has_step: np.ndarray
+    step_key: np.ndarray
+    wall: np.ndarray
+    runtime: np.ndarray
+    suffix: np.ndarray
+    first: dict[int, tuple[int, int]]
+    non_numeric: dict[tuple[bool, str], int]
+
+    def rows(self, rank: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The rows, grouped by record (records in order), within a record by key rank.
+
+        Args:
+            rank: int64 rank per key id.
+            ids: int32 per key id: what to return for a key (its tag id, or the key id itself).
+
+        Returns:
+            ``(counts int64[records], ids int32[rows], value float64[rows], null bool[rows] or None)``.
+        """
+        raise NotImplementedError
+
+
+def add_block(st: _State, pieces: list[_Records], raw_line: Callable[[int], bytes]) -> None:
+    """Rank new keys, merge the pieces of one block in line order, and append their rows to the streams."""
+    pieces = [p for p in pieces if len(p.line)]
+    if not pieces:
+        return
+    _rank_new_keys(st, pieces, raw_line)
+    rank = np.asarray(st.rank, np.int64)
+    line, step, has_step, step_key, wall, runtime, suffix = (
+        np.concatenate([getattr(p, a) for p in pieces])
+        for a in ("line", "step", "has_step", "step_key", "wall", "runtime", "suffix"))
+    named = bool((suffix >= 0).any())  # per-module records: tags depend on the record, not only the key
+    ids = np.arange(len(st.keys), dtype=np.int32) if named else np.asarray(st.key_tag, np.int32)
+    rows = [p.rows(rank, ids) for p in pieces]
+    counts = np.concatenate([r[0] for r in rows])
+    tag = np.concatenate([r[1] for r in rows])
+    val = np.concatenate([r[2] for r in rows])
+    null = None
+    if any(r[3] is not None for r in rows):
+        null = np.concatenate([r[3] if r[3] is not None else np.zeros(len(r[1]), bool) for r in rows])
+    del rows
+    if len(pieces) > 1:
+        order = np.argsort(line, kind="stable")
+        if (np.diff(order) < 0).any():
+            line, step, has_step, step_key, wall, runtime, suffix = (
+                a[order] for a in (line, step, has_step, step_key, wall, runtime, suffix))
+            begin = np.cumsum(counts) - counts
+            counts = counts[order]
+            idx = np.repeat(begin[order] - (np.cumsum(counts) - counts), counts) + np.arange(len(tag))
+            tag, val = tag[idx], val[idx]
+            null = None if null is None else null[idx]
+    if named:
+        tag = _tag_ids(st, tag, np.repeat(suffix, counts))
+    non_numeric: dict[tuple[bool, str], int] = {}
+    for p in pieces:
+        for k, c in p.non_numeric.items():
+            non_numeric[k] = non_numeric.get(k, 0) + c
+    # run start = _timestamp - _runtime of the first record with both; then start + _runtime is a wall time
+    has_rt = ~np.isnan(runtime)
+    if has_rt.any():
+        st.runtime_seen = True
+        both = has_rt & ~np.isnan(wall)
+        begin_at = 0
+        if st.start is None and both.any():
+            i0 = int(np.argmax(both))
+            st.start, begin_at = float(wall[i0] - runtime[i0]), i0 + 1
+        if st.start is not None:
+            fill = has_rt & np.isnan(wall)
+            fill[:begin_at] = False
+            wall = np.where(fill, st.start + runtime, wall)
+    if st.step_key is None and has_step.any():
+        st.step_key = STEP_KEYS[int(step_key[int(np.argmax(has_step))])]
+        st.indexed = None
+    if st.step_key is None:  # no step key so far: records are numbered 0, 1, ... (kept if none ever comes)
+        st.indexed = st.indexed or _Stream()
+        st.indexed.records += len(line)
+        st.indexed.add(st, (st.no_step + np.arange(len(line), dtype=np.int64), counts, tag, val, null, wall),
+                       {k: c for (hs, k), c in non_numeric.items() if not hs})
+    n_step = int(has_step.sum())
+    st.no_step += len(line) - n_step
+    st.main.records += n_step
+    if n_step:
+        if n_step < len(line):
+            sel = np.repeat(has_step, counts)
+            tag, val = tag[sel], val[sel]
+            null = None if null is None else null[sel]
+            step, counts, wall = step[has_step], counts[has_step], wall[has_step]
+        st.main.add(st, (step, counts, tag, val, null, wall), {k: c for (hs, k), c in non_numeric.items() if hs})
+
+
+def _rank_new_keys(st: _State, pieces: list[_Records], raw_line: Callable[[int], bytes]) -> None:
+    """Rank the keys that give their first row in this block: by line, then position in that line."""
+    found: dict[int, tuple[int, int]] = {}
+    unplaced: dict[int, list[int]] = {}  # line -> keys of a polars frame first seen there
+    for p in pieces:
+        for ki, (ln, pos) in p.first.items():
+            if pos < 0:
+                unplaced.setdefault(ln, []).append(ki)
+            elif ki not in found or (ln, pos) < found[ki]:
+                found[ki] = (ln, pos)
+    for ln, keys in unplaced.items():
+        order: dict[str, int] = {}
+        if len(set(keys)) > 1:
+            order = {k: i for i, k in enumerate(_flatten(json.loads(raw_line(ln)), "", {}))}
+        for ki in keys:
+            where = (ln, order.get(st.keys[ki], 0))
+            if ki not in found or where < found[ki]:
+                found[ki] = where
+    for ki in sorted(found, key=lambda k: (*found[k], k)):
+        st.rank[ki] = st.next_rank
+        st.next_rank += 1
+
+
+def _tag_ids(st: _State, key: np.ndarray, suffix: np.ndarray) -> np.ndarray:
+    """int32 tag id per row: the key, or ``key/suffix`` where the record names a module."""
+    tag = np.asarray(st.key_tag, np.int32)[key]
+    has = suffix >= 0
+    if has.any():
+        width = len(st.suffixes) + 1
+        pairs, inverse = np.unique(key[has].astype(np.int64) * width + suffix[has], return_inverse=True)
+        ids = []
+        for p in pairs.tolist():
+            k, s = divmod(p, width)
+            ti = st.pair_tag.get((k, s))
+            if ti is None:
+                ti = st.pair_tag[(k, s)] = st.tag_id(f"{st.keys[k]}/{st.suffixes[s]}")
+            ids.append(ti)
+        tag[has] = np.asarray(ids, np.int32)[inverse]
+    return tag
