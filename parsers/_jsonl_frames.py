@@ -55,75 +55,46 @@ class _FrameRecords(_Records):
         by_name: dict[str, list[tuple[pl.Series, np.ndarray]]] = {}
         for name, s, present in leaves if leaves is not None else _leaves(df)[0]:
             by_name.setdefault(name, []).append((s, present))
-        # step: the first of STEP_KEYS holding an integer step (text steps that are numbers were routed)
-        step, has_step = np.zeros(n, np.int64), np.zeros(n, bool)
-        step_key = np.full(n, -1, np.int8)
-        step_of: dict[str, np.ndarray] = {}
-        for i, k in enumerate(STEP_KEYS):
-            for s, present in by_name.get(k, []):
-                if s.dtype == pl.Int64:
-                    valid, v = present.copy(), _dense(s)
-                elif s.dtype == pl.Float64:
-                    f = _dense(s)
-                    valid = present & (f == np.floor(f))
-                    v = np.where(valid, f, 0.0).astype(np.int64)
-                else:
-                    continue
-                valid &= ~has_step
-                step[valid], step_key[valid] = v[valid], i
-                has_step |= valid
-                step_of[k] = valid
-        # wall time: the first of TIME_KEYS that reads as a time
-        wall = np.full(n, np.nan)
-        time_of: dict[str, np.ndarray] = {}
-        for k in TIME_KEYS:
-            for s, present in by_name.get(k, []):
-                if s.dtype in (pl.Int64, pl.Float64):
-                    t = _numeric(s)
-                    t = np.where(present & (t > 1e8), np.where(t > 1e11, t / 1000.0, t), np.nan)
-                elif s.dtype == pl.String:
-                    t = _map_unique(s, _as_time, np.nan, np.float64)
-                else:
-                    continue
-                time_of[k] = t
-                wall = np.where(np.isnan(wall), t, wall)
-        runtime = np.full(n, np.nan)
+        self.step, self.has_step, self.step_key, step_of = _steps(by_name, n)
+        self.wall, time_of = _walls(by_name, n)
+        self.runtime = np.full(n, np.nan)
         for k in RUNTIME_KEYS:
             for s, present in by_name.get(k, []):
                 if s.dtype in (pl.Int64, pl.Float64):
-                    runtime = np.where(np.isnan(runtime) & present, _numeric(s), runtime)
-        suffix = np.full(n, -1, np.int32)
+                    self.runtime = np.where(np.isnan(self.runtime) & present, _numeric(s), self.runtime)
+        self.suffix = np.full(n, -1, np.int32)
         for k in NAME_KEYS:
             for s, _ in by_name.get(k, []):
                 if s.dtype == pl.String:
                     ids = _map_unique(s, lambda v: st.suffix_id(v) if v else -1, -1, np.int32)
-                    suffix = np.where(suffix < 0, ids, suffix)
-        self.step, self.has_step, self.step_key = step, has_step, step_key
-        self.wall, self.runtime, self.suffix = wall, runtime, suffix
-        # metric leaves: numbers and bools, less the step key, the wall-time keys and _runtime
+                    self.suffix = np.where(self.suffix < 0, ids, self.suffix)
         self._leaves: list[tuple[int, np.ndarray, np.ndarray]] = []  # (key id, float64[n], row mask[n])
         for name, group in by_name.items():
-            if name in RUNTIME_KEYS:
-                continue
-            for s, present in group:
-                mask = present
-                if name in step_of:
-                    mask = mask & ~step_of[name]
-                if name in time_of:
-                    mask = mask & ~(time_of[name] == wall)
-                if s.dtype == pl.String and name not in NAME_KEYS:  # text that is not a number
-                    for hs in (True, False):
-                        c = int((mask & (has_step == hs)).sum())
-                        if c:
-                            self.non_numeric[(hs, name)] = self.non_numeric.get((hs, name), 0) + c
-                if s.dtype not in (pl.Int64, pl.Float64, pl.Boolean) or not mask.any():
-                    continue
-                ki = st.key_id(name)
-                if st.rank[ki] < 0:
-                    first = int(lines[int(np.argmax(mask))])
-                    if ki not in self.first or self.first[ki][0] > first:
-                        self.first[ki] = (first, -1)  # the position in the line is looked up if needed
-                self._leaves.append((ki, _numeric(s), mask))
+            if name not in RUNTIME_KEYS:
+                for s, present in group:
+                    self._leaf(st, name, s, present, step_of.get(name), time_of.get(name))
+
+    def _leaf(self, st: _State, name: str, s: pl.Series, present: np.ndarray, step_of: np.ndarray | None,
+              time_of: np.ndarray | None) -> None:
+        """Keep one leaf column as metric rows: numbers and bools, less the step key and the wall-time keys."""
+        mask = present
+        if step_of is not None:
+            mask = mask & ~step_of
+        if time_of is not None:
+            mask = mask & ~(time_of == self.wall)
+        if s.dtype == pl.String and name not in NAME_KEYS:  # text that is not a number
+            for hs in (True, False):
+                c = int((mask & (self.has_step == hs)).sum())
+                if c:
+                    self.non_numeric[(hs, name)] = self.non_numeric.get((hs, name), 0) + c
+        if s.dtype not in (pl.Int64, pl.Float64, pl.Boolean) or not mask.any():
+            return
+        ki = st.key_id(name)
+        if st.rank[ki] < 0:
+            first = int(self.line[int(np.argmax(mask))])
+            if ki not in self.first or self.first[ki][0] > first:
+                self.first[ki] = (first, -1)  # the position in the line is looked up if needed
+        self._leaves.append((ki, _numeric(s), mask))
 
     def rows(self, rank: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         n = len(self.line)
@@ -136,6 +107,50 @@ class _FrameRecords(_Records):
         if mask.all():
             return np.full(n, len(leaves), np.int64), np.tile(cols, n), vals.ravel(), None
         return (mask.sum(axis=1, dtype=np.int64), np.broadcast_to(cols, mask.shape)[mask], vals[mask], None)
+
+
+def _steps(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Step per row: the first of STEP_KEYS holding an integer step (text steps that are numbers were routed).
+
+    Returns int64 step, bool has_step, int8 step key index (-1: none), and key -> rows it gave the step of.
+    """
+    step, has_step = np.zeros(n, np.int64), np.zeros(n, bool)
+    step_key = np.full(n, -1, np.int8)
+    step_of: dict[str, np.ndarray] = {}
+    for i, k in enumerate(STEP_KEYS):
+        for s, present in by_name.get(k, []):
+            if s.dtype == pl.Int64:
+                valid, v = present.copy(), _dense(s)
+            elif s.dtype == pl.Float64:
+                f = _dense(s)
+                valid = present & (f == np.floor(f))
+                v = np.where(valid, f, 0.0).astype(np.int64)
+            else:
+                continue
+            valid &= ~has_step
+            step[valid], step_key[valid] = v[valid], i
+            has_step |= valid
+            step_of[k] = valid
+    return step, has_step, step_key, step_of
+
+
+def _walls(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Wall time per row (s since epoch, NaN: none): the first of TIME_KEYS that reads as a time; and per key."""
+    wall = np.full(n, np.nan)
+    time_of: dict[str, np.ndarray] = {}
+    for k in TIME_KEYS:
+        for s, present in by_name.get(k, []):
+            if s.dtype in (pl.Int64, pl.Float64):
+                t = _numeric(s)
+                t = np.where(present & (t > 1e8), np.where(t > 1e11, t / 1000.0, t), np.nan)
+            elif s.dtype == pl.String:
+                t = _map_unique(s, _as_time, np.nan, np.float64)
+            else:
+                continue
+            time_of[k] = t
+            wall = np.where(np.isnan(wall), t, wall)
+    return wall, time_of
 
 
 def _auto_block(st: _State, buf: bytes, staged: _Staged, first_line: int,

@@ -268,7 +268,15 @@ def add_block(st: _State, pieces: list[_Records], raw_line: Callable[[int], byte
     for p in pieces:
         for k, c in p.non_numeric.items():
             non_numeric[k] = non_numeric.get(k, 0) + c
-    # run start = _timestamp - _runtime of the first record with both; then start + _runtime is a wall time
+    wall = _runtime_wall(st, wall, runtime)
+    _append(st, (line, step, has_step, step_key), (counts, tag, val, null), wall, non_numeric)
+
+
+def _runtime_wall(st: _State, wall: np.ndarray, runtime: np.ndarray) -> np.ndarray:
+    """Wall time per record: run start + ``_runtime`` where a record has no wall time of its own.
+
+    The run start is ``_timestamp - _runtime`` of the first record with both (kept in ``st``).
+    """
     has_rt = ~np.isnan(runtime)
     if has_rt.any():
         st.runtime_seen = True
@@ -281,6 +289,24 @@ def add_block(st: _State, pieces: list[_Records], raw_line: Callable[[int], byte
             fill = has_rt & np.isnan(wall)
             fill[:begin_at] = False
             wall = np.where(fill, st.start + runtime, wall)
+    return wall
+
+
+def _append(st: _State, records: tuple[np.ndarray, ...], rows: tuple[np.ndarray | None, ...], wall: np.ndarray,
+            non_numeric: dict[tuple[bool, str], int]) -> None:
+    """Append one block's records: those with a step to the main stream, all to the line-index one.
+
+    The line-index stream is kept only while no step key has been seen (records numbered 0, 1, ...).
+
+    Args:
+        st: The file state.
+        records: Per record, in line order: ``line``, ``step`` int64, ``has_step`` bool, ``step_key`` int8.
+        rows: ``counts`` int64 per record, then per row ``tag`` int32, ``val`` float64, ``null`` bool or None.
+        wall: float64 per record (NaN: none).
+        non_numeric: (has_step, key) -> count of text values that are not numbers.
+    """
+    line, step, has_step, step_key = records
+    counts, tag, val, null = rows
     if st.step_key is None and has_step.any():
         st.step_key = STEP_KEYS[int(step_key[int(np.argmax(has_step))])]
         st.indexed = None

@@ -174,20 +174,7 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
         raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     st = _State(rel)
-    skipped: list[Skip] = []
-    try:
-        fh = open_binary(path, bounded=False)  # its own line budget (MAX_LINE_BYTES), listed
-    except OSError as exc:
-        fh = None
-        skipped.append(Skip(f"{rel}:0", f"file ends abruptly ({exc}); earlier lines kept"))
-    long_lines: list[tuple[int, int]] = []
-    if fh is not None:
-        with fh:
-            error = _read_blocks(st, fh, engine, chunk_bytes, long_lines)
-        for line, nbytes in long_lines[:MAX_REPORTED]:
-            skipped.append(Skip(f"{rel}:{line}", f"line of {nbytes} bytes (more than {MAX_LINE_BYTES}): not read"))
-        if error is not None:
-            skipped.append(Skip(f"{rel}:{error[0]}", f"file ends abruptly ({error[1]}); earlier lines kept"))
+    skipped = _read_file(st, path, engine, chunk_bytes)
     meta: dict[str, Any] = {"records": st.main.records, "bad_lines": st.n_bad, "lines_without_step": 0}
     stream = st.main
     if st.step_key is None and st.indexed is not None:
@@ -206,15 +193,38 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
         if st.start is not None:
             meta["run_start"] = st.start
     table = stream.table()
-    # text in a key that is numeric elsewhere is a lost value; text-only keys are labels (run names...)
+    _lost_values(st, stream, meta, skipped)
+    if st.n_bad > len(st.bad):
+        st.bad.append(Skip(rel, f"{st.n_bad - len(st.bad)} more bad line(s) not listed"))
+    return ParseResult(format=FORMAT, path=rel, metrics=table, meta=meta,
+                       skipped=tuple(st.bad + skipped), precision="float64")
+
+
+def _read_file(st: _State, path: Path, engine: str, chunk_bytes: int) -> list[Skip]:
+    """Read every block of ``path`` into ``st``; returns what was not read (overlong lines, a cut stream)."""
+    rel = st.rel
+    skipped: list[Skip] = []
+    try:
+        fh = open_binary(path, bounded=False)  # its own line budget (MAX_LINE_BYTES), listed
+    except OSError as exc:
+        skipped.append(Skip(f"{rel}:0", f"file ends abruptly ({exc}); earlier lines kept"))
+        return skipped
+    long_lines: list[tuple[int, int]] = []
+    with fh:
+        error = _read_blocks(st, fh, engine, chunk_bytes, long_lines)
+    for line, nbytes in long_lines[:MAX_REPORTED]:
+        skipped.append(Skip(f"{rel}:{line}", f"line of {nbytes} bytes (more than {MAX_LINE_BYTES}): not read"))
+    if error is not None:
+        skipped.append(Skip(f"{rel}:{error[0]}", f"file ends abruptly ({error[1]}); earlier lines kept"))
+    return skipped
+
+
+def _lost_values(st: _State, stream: Any, meta: dict[str, Any], skipped: list[Skip]) -> None:
+    """List text in a key that is numeric elsewhere (a lost value); text-only keys are labels (run names...)."""
     used = stream.used_tags
     lost = {k: n for k, n in stream.non_numeric.items()
             if (ti := st.tag_index.get(k)) is not None and ti < len(used) and used[ti]}
     if lost:
         meta["non_numeric_values"] = dict(lost)
         worst = ", ".join(f"{k} ({n})" for k, n in sorted(lost.items(), key=lambda kv: -kv[1])[:5])
-        skipped.append(Skip(rel, f"text values that are not numbers were not read as metrics: {worst}"))
-    if st.n_bad > len(st.bad):
-        st.bad.append(Skip(rel, f"{st.n_bad - len(st.bad)} more bad line(s) not listed"))
-    return ParseResult(format=FORMAT, path=rel, metrics=table, meta=meta,
-                       skipped=tuple(st.bad + skipped), precision="float64")
+        skipped.append(Skip(st.rel, f"text values that are not numbers were not read as metrics: {worst}"))
