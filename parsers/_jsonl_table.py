@@ -58,14 +58,13 @@ class _Stream:
             rec_step, counts, rec_wall = rec_step[has_rows], counts[has_rows], rec_wall[has_rows]
         seg = self.segments(rec_step, counts, tag)
         step, wall = np.repeat(rec_step, counts), np.repeat(rec_wall, counts)
-        names, metrics = st.tag_arrays()
-        idx = pa.array(tag, pa.int32())
+        metric_col, tag_col = st.text_columns(tag, counts)
         missing = np.isnan(wall)
         self.batches.append(pa.RecordBatch.from_arrays(
-            [_constant(n, ""), pa.array(seg, pa.int32()), pa.array(step, pa.int64()), pc.take(metrics, idx),
+            [st.constant(n, ""), pa.array(seg, pa.int32()), pa.array(step, pa.int64()), metric_col,
              pa.array(val, pa.float64(), mask=null),
              pa.array(wall, pa.float64(), mask=missing if missing.any() else None),
-             pc.take(names, idx), _constant(n, st.rel)], schema=METRICS_SCHEMA))
+             tag_col, st.constant(n, st.rel)], schema=METRICS_SCHEMA))
 
     def table(self) -> pa.Table:
         """The long metrics table (METRICS_SCHEMA), one chunk per block."""
@@ -136,6 +135,19 @@ def _constant(n: int, text: str) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
 
 
+def _tiled(names: pa.Array, pattern: np.ndarray, reps: int) -> pa.Array | None:
+    """The strings ``names[pattern]`` repeated ``reps`` times, built from buffers (None: past int32 offsets)."""
+    raw = [v.encode("utf-8", "surrogatepass") for v in names.take(pa.array(pattern, pa.int32())).to_pylist()]
+    data = b"".join(raw)
+    if len(data) * reps >= 1 << 31:
+        return None
+    offsets = np.zeros(len(raw) + 1, np.int64)
+    np.cumsum([len(b) for b in raw], out=offsets[1:])
+    full = (offsets[:-1][None, :] + np.arange(reps, dtype=np.int64)[:, None] * len(data)).ravel()
+    full = np.append(full, len(data) * reps).astype(np.int32)
+    return pa.StringArray.from_buffers(len(full) - 1, pa.py_buffer(full), pa.py_buffer(data * reps))
+
+
 class _State:
     """Everything one file accumulates: key ranks, tags, streams, damage, run start."""
 
@@ -152,6 +164,8 @@ class _State:
         self.suffixes: list[str] = []
         self.pair_tag: dict[tuple[int, int], int] = {}
         self._names = self._metrics = pa.array([], pa.string())
+        self._constants: dict[str, pa.Array] = {}
+        self._tiles: dict[bytes, tuple[pa.Array, pa.Array]] = {}
         self.main = _Stream()
         self.indexed: _Stream | None = None  # records numbered 0, 1, ... while no step key has been seen
         self.step_key: str | None = None
@@ -177,6 +191,38 @@ class _State:
             ti = self.tag_index[tag] = len(self.tags)
             self.tags.append(_safe_tag(tag))
         return ti
+
+    def constant(self, n: int, text: str) -> pa.Array:
+        """``n`` copies of ``text``: a slice of one array kept per text (blocks share its buffers)."""
+        have = self._constants.get(text)
+        if have is None or len(have) < n:
+            have = self._constants[text] = _constant(max(n, 2 * len(have) if have is not None else n), text)
+        return have.slice(0, n)
+
+    def text_columns(self, tag: np.ndarray, counts: np.ndarray) -> tuple[pa.Array, pa.Array]:
+        """(canonical metric, tag) string arrays of the rows ``tag`` (int32 tag ids), grouped by ``counts``.
+
+        When every record logs the same tags in the same order (the common trainer log), the rows are one
+        pattern repeated: slices of one tiled array kept per pattern, shared by the blocks (no per-row
+        string work, no copy per block). Else a ``take`` from the per-tag names.
+        """
+        names, metrics = self.tag_arrays()
+        k = int(counts[0]) if len(counts) else 0
+        r = len(counts)
+        if k and len(tag) == k * r and (r == 1 or (counts == k).all()):
+            pattern = tag[:k]
+            if (tag.reshape(r, k) == pattern).all():
+                key = pattern.tobytes()
+                have = self._tiles.get(key)
+                if have is None or len(have[0]) < k * r:
+                    reps = max(r, 2 * len(have[0]) // k if have is not None else r)
+                    tiles = _tiled(metrics, pattern, reps), _tiled(names, pattern, reps)
+                    if tiles[0] is not None and tiles[1] is not None:
+                        have = self._tiles[key] = tiles  # type: ignore[assignment]
+                if have is not None and len(have[0]) >= k * r:
+                    return have[0].slice(0, k * r), have[1].slice(0, k * r)
+        idx = pa.array(tag, pa.int32())
+        return pc.take(metrics, idx), pc.take(names, idx)
 
     def tag_arrays(self) -> tuple[pa.Array, pa.Array]:
         """(tag names, canonical metric names) as string arrays indexed by tag id."""
