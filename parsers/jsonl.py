@@ -106,11 +106,21 @@ def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int,
     With the ``"auto"`` engine a worker thread stages block i + 1 (scan, polars) while this thread
     converts block i, so at most three blocks are held at a time.
     """
+    long_lines = [] if long_lines is None else long_lines
+    error = _read_all(st, fh, engine, chunk_bytes, long_lines, firsts := [])
+    long_lines[:] = [(firsts[block] + 1, nbytes) for block, nbytes in long_lines]  # block index -> line number
+    return error
+
+
+def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lines: list[tuple[int, int]],
+              firsts: list[int]) -> tuple[int, str] | None:
+    """:func:`_read_blocks`, with ``firsts``: the lines before each block, in block order."""
     done = 0  # lines before the current block
     error: tuple[int, str] | None = None
 
     def finish(buf: bytes, tail: bytes, err: str | None, lines: Callable[[int, tuple | None], int]) -> None:
         nonlocal done, error
+        firsts.append(done)
         cut = (done + buf.count(b"\n") + 1, tail, True) if tail.strip() else None
         done += lines(done + 1, cut)
         if err is not None:

@@ -432,3 +432,19 @@ def test_deeply_nested_line_is_one_skip(tmp_path: Path, engine: str, depth: int)
         assert [s.what for s in res.skipped] == ["metrics.jsonl:21"] and "deeply" in res.skipped[0].reason
     else:
         assert not res.skipped and res.metrics.filter(pc.equal(res.metrics["step"], 100)).num_rows == 1
+
+
+@pytest.mark.parametrize("engine", jsonl.ENGINES)
+def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
+    from parsers import _jsonl_blocks
+
+    monkeypatch.setattr(_jsonl_blocks, "MAX_LINE_BYTES", 1000)
+    lines = [json.dumps({"step": s, "loss": 1.0 / (s + 1)}) for s in range(1, 40)]
+    lines[24] = json.dumps({"step": 25, "loss": "x" * 5000})
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    r = jsonl.read(p, tmp_path, engine=engine, chunk_bytes=256)
+    assert [s.what for s in r.skipped] == ["metrics.jsonl:25"]
+    assert "bytes" in r.skipped[0].reason
+    steps = r.metrics.column("step").to_pylist()
+    assert 25 not in steps and steps == [s for s in range(1, 40) if s != 25]
