@@ -264,6 +264,7 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     if step_col is None:
         raise ParseError(rel, "no step column in the CSV header")
     table: list[tuple[int, list[str]]] = []
+    first_skip = len(skipped)
     try:
         for cells in reader:
             lineno = reader.line_num
@@ -276,20 +277,58 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
                 skipped.append(Skip(f"{rel}:{lineno}", "last line has no newline (the writer was killed "
                                     "mid-row?); dropped because its last cell may be cut short"))
                 continue
-            if len(cells) != len(header):
-                why = "torn last line (the writer was killed mid-row)" if torn else \
-                    f"{len(cells)} cells for {len(header)} columns"
-                skipped.append(Skip(f"{rel}:{lineno}", why))
+            if torn and len(cells) != len(header):
+                skipped.append(Skip(f"{rel}:{lineno}", "torn last line (the writer was killed mid-row)"))
                 continue
             table.append((lineno, cells))
     except csv.Error as exc:
         skipped.append(Skip(f"{rel}:{reader.line_num}", f"unreadable CSV from here on: {exc}"))
+    table = _aligned(table, len(header), rel, meta, skipped)
+    skipped[first_skip:] = sorted(skipped[first_skip:], key=_line_of)
     meta["columns"] = header
     meta["step_column"] = step_col
     meta["step_axis"] = {"column": step_col, "kind": step_axis(step_col)}
     meta["kind"] = "wandb_export" if step_col in ("_step", "Step") else "lightning" if "epoch" in header \
         and step_col == "step" else "generic"
     _emit(rows, table, header, step_col, meta, skipped, rel)
+
+
+def _line_of(skip: Skip) -> int:
+    """The line number of a ``"<rel>:<line>"`` skip (0 when it names none)."""
+    tail = skip.what.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _aligned(table: list[tuple[int, list[str]]], width: int, rel: str, meta: dict[str, Any],
+             skipped: list[Skip]) -> list[tuple[int, list[str]]]:
+    r"""The rows with a writer's extra empty cells taken out, the other rows of the wrong width listed.
+
+    A writer that joins an empty field (flair's ``loss.tsv`` writes ``TRAIN_LOSS\t\t_`` when it has no
+    train metrics) gives every row ``k`` cells more than the header. When most rows have the same
+    ``width + k`` cells and ``k`` positions are blank in every one of them, those positions are dropped
+    (``meta["dropped_blank_cells"]``); else a row of another width is skipped with its line number.
+    """
+    widths: dict[int, int] = {}
+    for _, cells in table:
+        widths[len(cells)] = widths.get(len(cells), 0) + 1
+    common = max(widths, key=lambda w: widths[w], default=width)
+    blank: list[int] = []
+    if common > width and 2 * widths[common] > len(table):
+        rows = [cells for _, cells in table if len(cells) == common]
+        blank = [i for i in range(common) if all(not c[i].strip() for c in rows)]
+        blank = blank[:common - width] if len(blank) >= common - width else []
+    out: list[tuple[int, list[str]]] = []
+    for lineno, cells in table:
+        if blank and len(cells) == common:
+            drop = set(blank)
+            cells = [c for i, c in enumerate(cells) if i not in drop]
+        if len(cells) != width:
+            skipped.append(Skip(f"{rel}:{lineno}", f"{len(cells)} cells for {width} columns"))
+            continue
+        out.append((lineno, cells))
+    if blank:
+        meta["dropped_blank_cells"] = blank
+    return out
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -436,6 +436,7 @@ def test_deeply_nested_line_is_one_skip(tmp_path: Path, engine: str, depth: int)
 
 @pytest.mark.parametrize("engine", jsonl.ENGINES)
 def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
+    """An overlong line in the middle of a file is listed with its own line number; the rest is read."""
     from parsers import _jsonl_blocks
 
     monkeypatch.setattr(_jsonl_blocks, "MAX_LINE_BYTES", 1000)
