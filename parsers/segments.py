@@ -37,7 +37,7 @@ def bounds(pr: ParseResult) -> dict[str, Any]:
     return {"rows": t.num_rows, "segments": n_local, "first_wall": first_wall, "last_wall": last_wall,
             "first_step": pc.min(first).as_py() if len(first) else None,
             "last_step": pc.max(last).as_py(),
-            "steps": pc.count_distinct(step).as_py()}
+            "one_step": len(set(pc.min_max(step).as_py().values())) == 1}  # one step only (no hash of 50M rows)
 
 
 def _order_key(item: tuple[str, ParseResult, dict]) -> tuple:
@@ -61,7 +61,7 @@ def groups_of(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
         if pr.format != "tensorboard":
             out[rel] = f"{pr.format}:{parent or '.'}"
             continue
-        if b["rows"] == 0 or b.get("first_wall") is None or ("hparams" in pr.meta and b["steps"] <= 1):
+        if b["rows"] == 0 or b.get("first_wall") is None or ("hparams" in pr.meta and b["one_step"]):
             out[rel] = f"tensorboard:{rel}"  # no rows, or an add_hparams side file: on its own
             continue
         free = [c for c in chains if c["end"] <= b["first_wall"]]
