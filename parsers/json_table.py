@@ -150,21 +150,29 @@ def _json_columns(text: str, rel: str) -> list[tuple[int, Any]]:
     return [(1, {c: v[k] for c, v in cols.items() if k in v}) for k in order]
 
 
+def _elements(path: Path, rel: str, meta: dict[str, Any], skipped: list[Skip]) -> list[tuple[int, Any]]:
+    """``(line, element)`` of the rows of the export (pandas' column layout turned into rows).
+
+    Raises:
+        ParseError: Neither an array nor the column layout.
+    """
+    with open_binary(path) as fh:
+        text = fh.read().decode("utf-8-sig", errors="replace")
+    if text.lstrip().startswith("{"):
+        meta["layout"] = "columns"
+        return _json_columns(text, rel)
+    if not text.lstrip().startswith("["):
+        raise ParseError(rel, "not a JSON array of rows")
+    return _json_elements(text, rel, skipped)
+
+
 def read_json(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
     """Read the rows of a JSON history export into ``rows``; damaged elements go to ``skipped``.
 
     Raises:
         ParseError: Not a JSON array of rows (nor the column layout), or an array without a row.
     """
-    with open_binary(path) as fh:
-        text = fh.read().decode("utf-8-sig", errors="replace")
-    if text.lstrip().startswith("{"):
-        elements = _json_columns(text, rel)
-        meta["layout"] = "columns"
-    elif not text.lstrip().startswith("["):
-        raise ParseError(rel, "not a JSON array of rows")
-    else:
-        elements = _json_elements(text, rel, skipped)
+    elements = _elements(path, rel, meta, skipped)
     keys: dict[str, None] = {}
     records = 0
     nulls = 0
