@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from parsers import _jsonl_table, jsonl
+from parsers import _jsonl_segments, jsonl
 
 
 def _write(path: Path, text: str) -> Path:
@@ -336,7 +336,7 @@ def _segments_reference(records: list[tuple[int, list[str]]]) -> list[int]:
        hs.lists(hs.integers(1, 8), max_size=6))
 def test_segments_match_the_sequential_rule(records, cuts):
     """The vectorised segmenter, fed block by block, equals the one-record-at-a-time rule."""
-    seg = _jsonl_table._Segmenter()
+    seg = _jsonl_segments._Segmenter()
     got, i = [], 0
     for size in [*cuts, len(records)]:
         part = records[i:i + size]
