@@ -1,7 +1,8 @@
 """The long metrics table of one JSONL file as it is built (:mod:`parsers.jsonl`), block by block.
 
 :class:`_State` holds what a file accumulates (key ranks, tag ids, damage, run start); :class:`_Stream`
-the rows of one output table (one Arrow record batch per block); :class:`parsers._jsonl_segments._Segmenter` the local segments.
+the rows of one output table (one Arrow record batch per block, local segments by
+:class:`parsers._jsonl_segments._Segmenter`).
 :func:`add_block` merges the records of one block, read by either engine (:class:`_Records`: the
 per-line path of :mod:`parsers._jsonl_lines`, the polars frames of :mod:`parsers._jsonl_frames`), in
 line order, and appends their rows. Step, wall time, suffix and segment rules are applied here once,
