@@ -145,11 +145,17 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     cr = last == 13
     last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
     plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
-    brackets = np.zeros(len(starts), np.int64)
-    for byte in (0x7B, 0x5B):  # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep
-        np.equal(arr, byte, out=work)  # positions, then a count per line (far cheaper than add.reduceat)
-        brackets += np.bincount(np.searchsorted(ends, np.flatnonzero(work)), minlength=len(ends))[:len(ends)]
-    plain &= brackets <= _MAX_BRACKETS
+    # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep. Each plain line opens
+    # with one '{', so when the block holds at most _MAX_BRACKETS more than it has lines, no line can
+    # hold more (flat trainer logs: one count, no per-line work); else a count per line from positions
+    counts = {byte: _count(buf, byte, work) if buf.find(bytes([byte])) >= 0 else 0 for byte in (0x7B, 0x5B)}
+    if sum(counts.values()) - int(plain.sum()) >= _MAX_BRACKETS:
+        brackets = np.zeros(len(starts), np.int64)
+        for byte in (0x7B, 0x5B):
+            if counts[byte]:
+                np.equal(arr, byte, out=work)
+                brackets += np.bincount(np.searchsorted(ends, np.flatnonzero(work)), minlength=len(ends))[:len(ends)]
+        plain &= brackets <= _MAX_BRACKETS
     for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
         if buf.find(lead) < 0:
             continue
