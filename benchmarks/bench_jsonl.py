@@ -144,10 +144,12 @@ def bench(steps: int, metrics: int, repeat: int, mem: bool, analyze: bool) -> No
               f"{mb / best[name]:6.0f} MB/s  x{best[name] / floor:.2f} read_ndjson (CPU x{cpu[name] / cfloor:.2f})")
     if analyze:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "forensics.cli", "analyze", str(path.parent), "-f", "json"],
-                       capture_output=True, check=False)
+        out = subprocess.run([sys.executable, "-c", "import sys; from forensics.cli import main; sys.exit(main())",
+                              "analyze", str(path.parent), "-f", "json"], capture_output=True, check=False)
         t = time.perf_counter() - t0
-        print(f"{'analyze':12s} {t:7.2f} s  (whole process)  x{t / floor:.2f} read_ndjson (goal: <= 3)")
+        verdict = json.loads(out.stdout or b"{}").get("verdict")
+        print(f"{'analyze':12s} {t:7.2f} s  (whole process, exit {out.returncode}, verdict {verdict})  "
+              f"x{t / floor:.2f} read_ndjson (goal: <= 3)")
     if mem:
         ours = memory("jsonl.read", path)
         for name in names:
