@@ -14,12 +14,29 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from parsers._table_header import EPOCH_COLUMNS, SAMPLE_COLUMNS
 from parsers.file_policy import no_surrogates
 
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "it", "current_steps", "current_step",
-             "trainer/global_step", "train/global_step", "global step", "train_step", "optimizer_step", "steps",
-             "update", "updates", "iters", "s")
-"""Keys that hold the step, in priority order (the first present in a record wins)."""
+_BASE_STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "num_updates", "it", "current_steps",
+                   "current_step", "trainer/global_step", "train/global_step", "global step", "train_step",
+                   "optimizer_step", "steps", "update", "updates", "iters", "s")
+STEP_KEYS = tuple(dict.fromkeys(
+    _BASE_STEP_KEYS + tuple(k.capitalize() for k in _BASE_STEP_KEYS) + tuple(k.upper() for k in _BASE_STEP_KEYS)))
+"""Keys that hold the step, in priority order (the first present in a record wins); ``Step``/``STEP`` too."""
+FALLBACK_STEP_KEYS = tuple(dict.fromkeys(EPOCH_COLUMNS + tuple(k.upper() for k in EPOCH_COLUMNS) + SAMPLE_COLUMNS))
+"""Epoch or sample counts: the step of a file in which no record has a step key (else they are metrics);
+the line index only when no record has one of these either."""
+
+
+def step_keys(user: str | None) -> tuple[tuple[str, ...], int]:
+    """The step keys of one file in priority order, and where the fallback (epoch, samples) keys begin.
+
+    ``user``: the step key the user named (``forensics.toml`` ``step_key``), which wins.
+    """
+    keys = STEP_KEYS + FALLBACK_STEP_KEYS
+    if user:
+        keys = (user, *(k for k in keys if k != user))
+    return keys, next(i for i, k in enumerate(keys) if k in FALLBACK_STEP_KEYS and k != user)
 TIME_KEYS = ("wall_time", "time", "timestamp", "_timestamp")
 """Keys read as the wall time (s since epoch; ms when > 1e11; ISO-8601 strings accepted)."""
 RUNTIME_KEYS = ("_runtime", "_wandb/runtime")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, STEP_KEYS, TIME_KEYS, _as_time
+from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, TIME_KEYS, _as_time
 from parsers._jsonl_lines import _PyRecords
 from parsers._jsonl_stage import _dense, _leaves, _Staged
 from parsers._jsonl_table import _Records, _State, add_block
@@ -55,7 +55,7 @@ class _FrameRecords(_Records):
         by_name: dict[str, list[tuple[pl.Series, np.ndarray]]] = {}
         for name, s, present in leaves if leaves is not None else _leaves(df)[0]:
             by_name.setdefault(name, []).append((s, present))
-        self.step, self.has_step, self.step_key, step_of = _steps(by_name, n)
+        self.step, self.has_step, self.step_key, step_of = _steps(by_name, n, st.step_keys, st.fallback_from)
         self.wall, time_of = _walls(by_name, n)
         self.runtime = np.full(n, np.nan)
         for k in RUNTIME_KEYS:
@@ -109,16 +109,16 @@ class _FrameRecords(_Records):
         return (mask.sum(axis=1, dtype=np.int64), np.broadcast_to(cols, mask.shape)[mask], vals[mask], None)
 
 
-def _steps(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Step per row: the first of STEP_KEYS holding an integer step (text steps that are numbers were routed).
+def _steps(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int, keys: tuple[str, ...],
+           fallback_from: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Step per row: the first of ``keys`` holding an integer step (text steps that are numbers were routed).
 
     Returns int64 step, bool has_step, int8 step key index (-1: none), and key -> rows it gave the step of.
     """
     step, has_step = np.zeros(n, np.int64), np.zeros(n, bool)
     step_key = np.full(n, -1, np.int8)
     step_of: dict[str, np.ndarray] = {}
-    for i, k in enumerate(STEP_KEYS):
+    for i, k in enumerate(keys):
         for s, present in by_name.get(k, []):
             if s.dtype == pl.Int64:
                 valid, v = present.copy(), _dense(s)
@@ -131,7 +131,8 @@ def _steps(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int
             valid &= ~has_step
             step[valid], step_key[valid] = v[valid], i
             has_step |= valid
-            step_of[k] = valid
+            if i < fallback_from:  # an epoch or sample count that gives the step stays a metric too
+                step_of[k] = valid
     return step, has_step, step_key, step_of
 
 

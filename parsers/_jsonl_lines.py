@@ -17,7 +17,6 @@ from parsers._jsonl_fields import (
     _SPECIAL_KEYS,
     NAME_KEYS,
     RUNTIME_KEYS,
-    STEP_KEYS,
     TIME_KEYS,
     _as_runtime,
     _as_step,
@@ -54,7 +53,7 @@ class _PyRecords(_Records):
         r_rec, r_key, r_val, r_null = rows
         rank, key_index, first, non_numeric = st.rank, st.key_index, self.first, self.non_numeric
         step_key, stp = None, 0
-        for i, k in enumerate(STEP_KEYS):
+        for i, k in enumerate(st.step_keys):
             if k in obj and (stp := _as_step(obj[k])) is not None:
                 step_key = k
                 step_key_of.append(i)
@@ -62,6 +61,7 @@ class _PyRecords(_Records):
         else:
             stp = 0
             step_key_of.append(-1)
+        skip_key = step_key if step_key_of[-1] < st.fallback_from else None  # an epoch stays a metric too
         flat = _flatten(obj, "", {})
         w = next((w for k in TIME_KEYS if k in flat and (w := _as_time(flat[k])) is not None), None)
         rt = next((r for k in RUNTIME_KEYS if k in flat and not math.isnan(r := _as_runtime(flat[k]))), math.nan)
@@ -74,7 +74,7 @@ class _PyRecords(_Records):
         runtime.append(rt)
         suffix.append(-1 if sfx is None else st.suffix_id(sfx))
         for pos, (key, v) in enumerate(flat.items()):
-            v = _value(key, v, step_key, w)
+            v = _value(key, v, skip_key, w)
             if v is _SKIP:
                 continue
             if v is _TEXT:

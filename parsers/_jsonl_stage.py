@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 from polars.exceptions import PanicException
 
-from parsers._jsonl_fields import STEP_KEYS
+from parsers._jsonl_fields import FALLBACK_STEP_KEYS, STEP_KEYS
 
 # lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
 # a null polars reads as a missing key, which the key count then finds
@@ -79,7 +79,7 @@ def _exact_rows(df: pl.DataFrame, colon_total: int, colons: Callable[[], np.ndar
         left_out = None
         if dt == pl.String:
             left_out = present & s.str.contains(_MAYBE_COERCED).fill_null(False).to_numpy()
-        elif dt == pl.Float64 and name in STEP_KEYS:
+        elif dt == pl.Float64 and (name in STEP_KEYS or name in FALLBACK_STEP_KEYS):
             left_out = present & (np.abs(_dense(s)) >= _EXACT_INT)
         elif dt not in _KEPT_TYPES and not isinstance(dt, pl.List):
             left_out = present

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 from forensics.model import Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
-from parsers._jsonl_fields import STEP_KEYS, _flatten, _safe_tag
+from parsers._io import STEP_KEY
+from parsers._jsonl_fields import _flatten, _safe_tag, step_keys
 from parsers._jsonl_segments import _Segmenter
 
 MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
@@ -118,6 +119,9 @@ class _State:
         self.main = _Stream()
         self.indexed: _Stream | None = None  # records numbered 0, 1, ... while no step key has been seen
         self.step_key: str | None = None
+        self.step_keys, self.fallback_from = step_keys(STEP_KEY.get())
+        self.fallback: _Stream | None = None  # records stepped by an epoch or sample count, while no step key
+        self.fallback_key: str | None = None
         self.no_step = 0
         self.start: float | None = None  # run start (s since epoch) from _timestamp - _runtime
         self.runtime_seen = False
@@ -302,24 +306,46 @@ def _append(st: _State, records: tuple[np.ndarray, ...], rows: tuple[np.ndarray 
     """
     line, step, has_step, step_key = records
     counts, tag, val, null = rows
+    by_fallback = has_step & (step_key >= st.fallback_from)  # an epoch or sample count, no step key
+    has_step = has_step & ~by_fallback
     if st.step_key is None and has_step.any():
-        st.step_key = STEP_KEYS[int(step_key[int(np.argmax(has_step))])]
-        st.indexed = None
+        st.step_key = st.step_keys[int(step_key[int(np.argmax(has_step))])]
+        st.indexed = st.fallback = None
     if st.step_key is None:  # no step key so far: records are numbered 0, 1, ... (kept if none ever comes)
         st.indexed = st.indexed or _Stream()
         st.indexed.records += len(line)
         st.indexed.add(st, (st.no_step + np.arange(len(line), dtype=np.int64), counts, tag, val, null, wall),
                        {k: c for (hs, k), c in non_numeric.items() if not hs})
+        if by_fallback.any():  # and by their epoch or sample count (kept, before the line index, if no step comes)
+            st.fallback = st.fallback or _Stream()
+            st.fallback_key = st.fallback_key or st.step_keys[int(step_key[int(np.argmax(by_fallback))])]
+            _add_selected(st.fallback, st, by_fallback, (step, counts, tag, val, null, wall), non_numeric,
+                          drop=step_key)
     n_step = int(has_step.sum())
     st.no_step += len(line) - n_step
-    st.main.records += n_step
     if n_step:
-        if n_step < len(line):
-            sel = np.repeat(has_step, counts)
-            tag, val = tag[sel], val[sel]
-            null = None if null is None else null[sel]
-            step, counts, wall = step[has_step], counts[has_step], wall[has_step]
-        st.main.add(st, (step, counts, tag, val, null, wall), {k: c for (hs, k), c in non_numeric.items() if hs})
+        _add_selected(st.main, st, has_step, (step, counts, tag, val, null, wall), non_numeric)
+
+
+def _add_selected(stream: _Stream, st: _State, sel: np.ndarray, cols: tuple, non_numeric: dict,
+                  drop: np.ndarray | None = None) -> None:
+    """Add the records ``sel`` (bool per record) of ``cols`` (see :meth:`_Stream.add`) to ``stream``.
+
+    ``drop``: int8 step key index per record; the row of that key is left out (it is the step here).
+    """
+    step, counts, tag, val, null, wall = cols
+    n = int(sel.sum())
+    stream.records += n
+    rows = np.repeat(sel, counts)
+    if drop is not None:
+        key_tag = np.array([st.tag_index.get(k, -1) for k in st.step_keys], np.int64)
+        rows &= tag != key_tag[np.repeat(drop, counts)]
+        counts = np.bincount(np.repeat(np.arange(len(sel)), counts)[rows], minlength=len(sel))
+    if n < len(sel) or drop is not None:
+        tag, val = tag[rows], val[rows]
+        null = None if null is None else null[rows]
+        step, counts, wall = step[sel], counts[sel], wall[sel]
+    stream.add(st, (step, counts, tag, val, null, wall), {k: c for (hs, k), c in non_numeric.items() if hs})
 
 
 def _rank_new_keys(st: _State, pieces: list[_Records], raw_line: Callable[[int], bytes]) -> None:

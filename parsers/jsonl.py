@@ -45,12 +45,16 @@ from parsers._jsonl_frames import _auto_block
 from parsers._jsonl_lines import _PyRecords
 from parsers._jsonl_stage import _Stager
 from parsers._jsonl_table import MAX_REPORTED, _State, add_block
+from parsers._table_header import step_axis
 
 __all__ = ["CHUNK_BYTES", "ENGINES", "FORMAT", "MAX_LINE_BYTES", "NAME_KEYS", "RUNTIME_KEYS", "STEP_KEYS",
            "TIME_KEYS", "read", "sniff"]
 
 FORMAT = "jsonl"
 ENGINES = ("auto", "python")
+FALLBACK_SHARE = 0.9
+"""A file without a step key is stepped by its epoch (or sample) count when at least this share of its
+records holds a whole one (a fractional epoch ``0.25`` is no step: then the line index is the step)."""
 CHUNK_BYTES = 16 << 20
 """Bytes of whole lines read and parsed at a time by the ``"auto"`` engine (memory stays bounded)."""
 _NOT_METRIC_FILES = {"trainer_state.json", "expected.json"}
@@ -187,16 +191,23 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
     skipped = _read_file(st, path, engine, chunk_bytes)
     meta: dict[str, Any] = {"records": st.main.records, "bad_lines": st.n_bad, "lines_without_step": 0}
     stream = st.main
-    if st.step_key is None and st.indexed is not None:
+    if st.step_key is None and st.fallback is not None and st.fallback.records >= FALLBACK_SHARE * st.no_step:
+        stream = st.fallback
+        meta.update(records=stream.records, step_source=f"{st.fallback_key} (the file has no step key)")
+        if st.no_step > stream.records:
+            meta["lines_without_step"] = st.no_step - stream.records
+            skipped.append(Skip(rel, f"{st.no_step - stream.records} record(s) without {st.fallback_key} "
+                                     "(the file's step: it has no step key) ignored"))
+    elif st.step_key is None and st.indexed is not None:
         stream = st.indexed
         meta.update(records=st.indexed.records, step_source="line index (the file has no step key)")
     elif st.no_step:
         meta["lines_without_step"] = st.no_step
         keys = ", ".join(STEP_KEYS)
         skipped.append(Skip(rel, f"{st.no_step} record(s) without a step key ({keys}) ignored"))
-    meta["step_key"] = st.step_key
-    meta["step_axis"] = {"column": st.step_key or "(line index)",
-                         "kind": "row_index" if st.step_key is None else "optimizer_step"}
+    key = st.step_key or (st.fallback_key if stream is st.fallback else None)
+    meta["step_key"] = key
+    meta["step_axis"] = {"column": key or "(line index)", "kind": "row_index" if key is None else step_axis(key)}
     meta["engine"], meta["python_lines"] = engine, st.python_lines
     if st.runtime_seen:
         meta["runtime_key"] = "_runtime (s since run start; wall time, not a metric)"

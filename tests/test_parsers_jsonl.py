@@ -449,3 +449,34 @@ def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, eng
     assert "bytes" in r.skipped[0].reason
     steps = r.metrics.column("step").to_pylist()
     assert 25 not in steps and steps == [s for s in range(1, 40) if s != 25]
+
+
+@pytest.mark.parametrize("engine", jsonl.ENGINES)
+def test_step_key_by_rule_then_epoch_then_line_index(tmp_path, engine, monkeypatch) -> None:
+    """Any case of a step key; an epoch or sample count when no record has one; the line index last."""
+    from parsers._io import STEP_KEY
+
+    def read(rows: list[dict], name: str):
+        p = tmp_path / name
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        r = jsonl.read(p, tmp_path, engine=engine)
+        return r, r.metrics.column("step").to_pylist(), set(r.metrics.column("tag").to_pylist())
+
+    r, steps, tags = read([{"Step": 10 * s, "loss": 1.0} for s in range(5)], "a.jsonl")
+    assert r.meta["step_key"] == "Step" and steps == [0, 10, 20, 30, 40] and tags == {"loss"}
+    r, steps, tags = read([{"EPOCH": e, "TRAIN_LOSS": 1.0} for e in range(1, 6)], "b.jsonl")
+    assert r.meta["step_axis"] == {"column": "EPOCH", "kind": "epoch"} and steps == [1, 2, 3, 4, 5]
+    assert tags == {"TRAIN_LOSS"}
+    r, steps, tags = read([{"epoch": e, "step": e * 100, "loss": 1.0} for e in range(3)], "c.jsonl")
+    assert r.meta["step_key"] == "step" and tags == {"epoch", "loss"}  # a step key wins: epoch is a metric
+    r, steps, tags = read([{"epoch": e / 4, "loss": 1.0} for e in range(8)], "d.jsonl")  # fractional epochs
+    assert r.meta["step_axis"]["kind"] == "row_index" and steps == [s for s in range(8) for _ in (0, 1)]
+    assert tags == {"epoch", "loss"}
+    r, steps, _ = read([{"consumed_samples": 512 * s, "loss": 1.0} for s in range(4)], "e.jsonl")
+    assert r.meta["step_axis"]["kind"] == "samples" and steps == [0, 512, 1024, 1536]
+    token = STEP_KEY.set("tick")  # the user's step key (forensics.toml) wins over every rule
+    try:
+        r, steps, tags = read([{"tick": s + 7, "step": 0, "loss": 1.0} for s in range(3)], "f.jsonl")
+    finally:
+        STEP_KEY.reset(token)
+    assert r.meta["step_key"] == "tick" and steps == [7, 7, 8, 8, 9, 9] and tags == {"step", "loss"}
