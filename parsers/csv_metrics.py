@@ -36,7 +36,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from parsers._io import logical_suffix, open_binary, open_text
+from parsers._io import logical_suffix, open_text, read_table_bytes
 from parsers._table_header import (
     EPOCH_COLUMNS,
     ROW_INDEX,
@@ -157,9 +157,11 @@ def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], ste
 
 
 def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip]) -> None:
-    with open_binary(path) as fh:
-        text = fh.read().decode("utf-8-sig", errors="replace")
-    lines = text.splitlines(keepends=True)
+    data, cut = read_table_bytes(path)
+    if cut:
+        skipped.append(Skip(rel, cut))
+    lines = data.decode("utf-8-sig", errors="replace").splitlines(keepends=True)
+    del data
     if not lines:
         raise ParseError(rel, "empty CSV file")
     reader = csv.reader(lines, delimiter=_delimiter(lines[0], logical_suffix(path)))

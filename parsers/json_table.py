@@ -17,7 +17,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import Skip
-from parsers._io import open_binary
+from parsers._io import open_binary, read_table_bytes
 from parsers._table_header import ROW_INDEX, STEP_COLUMNS, WALL_COLUMNS, metric_tag, step_axis, step_column
 from parsers.lines import Rows, metric
 
@@ -156,8 +156,11 @@ def _elements(path: Path, rel: str, meta: dict[str, Any], skipped: list[Skip]) -
     Raises:
         ParseError: Neither an array nor the column layout.
     """
-    with open_binary(path) as fh:
-        text = fh.read().decode("utf-8-sig", errors="replace")
+    data, cut = read_table_bytes(path)
+    if cut:
+        skipped.append(Skip(rel, cut))
+    text = data.decode("utf-8-sig", errors="replace")
+    del data
     if text.lstrip().startswith("{"):
         meta["layout"] = "columns"
         return _json_columns(text, rel)

@@ -27,6 +27,7 @@ from typing import Any
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from parsers import file_policy, safe_yaml
+from parsers._io import read_table_bytes
 from parsers.lines import Rows, metric
 from parsers.mlflow_sqlite import FORMAT, SQLITE_MAGIC, param, read_sqlite, sniff_sqlite
 
@@ -139,9 +140,11 @@ def _read_metric_file(path: Path, root: Path, rel: str, mdir: Path | None) -> Pa
     rows = Rows(rel)
     skipped: list[Skip] = []
     try:
-        data = path.read_bytes()
+        data, cut = read_table_bytes(path)
     except OSError as exc:
         raise ParseError(rel, f"unreadable MLflow metric file: {exc.strerror or exc}") from exc
+    if cut:
+        skipped.append(Skip(rel, cut))
     text = data.decode("utf-8-sig", errors="replace")
     lines = text.splitlines(keepends=True)
     segment, last = 0, None

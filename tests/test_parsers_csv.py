@@ -331,3 +331,15 @@ def test_rows_of_another_width_are_still_listed(tmp_path) -> None:
     r, df = read(tmp_path, text)
     assert [s.what for s in r.skipped] == ["metrics.csv:3"]
     assert vals(df, "loss") == [2.0, 1.8]
+
+
+def test_table_past_the_byte_budget_is_cut_at_a_line_and_listed(tmp_path, monkeypatch) -> None:
+    """A table longer than its byte budget (a gzip that expands to gigabytes) keeps its first whole lines."""
+    from parsers import _io
+
+    monkeypatch.setattr(_io.read_table_bytes, "__defaults__", (1000,))
+    text = "step,loss\n" + "".join(f"{s},{1.0 / (s + 1):.6f}\n" for s in range(500))
+    r, df = read(tmp_path, text)
+    assert len(r.skipped) == 1 and "MiB of table text" in r.skipped[0].reason
+    steps = df.get_column("step").to_list()
+    assert steps == list(range(len(steps))) and 50 < len(steps) < 100
