@@ -22,7 +22,7 @@ import hostile_gen as hg
 import pytest
 
 from forensics import atomic
-from parsers import file_policy, mlflow_store
+from parsers import file_policy, mlflow_sqlite, mlflow_store
 from reports import escape
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux",
@@ -205,8 +205,8 @@ def test_sqlite_budget_interrupts_a_long_query(tmp_path: Path, monkeypatch: pyte
     con.executemany("INSERT INTO metrics VALUES ('loss', ?, ?, ?, 'r', 0)", [(1.0, s, s) for s in range(20000)])
     con.commit()
     con.close()
-    monkeypatch.setattr(mlflow_store, "SQL_STEPS_BASE", 200_000)
-    monkeypatch.setattr(mlflow_store, "SQL_STEPS_PER_BYTE", 0)
+    monkeypatch.setattr(mlflow_sqlite, "SQL_STEPS_BASE", 200_000)
+    monkeypatch.setattr(mlflow_sqlite, "SQL_STEPS_PER_BYTE", 0)
     with pytest.raises(Exception, match="budget"):
         mlflow_store.read(db, tmp_path)
 
