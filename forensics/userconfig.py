@@ -8,7 +8,9 @@ The nearest file wins (the run folder first, then each parent up to the filesyst
     ignore = ["old_attempts/**", "*.bak"]                          # files not read (glob, run-relative)
 
 ``--metric NAME=COLUMN`` on the command line wins over ``aliases``. A file that does not parse is an input
-error naming it (never silently ignored). Leaf module: standard library only.
+error naming it (never silently ignored). The file is read under the file-access policy
+(:mod:`parsers.file_policy`): a regular file of at most :data:`MAX_BYTES` that does not leave its own
+folder through a symlink (a ``forensics.toml -> /proc/kmsg`` would never end), else an input error.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from forensics.errors import InputError
+from parsers import file_policy
 
 NAMES = ("forensics.toml", "pyproject.toml")
+MAX_BYTES = 4 << 20
+"""A settings file larger than this is not read (an input error)."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,10 @@ class UserConfig:
 
 
 def _table(path: Path) -> dict[str, Any] | None:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # the file-access policy: a regular file inside its own folder, never /proc or a FIFO, bounded
+        data = tomllib.loads(file_policy.read_text(path, MAX_BYTES, root=path.parent, encoding="utf-8"))
+    except file_policy.Refused as exc:
+        raise InputError(path, f"not read: {exc.strerror}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, f"cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:

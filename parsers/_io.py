@@ -164,6 +164,29 @@ def open_binary(path: Path, *, bounded: bool = True) -> IO[bytes]:
     return io.BufferedReader(BoundedLines(fh, path=str(path)))  # type: ignore[return-value]
 
 
+MAX_TABLE_BYTES = 256 << 20
+"""Bytes (after decompression) a whole-file table reader (CSV/TSV, JSON export, MLflow metric file) reads:
+a real export of a million steps is well under it; a 1 MB gzip that expands to gigabytes of short rows
+stops here, with a listed skip, instead of taking memory in proportion."""
+
+
+def read_table_bytes(path: Path, limit: int = MAX_TABLE_BYTES) -> tuple[bytes, str | None]:
+    """The bytes of a table file, at most ``limit`` (cut after its last whole line), and why it was cut.
+
+    Returns:
+        ``(data, None)`` for a file read whole; ``(data, reason)`` when it was longer than ``limit``.
+
+    Raises:
+        OSError: It cannot be opened (see :func:`open_binary`).
+    """
+    with open_binary(path) as fh:
+        data = fh.read(limit + 1)
+    if len(data) <= limit:
+        return data, None
+    cut = data.rfind(b"\n", 0, limit) + 1
+    return data[:cut], f"more than {limit >> 20} MiB of table text: only the first {cut} bytes (whole lines) read"
+
+
 def open_text(path: Path) -> IO[str]:
     """Open for reading text as the parsers do, decompressing ``.gz`` files, lines bounded (:func:`open_binary`).
 

@@ -1,17 +1,17 @@
 """The polars block engine of :mod:`parsers.jsonl` (engine ``"auto"``): the lines polars can read exactly.
 
-:mod:`parsers.jsonl` streams a file in blocks of whole lines. For each block, :class:`_Stager` (run one
-block ahead in a worker thread) finds the lines that are plain JSON objects (:func:`_scan`), reads them
-with ``polars.read_ndjson`` in one call per piece (with the schema carried from the blocks before, else
-inferred; a refused piece is halved), and keeps only the rows that polars read exactly
-(:func:`_exact_rows`: key counts, coerced strings, widened types). :func:`_auto_block` turns the frames
-into :class:`_FrameRecords` and sends every other line to the per-line path of :mod:`parsers.jsonl`.
+:mod:`parsers.jsonl` streams a file in blocks of whole lines. Each block is staged one block ahead in a
+worker thread by :class:`parsers._jsonl_stage._Stager` (the plain lines read with
+``polars.read_ndjson``, only the rows polars read exactly kept). :func:`_auto_block` turns the frames
+into :class:`_FrameRecords` (columns, no Python object per row) and sends every other line to the
+per-line path (:mod:`parsers._jsonl_lines`).
 
 Why a separate engine: polars reads a block of plain metric lines faster than ``json.loads`` line by line,
 but it rejects ``NaN``/``Infinity``, cannot tell ``null`` from a missing key, and coerces or widens
 some values. The per-line stdlib decoder in :mod:`parsers.jsonl` stays the reference: this module only
 takes the lines polars reads exactly, and both engines give the same table.
 """
+
 
 from __future__ import annotations
 
@@ -20,120 +20,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from polars.exceptions import PanicException
 
-from parsers.jsonl import (
-    NAME_KEYS,
-    RUNTIME_KEYS,
-    STEP_KEYS,
-    TIME_KEYS,
-    _add_block,
-    _as_time,
-    _PyRecords,
-    _Records,
-    _State,
-)
-
-# lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
-# a null polars reads as a missing key, which the key count then finds
-_PER_LINE = ((b"N", (b"NaN",)), (b"I", (b"Infinity",)), (b"\\", (b"\\ud", b"\\uD")))
-_MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
-_SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
-_EXACT_INT = float(1 << 53)
-
-
-def _leaves(df: pl.DataFrame) -> tuple[list[tuple[str, pl.Series, np.ndarray]], np.ndarray]:
-    """Leaf columns of ``df`` with structs unnested (``a/b`` names), and the fields present per row.
-
-    Returns:
-        ``[(flat name, series, present bool[n])]`` and int32[n]: how many keys (struct keys included)
-        each row holds, to compare with the ``":`` count of its line.
-    """
-    leaves: list[tuple[str, pl.Series, np.ndarray]] = []
-    fields = np.zeros(df.height, np.int32)
-    everywhere = np.ones(df.height, bool)
-
-    def walk(columns: list[pl.Series], prefix: str, parent: np.ndarray) -> None:
-        for s in columns:
-            present = s.is_not_null().to_numpy() & parent if s.null_count() else parent
-            fields[:] += present
-            if isinstance(s.dtype, pl.Struct):
-                walk(s.struct.unnest().get_columns(), f"{prefix}{s.name}/", present)
-            else:
-                leaves.append((f"{prefix}{s.name}", s, present))
-
-    walk(df.get_columns(), "", everywhere)
-    return leaves, fields
-
-
-# a string polars may have made from a number, bool, list or object of another line, or a number as text
-_MAYBE_COERCED = (r"(?i)^([\s\x1c-\x1f]*[+-]?(inf(inity)?|nan|(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?)[\s\x1c-\x1f]*$"
-                  r"|[\[{]|true$|false$)")
-_KEPT_TYPES = (pl.Int64, pl.Float64, pl.Boolean, pl.String, pl.Null)
-
-
-def _exact_rows(df: pl.DataFrame, colon_total: int, colons: Callable[[], np.ndarray]
-                ) -> tuple[np.ndarray, list[tuple[str, pl.Series, np.ndarray]], set[str]]:
-    """Which rows of ``df`` the per-line path would read to the same records.
-
-    Returns bool[n] (the rows kept), the leaves of ``df``, and the top-level columns whose type is not
-    worth reading the next block with.
-
-    Every key is followed by a ``:``, and polars finds at most the keys of a line, so when the frame
-    holds as many keys as its text has ``:`` (``colon_total``) no key was dropped or doubled. Else a
-    row is left out when its key count differs from its line's (``colons()``, int[n], see
-    :func:`_key_counts`: duplicate keys, keys beyond the schema, ``":`` inside strings). A row is also left out
-    when a string may be a coerced value or a number logged as text, when a float step is beyond
-    2**53 (an integer step may have been rounded), when a type is one polars widens to (Int128, ...),
-    or when two leaves flatten to one name.
-    """
-    leaves, fields = _leaves(df)
-    ok = np.ones(df.height, bool) if int(fields.sum()) == colon_total else fields == colons()
-    seen: dict[str, list[np.ndarray]] = {}
-    unsure: set[str] = set()
-    for name, s, present in leaves:
-        seen.setdefault(name, []).append(present)
-        dt = s.dtype
-        left_out = None
-        if dt == pl.String:
-            left_out = present & s.str.contains(_MAYBE_COERCED).fill_null(False).to_numpy()
-        elif dt == pl.Float64 and name in STEP_KEYS:
-            left_out = present & (np.abs(_dense(s)) >= _EXACT_INT)
-        elif dt not in _KEPT_TYPES and not isinstance(dt, pl.List):
-            left_out = present
-        if left_out is not None and left_out.any():
-            ok &= ~left_out
-            unsure.add(name if name in df.columns else name.split("/")[0])
-    for group in seen.values():
-        if len(group) > 1:  # "a/b": 1 and "a": {"b": 2} in one line: the per-line path keeps the last
-            ok &= sum(p.astype(np.int32) for p in group) <= 1
-    return ok, leaves, unsure
-
-
-def _merged(a: pl.DataType, b: pl.DataType) -> pl.DataType | None:
-    """A type that reads the values of both (int and float: float; structs: all fields), else None."""
-    if a == b:
-        return a
-    if {a, b} == {pl.Int64, pl.Float64}:
-        return pl.Float64
-    if isinstance(a, pl.Struct) and isinstance(b, pl.Struct):
-        fields = {f.name: f.dtype for f in a.fields}
-        for f in b.fields:
-            m = _merged(fields[f.name], f.dtype) if f.name in fields else f.dtype
-            if m is None:
-                return None
-            fields[f.name] = m
-        return pl.Struct(fields)
-    return None
-
-
-def _carriable(dt: pl.DataType) -> bool:
-    """A type polars can be told to read with (no Null parts, no widened integers)."""
-    if isinstance(dt, pl.Struct):
-        return all(_carriable(f.dtype) for f in dt.fields)
-    if isinstance(dt, pl.List):
-        return dt.inner is not None and _carriable(dt.inner)
-    return dt in (pl.Int64, pl.Float64, pl.Boolean, pl.String)
+from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, TIME_KEYS, _as_time
+from parsers._jsonl_lines import _PyRecords
+from parsers._jsonl_stage import _dense, _leaves, _Staged
+from parsers._jsonl_table import _Records, _State, add_block
 
 
 def _map_unique(s: pl.Series, fn: Callable[[str], Any], missing: float | int, dtype: type) -> np.ndarray:
@@ -142,13 +33,6 @@ def _map_unique(s: pl.Series, fn: Callable[[str], Any], missing: float | int, dt
     new = [fn(v) for v in uniq]
     out = s.replace_strict(uniq, new, default=None, return_dtype=pl.Float64 if dtype is np.float64 else pl.Int32)
     return out.fill_null(missing).to_numpy().astype(dtype)
-
-
-def _dense(s: pl.Series) -> np.ndarray:
-    """The values of an Int64/Float64/Boolean series as numpy, null as 0 (no copy when none is null)."""
-    if s.null_count():
-        s = s.fill_null(False if s.dtype == pl.Boolean else 0)
-    return s.to_numpy()
 
 
 def _numeric(s: pl.Series) -> np.ndarray:
@@ -171,75 +55,46 @@ class _FrameRecords(_Records):
         by_name: dict[str, list[tuple[pl.Series, np.ndarray]]] = {}
         for name, s, present in leaves if leaves is not None else _leaves(df)[0]:
             by_name.setdefault(name, []).append((s, present))
-        # step: the first of STEP_KEYS holding an integer step (text steps that are numbers were routed)
-        step, has_step = np.zeros(n, np.int64), np.zeros(n, bool)
-        step_key = np.full(n, -1, np.int8)
-        step_of: dict[str, np.ndarray] = {}
-        for i, k in enumerate(STEP_KEYS):
-            for s, present in by_name.get(k, []):
-                if s.dtype == pl.Int64:
-                    valid, v = present.copy(), _dense(s)
-                elif s.dtype == pl.Float64:
-                    f = _dense(s)
-                    valid = present & (f == np.floor(f))
-                    v = np.where(valid, f, 0.0).astype(np.int64)
-                else:
-                    continue
-                valid &= ~has_step
-                step[valid], step_key[valid] = v[valid], i
-                has_step |= valid
-                step_of[k] = valid
-        # wall time: the first of TIME_KEYS that reads as a time
-        wall = np.full(n, np.nan)
-        time_of: dict[str, np.ndarray] = {}
-        for k in TIME_KEYS:
-            for s, present in by_name.get(k, []):
-                if s.dtype in (pl.Int64, pl.Float64):
-                    t = _numeric(s)
-                    t = np.where(present & (t > 1e8), np.where(t > 1e11, t / 1000.0, t), np.nan)
-                elif s.dtype == pl.String:
-                    t = _map_unique(s, _as_time, np.nan, np.float64)
-                else:
-                    continue
-                time_of[k] = t
-                wall = np.where(np.isnan(wall), t, wall)
-        runtime = np.full(n, np.nan)
+        self.step, self.has_step, self.step_key, step_of = _steps(by_name, n, st.step_keys, st.fallback_from)
+        self.wall, time_of = _walls(by_name, n)
+        self.runtime = np.full(n, np.nan)
         for k in RUNTIME_KEYS:
             for s, present in by_name.get(k, []):
                 if s.dtype in (pl.Int64, pl.Float64):
-                    runtime = np.where(np.isnan(runtime) & present, _numeric(s), runtime)
-        suffix = np.full(n, -1, np.int32)
+                    self.runtime = np.where(np.isnan(self.runtime) & present, _numeric(s), self.runtime)
+        self.suffix = np.full(n, -1, np.int32)
         for k in NAME_KEYS:
             for s, _ in by_name.get(k, []):
                 if s.dtype == pl.String:
                     ids = _map_unique(s, lambda v: st.suffix_id(v) if v else -1, -1, np.int32)
-                    suffix = np.where(suffix < 0, ids, suffix)
-        self.step, self.has_step, self.step_key = step, has_step, step_key
-        self.wall, self.runtime, self.suffix = wall, runtime, suffix
-        # metric leaves: numbers and bools, less the step key, the wall-time keys and _runtime
+                    self.suffix = np.where(self.suffix < 0, ids, self.suffix)
         self._leaves: list[tuple[int, np.ndarray, np.ndarray]] = []  # (key id, float64[n], row mask[n])
         for name, group in by_name.items():
-            if name in RUNTIME_KEYS:
-                continue
-            for s, present in group:
-                mask = present
-                if name in step_of:
-                    mask = mask & ~step_of[name]
-                if name in time_of:
-                    mask = mask & ~(time_of[name] == wall)
-                if s.dtype == pl.String and name not in NAME_KEYS:  # text that is not a number
-                    for hs in (True, False):
-                        c = int((mask & (has_step == hs)).sum())
-                        if c:
-                            self.non_numeric[(hs, name)] = self.non_numeric.get((hs, name), 0) + c
-                if s.dtype not in (pl.Int64, pl.Float64, pl.Boolean) or not mask.any():
-                    continue
-                ki = st.key_id(name)
-                if st.rank[ki] < 0:
-                    first = int(lines[int(np.argmax(mask))])
-                    if ki not in self.first or self.first[ki][0] > first:
-                        self.first[ki] = (first, -1)  # the position in the line is looked up if needed
-                self._leaves.append((ki, _numeric(s), mask))
+            if name not in RUNTIME_KEYS:
+                for s, present in group:
+                    self._leaf(st, name, s, present, step_of.get(name), time_of.get(name))
+
+    def _leaf(self, st: _State, name: str, s: pl.Series, present: np.ndarray, step_of: np.ndarray | None,
+              time_of: np.ndarray | None) -> None:
+        """Keep one leaf column as metric rows: numbers and bools, less the step key and the wall-time keys."""
+        mask = present
+        if step_of is not None:
+            mask = mask & ~step_of
+        if time_of is not None:
+            mask = mask & ~(time_of == self.wall)
+        if s.dtype == pl.String and name not in NAME_KEYS:  # text that is not a number
+            for hs in (True, False):
+                c = int((mask & (self.has_step == hs)).sum())
+                if c:
+                    self.non_numeric[(hs, name)] = self.non_numeric.get((hs, name), 0) + c
+        if s.dtype not in (pl.Int64, pl.Float64, pl.Boolean) or not mask.any():
+            return
+        ki = st.key_id(name)
+        if st.rank[ki] < 0:
+            first = int(self.line[int(np.argmax(mask))])
+            if ki not in self.first or self.first[ki][0] > first:
+                self.first[ki] = (first, -1)  # the position in the line is looked up if needed
+        self._leaves.append((ki, _numeric(s), mask))
 
     def rows(self, rank: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         n = len(self.line)
@@ -247,222 +102,56 @@ class _FrameRecords(_Records):
             return np.zeros(n, np.int64), np.zeros(0, np.int32), np.zeros(0), None
         leaves = sorted(self._leaves, key=lambda t: rank[t[0]])
         cols = ids[np.array([k for k, _, _ in leaves], np.int64)]
-        mask = np.column_stack([m for _, _, m in leaves])
         vals = np.column_stack([v for _, v, _ in leaves])
-        if mask.all():
+        if all(m.all() for _, _, m in leaves):  # every key on every line (the trainer log): no mask matrix
             return np.full(n, len(leaves), np.int64), np.tile(cols, n), vals.ravel(), None
+        mask = np.column_stack([m for _, _, m in leaves])
         return (mask.sum(axis=1, dtype=np.int64), np.broadcast_to(cols, mask.shape)[mask], vals[mask], None)
 
 
-# -- staging a block (worker thread) ------------------------------------------------------------------
+def _steps(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int, keys: tuple[str, ...],
+           fallback_from: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Step per row: the first of ``keys`` holding an integer step (text steps that are numbers were routed).
 
-
-def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""Find the lines of ``buf`` (which ends with ``b"\n"``) that polars may read.
-
-    Returns:
-        int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
-        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
-        most :data:`_MAX_BRACKETS` opening brackets).
-        ``work`` is a bool work array as long as ``buf``.
+    Returns int64 step, bool has_step, int8 step key index (-1: none), and key -> rows it gave the step of.
     """
-    arr = np.frombuffer(buf, np.uint8)
-    np.equal(arr, 10, out=work)
-    ends = np.flatnonzero(work)
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    last = arr[ends - 1]  # ends - 1 >= -1 (wraps to the last newline): masked by the length test
-    cr = last == 13
-    last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
-    plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
-    brackets = np.zeros(len(starts), np.int64)
-    for byte in (0x7B, 0x5B):  # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep
-        np.equal(arr, byte, out=work)
-        brackets += np.add.reduceat(work, starts, dtype=np.int64) if len(starts) else 0
-    plain &= brackets <= _MAX_BRACKETS
-    for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
-        if buf.find(lead) < 0:
-            continue
-        for token in tokens:
-            at = buf.find(token)
-            while at >= 0:
-                li = int(np.searchsorted(ends, at))
-                plain[li] = False
-                at = buf.find(token, int(ends[li]) + 1)
-    if not buf.isascii():
-        try:
-            buf.decode()
-        except UnicodeDecodeError:  # polars refuses a block with invalid UTF-8: find the lines
-            for li in np.unique(np.searchsorted(ends, np.flatnonzero(arr >= 0x80))).tolist():
-                try:
-                    buf[starts[li]:ends[li]].decode()
-                except UnicodeDecodeError:
-                    plain[li] = False
-    return starts, ends, plain
-
-
-def _count(data: bytes, byte: int, work: np.ndarray) -> int:
-    """How many times ``byte`` occurs in ``data`` (``work``: a bool array as long as ``data``)."""
-    np.equal(np.frombuffer(data, np.uint8), byte, out=work)
-    return int(np.count_nonzero(work))
-
-
-def _key_counts(buf: bytes, ends: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """int64 per line of ``buf``: how many keys it holds, or -1 where that cannot be told by bytes.
-
-    A key ends with ``":`` unless whitespace comes between, so the count of ``":`` is at least the
-    count of keys in a line where no ``"`` is followed by whitespace; such lines get -1 (``work``:
-    bool[len(buf)]).
-    """
-    arr = np.frombuffer(buf, np.uint8)
-    hit = work
-    np.equal(arr, 0x3A, out=hit)
-    colon = np.flatnonzero(hit)
-    colon = colon[arr[colon - 1] == 0x22]  # a ':' at offset 0 looks at the last byte, a newline
-    counts = np.diff(np.searchsorted(colon, ends), prepend=0)
-    np.equal(arr, 0x20, out=hit)
-    hit |= arr == 0x09
-    hit |= arr == 0x0D
-    space = np.flatnonzero(hit)
-    space = space[arr[space - 1] == 0x22]
-    counts[np.searchsorted(ends, space)] = -1
-    return counts
-
-
-def _join(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarray) -> bytes:
-    """The lines ``idx`` (sorted 0-based line indices) of ``buf``, each with its newline."""
-    if len(idx) == len(ends):
-        return buf
-    cuts = np.flatnonzero(np.diff(idx) != 1)
-    first, last = idx[np.r_[0, cuts + 1]], idx[np.r_[cuts, len(idx) - 1]]
-    view = memoryview(buf)
-    return b"".join([view[a:b] for a, b in zip(starts[first].tolist(), (ends[last] + 1).tolist(), strict=True)])
-
-
-def _read_ndjson(data: bytes, schema: dict[str, pl.DataType] | None, full: bool) -> pl.DataFrame | None:
-    """``polars.read_ndjson`` of ``data`` with ``schema``, or inferred from 100 (``full``: all) rows.
-
-    Returns None when polars refuses the data.
-    """
-    try:
-        if schema:
-            df = pl.read_ndjson(data, schema=schema)
-        else:
-            df = pl.read_ndjson(data, infer_schema_length=None if full else 100)
-        return df.rechunk()  # one chunk per column: the numpy views below need no copy
-    except (Exception, PanicException):  # noqa: BLE001 - any refusal sends the lines to the per-line path
-        return None
-
-
-_Frame = tuple[pl.DataFrame, np.ndarray, list[tuple[str, pl.Series, np.ndarray]] | None]
-_Staged = tuple[np.ndarray, np.ndarray, list[_Frame], np.ndarray]
-
-
-class _Stager:
-    """The polars part of each block, in file order.
-
-    It touches no file state: it runs in a worker thread, one block ahead of the conversion. It keeps a
-    work array, and the schema of the blocks read so far, which the next block is read with first
-    (keys that come late, like eval metrics every 1,000 steps, are then known; a type that does not fit
-    makes polars refuse, and inference is used).
-    """
-
-    def __init__(self) -> None:
-        self.scratch = np.zeros(0, bool)
-        self.schema: dict[str, pl.DataType] = {}
-
-    def work(self, n: int) -> np.ndarray:
-        """A bool work array of length ``n`` (reused: valid until the next call)."""
-        if len(self.scratch) < n:
-            self.scratch = np.empty(n, bool)
-        return self.scratch[:n]
-
-    def __call__(self, buf: bytes) -> _Staged:
-        """Scan ``buf`` and read its plain lines with polars.
-
-        Returns:
-            ``(starts, ends, frames, rest)``: line offsets, the polars frames with the line indices of
-            their rows (and their leaves), and the sorted line indices left to the per-line path.
-        """
-        if not buf:
-            empty = np.zeros(0, np.int64)
-            return empty, empty, [], empty
-        starts, ends, plain = _scan(buf, self.work(len(buf)))
-        frames, routed = self.frames(buf, starts, ends, np.flatnonzero(plain))
-        rest = np.sort(np.concatenate([np.flatnonzero(~plain), *routed]))
-        return starts, ends, frames, rest
-
-    def frames(self, buf: bytes, starts: np.ndarray, ends: np.ndarray,
-               idx: np.ndarray) -> tuple[list[_Frame], list[np.ndarray]]:
-        """Read the lines ``idx`` of ``buf`` with polars: (frames, line indices left to the per-line path).
-
-        Each piece is read with the carried schema (else the first 100 rows as sample), then with all rows
-        as sample, until at most 1% of its rows are left out for a reason other than a ``null`` (which
-        polars reads as a missing key: such lines go to the per-line path at once). A piece polars
-        refuses is halved (down to :data:`_SMALLEST_PIECE` lines); the other rows left out get one more
-        read of their own.
-        """
-        frames: list[_Frame] = []
-        routed: list[np.ndarray] = []
-        per_line: list[np.ndarray] = []  # the '":' count of each line of buf, once needed
-
-        def colons(part: np.ndarray) -> np.ndarray:
-            if not per_line:
-                per_line.append(_key_counts(buf, ends, self.work(len(buf))))
-            return per_line[0][part]
-
-        todo = [(idx, False)] if len(idx) else []
-        while todo:
-            part, again = todo.pop()
-            data = _join(buf, starts, ends, part)
-            colon_total = -1
-            best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
-            for how in ("carried" if self.schema else "sample", "all"):
-                df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
-                if df is None or df.height != len(part):
-                    continue
-                if colon_total < 0:
-                    colon_total = _count(data, 0x3A, self.work(len(data)))
-                ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
-                null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
-                unexplained = int(len(null) - null.sum())
-                if best is None or unexplained < len(best[4]) - int(best[4].sum()):
-                    best = (df, ok, leaves, unsure, null)
-                if 100 * unexplained <= len(ok):
-                    break
-            del data
-            if best is None:
-                if len(part) <= _SMALLEST_PIECE:
-                    routed.append(part)
-                else:
-                    todo += [(part[len(part) // 2:], again), (part[:len(part) // 2], again)]
-                continue
-            df, ok, leaves, unsure, null = best
-            self.carry(df, unsure)
-            if not ok.all():  # the rows left out but for a null get one more polars read of their own
-                left = part[~ok]
-                routed.append(left[null])
-                if again or ok.sum() == 0:
-                    routed.append(left[~null])
-                elif not null.all():
-                    todo.append((left[~null], True))
-                keep = pl.Series(ok)
-                df, part = df.filter(keep), part[ok]
-                leaves = [(name, s.filter(keep), present[ok]) for name, s, present in leaves]
-            if df.height:
-                frames.append((df, part, leaves))
-        return frames, routed
-
-    def carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
-        """Merge the types of ``df`` into the carried schema (columns that do not fit are dropped)."""
-        for name, dt in df.schema.items():
-            old = self.schema.get(name)
-            new = dt if old is None else _merged(old, dt)
-            if name in unsure or new is None or not _carriable(new):
-                self.schema.pop(name, None)
+    step, has_step = np.zeros(n, np.int64), np.zeros(n, bool)
+    step_key = np.full(n, -1, np.int8)
+    step_of: dict[str, np.ndarray] = {}
+    for i, k in enumerate(keys):
+        for s, present in by_name.get(k, []):
+            if s.dtype == pl.Int64:
+                valid, v = present.copy(), _dense(s)
+            elif s.dtype == pl.Float64:
+                f = _dense(s)
+                valid = present & (f == np.floor(f))
+                v = np.where(valid, f, 0.0).astype(np.int64)
             else:
-                self.schema[name] = new
+                continue
+            valid &= ~has_step
+            step[valid], step_key[valid] = v[valid], i
+            has_step |= valid
+            if i < fallback_from:  # an epoch or sample count that gives the step stays a metric too
+                step_of[k] = valid
+    return step, has_step, step_key, step_of
+
+
+def _walls(by_name: dict[str, list[tuple[pl.Series, np.ndarray]]], n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Wall time per row (s since epoch, NaN: none): the first of TIME_KEYS that reads as a time; and per key."""
+    wall = np.full(n, np.nan)
+    time_of: dict[str, np.ndarray] = {}
+    for k in TIME_KEYS:
+        for s, present in by_name.get(k, []):
+            if s.dtype in (pl.Int64, pl.Float64):
+                t = _numeric(s)
+                t = np.where(present & (t > 1e8), np.where(t > 1e11, t / 1000.0, t), np.nan)
+            elif s.dtype == pl.String:
+                t = _map_unique(s, _as_time, np.nan, np.float64)
+            else:
+                continue
+            time_of[k] = t
+            wall = np.where(np.isnan(wall), t, wall)
+    return wall, time_of
 
 
 def _auto_block(st: _State, buf: bytes, staged: _Staged, first_line: int,
@@ -474,5 +163,5 @@ def _auto_block(st: _State, buf: bytes, staged: _Staged, first_line: int,
     if tail is not None:
         items.append(tail)
     pieces.append(_PyRecords(st, items))
-    _add_block(st, pieces, lambda ln: buf[starts[ln - first_line]:ends[ln - first_line]])
+    add_block(st, pieces, lambda ln: buf[starts[ln - first_line]:ends[ln - first_line]])
     return len(ends)

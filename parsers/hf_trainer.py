@@ -178,9 +178,22 @@ def read(path: Path, root: Path) -> ParseResult:
         other, beyond = newest
         meta["superseded_by"] = (other.relative_to(root).as_posix() if other.is_relative_to(root)
                                  else str(other))
+    rounded = _log_rows(state["log_history"], rel, rows, meta, skipped, beyond)
+    precision = "%.4f" if rounded and all(rounded) else "float64"
+    return ParseResult(format=FORMAT, path=rel, metrics=rows.metrics_table(), events=rows.events_table(),
+                       meta=meta, skipped=tuple(skipped), precision=precision)
+
+
+def _log_rows(history: list, rel: str, rows: Rows, meta: dict[str, Any], skipped: list[Skip],
+              beyond: float) -> list[bool]:
+    """Add the train and eval rows of ``log_history`` to ``rows`` (steps at or below ``beyond`` left out).
+
+    Sets ``meta["segments"]`` and ``meta["train_summary"]``; returns, per finite loss, whether it is
+    rounded to 4 decimals (the Trainer's ``%.4f`` logging).
+    """
     segment, last = 0, None
     rounded = []
-    for i, entry in enumerate(state["log_history"]):
+    for i, entry in enumerate(history):
         if not isinstance(entry, dict):
             skipped.append(Skip(f"{rel}:log_history[{i}]", "entry is not an object"))
             continue
@@ -209,6 +222,4 @@ def read(path: Path, root: Path) -> ParseResult:
             if name == "loss" and x is not None and math.isfinite(x):
                 rounded.append(round(x, 4) == x)
     meta["segments"] = segment + 1
-    precision = "%.4f" if rounded and all(rounded) else "float64"
-    return ParseResult(format=FORMAT, path=rel, metrics=rows.metrics_table(), events=rows.events_table(),
-                       meta=meta, skipped=tuple(skipped), precision=precision)
+    return rounded

@@ -140,6 +140,28 @@ def _zeros_to_end(data: Any, pos: int, n: int, step: int = 1 << 20) -> bool:
     return True
 
 
+def _cut_tail(data: bytes, pos: int, left: int) -> tuple[int, str] | None:
+    """``(offset, why)`` when the data ends at ``pos`` (a cut chunk header or chunk, or zeros to the end)."""
+    n, size = len(data), _CHUNK.size
+    if pos + size > n:
+        return pos, f"truncated chunk header at end of file ({n - pos} of 7 bytes)"
+    crc, length, typ = _CHUNK.unpack_from(data, pos)
+    end = pos + size + length
+    if end > n and length <= left - size and typ in _TYPE_CRC:
+        return pos, f"truncated chunk at end of file ({n - pos} of {end - pos} bytes)"
+    if crc == length == typ == 0 and _zeros_to_end(data, pos, n):
+        return pos, f"zero bytes from here to the end of file ({n - pos}; preallocated, never written)"
+    return None
+
+
+def _deliver(record: bytes, on_record: Callable[[bytes], None], where: str, skipped: list[Skip]) -> None:
+    """Call ``on_record``; a record it cannot decode is listed at ``where`` and skipped."""
+    try:
+        on_record(record)
+    except (Corrupt, IndexError, ValueError) as exc:
+        skipped.append(Skip(where, f"undecodable record ({exc}); skipped"))
+
+
 def walk(data: bytes, rel: str, on_record: Callable[[bytes], None], skipped: list[Skip]) -> int:
     """Walk the blocks and chunks of a whole file, calling ``on_record`` with each reassembled record.
 
@@ -165,17 +187,11 @@ def walk(data: bytes, rel: str, on_record: Callable[[bytes], None], skipped: lis
         if left < size:  # block trailer: zero padding
             pos += left
             continue
-        if pos + size > n:
-            tail = (pos, f"truncated chunk header at end of file ({n - pos} of 7 bytes)")
+        tail = _cut_tail(data, pos, left)
+        if tail:
             break
         crc, length, typ = _CHUNK.unpack_from(data, pos)
         end = pos + size + length
-        if end > n and length <= left - size and typ in _TYPE_CRC:
-            tail = (pos, f"truncated chunk at end of file ({n - pos} of {end - pos} bytes)")
-            break
-        if crc == length == typ == 0 and _zeros_to_end(data, pos, n):
-            tail = (pos, f"zero bytes from here to the end of file ({n - pos}; preallocated, never written)")
-            break
         why = (f"bad chunk header (type {typ}, length {length})" if typ not in _TYPE_CRC or length > left - size
                else "bad chunk CRC" if zlib.crc32(data[pos + size:end], _TYPE_CRC[typ]) != crc else "")
         if why:
@@ -199,10 +215,7 @@ def walk(data: bytes, rel: str, on_record: Callable[[bytes], None], skipped: lis
         pos = end
         if whole is not None:
             resynced = False
-            try:
-                on_record(whole)
-            except (Corrupt, IndexError, ValueError) as exc:
-                skipped.append(Skip(f"{rel}:{start}", f"undecodable record ({exc}); skipped"))
+            _deliver(whole, on_record, f"{rel}:{start}", skipped)
     if parts is not None:  # the file ends inside a multi-chunk record
         where, why = tail or (n, "the file ends inside a record")
         tail = (where, f"{why}; the record started at {start} is incomplete")

@@ -290,12 +290,75 @@ def hungry(nbytes: int) -> int:
     return len(block)
 
 
+def side_links(base: Path) -> Attack:
+    """Side files linked out of the run: ``checkpoint-N/trainer_state.json``, MLflow ``meta.yaml``/params/tags.
+
+    Each target (outside the run folder) holds :data:`SECRET`; a reader that follows the link would put it
+    in a report (the trainer state's ``global_step`` even decides which copy is read).
+    """
+    run = base / "run_side_links"
+    _metrics(run)
+    outside = base / "outside"
+    outside.mkdir(parents=True, exist_ok=True)
+    state = {"global_step": 10 ** 6, "best_model_checkpoint": SECRET,
+             "log_history": [{"step": s, "loss": 1.0, SECRET: 1.0} for s in range(1, 50)]}
+    (outside / "trainer_state.json").write_text(json.dumps(state))
+    (outside / "meta.yaml").write_text(f"run_name: {SECRET}\nexperiment_id: '0'\n")
+    (outside / "secret.txt").write_text(SECRET)
+    out = run / "output"
+    (out / "checkpoint-100").mkdir(parents=True)
+    (out / "trainer_state.json").write_text(json.dumps(
+        {"global_step": 20, "log_history": [{"step": s, "loss": 2.0 - s * 0.01} for s in range(1, 21)]}))
+    os.symlink(outside / "trainer_state.json", out / "checkpoint-100" / "trainer_state.json")
+    mr = run / "mlruns" / "0" / "abc"
+    for sub in ("metrics", "params", "tags"):
+        (mr / sub).mkdir(parents=True)
+    os.symlink(outside / "meta.yaml", mr / "meta.yaml")
+    os.symlink(outside / "secret.txt", mr / "params" / "lr")
+    os.symlink(outside / "secret.txt", mr / "tags" / "mlflow.note.content")
+    (mr / "metrics" / "loss").write_text("".join(f"{1000 + s} {3 - s * 0.01} {s}\n" for s in range(50)))
+    return Attack(run, forbidden=[SECRET], expect_skip="symlink leads out of the run folder")
+
+
+def sqlite_side_view(base: Path) -> Attack:
+    """``mlflow.db`` with a real ``metrics`` table, but ``runs``/``params``/``tags`` VIEWs over endless CTEs."""
+    run = base / "run_sqlside"
+    _metrics(run)
+    con = sqlite3.connect(run / "mlflow.db")
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INTEGER, step INTEGER, is_nan INTEGER, "
+                "run_uuid TEXT)")
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, 0, 'r1')",
+                    [("loss", 3.0 - s * 0.01, 1000 + s, s) for s in range(50)])
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+    con.execute(f"CREATE VIEW runs AS {endless}SELECT 'r1' AS run_uuid, 'n' || x AS name, 'FINISHED' AS status, "
+                "x AS start_time, x AS end_time, '0' AS experiment_id FROM c")
+    con.execute(f"CREATE VIEW params AS {endless}SELECT 'k' || x AS key, 'v' AS value, 'r1' AS run_uuid FROM c")
+    con.execute(f"CREATE VIEW tags AS {endless}SELECT 'k' || x AS key, 'v' AS value, 'r1' AS run_uuid FROM c")
+    con.commit()
+    con.close()
+    return Attack(run)
+
+
+def surrogate_tables(base: Path) -> Attack:
+    """Lone surrogates in the table readers: a W&B JSON export (key and text value), a JSONL module name."""
+    run = base / "run_surrogate_tables"
+    _metrics(run)
+    rows = ",".join(f'{{"_step": {s}, "loss": {2.0 - s * 0.01}, "acc\\ud800": 0.5, "note": "x\\udc80"}}'
+                    for s in range(40))
+    (run / "history.json").write_text(f"[{rows}]")
+    lines = [json.dumps({"step": s, "module": "enc.\\ud800", "absmax": 1.0 + s}).replace("\\\\ud800", "\\ud800")
+             for s in range(40)]
+    (run / "acts.jsonl").write_text("\n".join(lines) + "\n")
+    return Attack(run)
+
+
 ATTACKS = {
     "pickle_dag": pickle_dag, "pickle_memo": pickle_memo, "sqlite_view": sqlite_view, "yaml_bomb": yaml_bomb,
     "fifo_side": fifo_side, "gzip_line": gzip_line, "gzip_line_text": gzip_line_text, "bad_name": bad_name,
     "surrogates": surrogates,
     "mathtext": mathtext, "inject": inject, "symlink_out": symlink_out, "sparse_events": sparse_events,
     "gzip_names": gzip_names, "shard_index": shard_index, "big_textlog": big_textlog,
+    "side_links": side_links, "sqlite_side_view": sqlite_side_view, "surrogate_tables": surrogate_tables,
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from forensics.errors import InputError
 from parsers import discover as disc
-from parsers import jsonl
+from parsers import jsonl, walk
 
 
 def _write(path: Path, text: str) -> Path:
@@ -114,7 +114,7 @@ def test_parser_failures_and_missing_modules(tmp_path, monkeypatch):
     rude.read = read
     monkeypatch.setitem(sys.modules, "fake_boom_parser", boom)
     monkeypatch.setitem(sys.modules, "fake_rude_parser", rude)
-    monkeypatch.setattr(disc, "PARSER_MODULES", ("fake_rude_parser", "parsers.not_written_yet",
+    monkeypatch.setattr(walk, "PARSER_MODULES", ("fake_rude_parser", "parsers.not_written_yet",
                                                  "fake_boom_parser", "parsers.jsonl"))
     _write(tmp_path / "x.boom", "?")
     _jsonl(tmp_path / "m.jsonl", range(3))

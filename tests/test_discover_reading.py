@@ -119,3 +119,20 @@ def test_running_total_counter_becomes_per_step(tmp_path):
     s = run.series("skipped_step")
     assert s is not None and s.values.sum() == 3 and set(s.values.tolist()) == {0.0, 1.0}
     assert "running total" in run.meta["names"]["skipped"]["why"]
+
+
+def test_forensics_toml_is_read_under_the_file_policy(tmp_path):
+    """A forensics.toml that is a link into /proc (endless, or the environment) is an input error, never read."""
+    import os
+
+    from forensics.errors import InputError
+    from forensics.userconfig import find
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink("/proc/self/environ", run / "forensics.toml")
+    with pytest.raises(InputError, match="not read"):
+        find(run)
+    (run / "forensics.toml").unlink()
+    os.mkfifo(run / "forensics.toml")  # a FIFO is not a settings file: passed over, never opened
+    assert find(run).path is None

@@ -22,7 +22,7 @@ import hostile_gen as hg
 import pytest
 
 from forensics import atomic
-from parsers import file_policy, mlflow_store
+from parsers import file_policy, mlflow_sqlite, mlflow_store
 from reports import escape
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux",
@@ -61,6 +61,9 @@ _KINDS = {
     "sparse_events": hg.sparse_events,
     "gzip_names": hg.gzip_names,
     "shard_index": hg.shard_index,
+    "side_links": hg.side_links,
+    "sqlite_side_view": hg.sqlite_side_view,
+    "surrogate_tables": hg.surrogate_tables,
 }
 
 
@@ -102,6 +105,30 @@ def test_surrogates_keep_the_whole_file(tmp_path: Path) -> None:
     jsonl = run.metrics.filter(run.metrics["source"] == "metrics.jsonl")
     assert jsonl.height == 299 * 3 + 2  # line 150: loss and the odd key
     assert run.meta["config_files"]["config.json"]["name"] == "bad\\udc80value"
+
+
+def test_surrogates_in_table_readers_keep_every_row(tmp_path: Path) -> None:
+    """Lone surrogates in a W&B JSON export and in a JSONL module name: every row read, the names escaped."""
+    from parsers.discover import load_run
+
+    run = load_run(hg.surrogate_tables(tmp_path / "runs").run)
+    hist = run.metrics.filter(run.metrics["source"] == "history.json")
+    assert set(hist["tag"].unique().to_list()) == {"loss", "acc\\ud800"} and hist.height == 80
+    acts = run.metrics.filter(run.metrics["source"] == "acts.jsonl")
+    assert acts["tag"].unique().to_list() == ["absmax/enc.\\ud800"] and acts.height == 40
+
+
+def test_side_files_linked_out_of_the_run_are_not_read(tmp_path: Path) -> None:
+    """checkpoint-N/trainer_state.json and MLflow meta.yaml/params/tags linked outside: listed, never read."""
+    from parsers.discover import load_run
+
+    run = load_run(hg.side_links(tmp_path / "runs").run)
+    hf = run.meta["by_source"]["output/trainer_state.json"]
+    assert "superseded_by" not in hf  # the outside copy (global_step 1e6) would have superseded it
+    assert hg.SECRET not in json.dumps(run.meta, default=str)
+    assert hg.SECRET not in " ".join(run.metrics["tag"].unique().to_list())
+    listed = {s.what for s in run.skipped if "out of the run folder" in s.reason}
+    assert {"output/checkpoint-100/trainer_state.json", "mlruns/0/abc/meta.yaml"} <= listed
 
 
 def test_follow_symlinks_reads_outside_only_when_asked(tmp_path: Path) -> None:
@@ -178,8 +205,8 @@ def test_sqlite_budget_interrupts_a_long_query(tmp_path: Path, monkeypatch: pyte
     con.executemany("INSERT INTO metrics VALUES ('loss', ?, ?, ?, 'r', 0)", [(1.0, s, s) for s in range(20000)])
     con.commit()
     con.close()
-    monkeypatch.setattr(mlflow_store, "SQL_STEPS_BASE", 200_000)
-    monkeypatch.setattr(mlflow_store, "SQL_STEPS_PER_BYTE", 0)
+    monkeypatch.setattr(mlflow_sqlite, "SQL_STEPS_BASE", 200_000)
+    monkeypatch.setattr(mlflow_sqlite, "SQL_STEPS_PER_BYTE", 0)
     with pytest.raises(Exception, match="budget"):
         mlflow_store.read(db, tmp_path)
 

@@ -296,3 +296,50 @@ def test_parquet_exports_pandas_and_polars(tmp_path):
     assert csv_metrics.sniff(cut)
     with pytest.raises(ParseError, match="damaged Parquet"):
         csv_metrics.read(cut, tmp_path)
+
+
+def _epoch_table(extra_blank: bool) -> str:
+    """An epoch-indexed TSV in flair's ``loss.tsv`` layout (upper-case header, clock times, ``_`` for none).
+
+    With ``extra_blank`` every row has one empty cell more than the header (after ``TRAIN_LOSS``), as
+    older writers produce when the train metrics are off.
+    """
+    head = ["EPOCH", "TIMESTAMP", "BAD_EPOCHS", "LEARNING_RATE", "TRAIN_LOSS", "TRAIN_F1", "DEV_LOSS", "DEV_F1"]
+    out = ["\t".join(head)]
+    for e in range(6):
+        train = f"{1.5 / (e + 1):.4f}"
+        cells = [str(e), f"10:{e:02d}:00", "0", "0.1000", train] + ([""] if extra_blank else [])
+        out.append("\t".join(cells + ["_", f"{1.7 / (e + 1):.4f}", f"{0.5 + e * 0.05:.4f}"]))
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("extra_blank", [False, True])
+def test_epoch_indexed_tsv_with_odd_header_and_extra_blank_cells(tmp_path, extra_blank) -> None:
+    """An epoch-indexed TSV with an upper-case header is read; a writer's extra blank cells are dropped."""
+    r, df = read(tmp_path, _epoch_table(extra_blank), name="loss.tsv")
+    assert r.meta["step_column"] == "EPOCH" and r.meta["step_axis"]["kind"] == "epoch"
+    assert not r.skipped
+    assert vals(df, "loss") == pytest.approx([1.5 / (e + 1) for e in range(6)], abs=1e-4)
+    assert vals(df, "eval_loss") == pytest.approx([1.7 / (e + 1) for e in range(6)], abs=1e-4)
+    assert (r.meta.get("dropped_blank_cells") == [5]) is extra_blank
+    assert df.filter(pl.col("tag") == "TRAIN_F1").height == 0  # "_" is no value
+
+
+def test_rows_of_another_width_are_still_listed(tmp_path) -> None:
+    """A single row of another width is still skipped and listed."""
+    text = "step,loss\n1,2.0\n2,1.9,7\n3,1.8\n"
+    r, df = read(tmp_path, text)
+    assert [s.what for s in r.skipped] == ["metrics.csv:3"]
+    assert vals(df, "loss") == [2.0, 1.8]
+
+
+def test_table_past_the_byte_budget_is_cut_at_a_line_and_listed(tmp_path, monkeypatch) -> None:
+    """A table longer than its byte budget (a gzip that expands to gigabytes) keeps its first whole lines."""
+    from parsers import _io
+
+    monkeypatch.setattr(_io.read_table_bytes, "__defaults__", (1000,))
+    text = "step,loss\n" + "".join(f"{s},{1.0 / (s + 1):.6f}\n" for s in range(500))
+    r, df = read(tmp_path, text)
+    assert len(r.skipped) == 1 and "MiB of table text" in r.skipped[0].reason
+    steps = df.get_column("step").to_list()
+    assert steps == list(range(len(steps))) and 50 < len(steps) < 100

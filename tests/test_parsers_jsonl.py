@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from parsers import jsonl
+from parsers import _jsonl_segments, jsonl
 
 
 def _write(path: Path, text: str) -> Path:
@@ -336,7 +336,7 @@ def _segments_reference(records: list[tuple[int, list[str]]]) -> list[int]:
        hs.lists(hs.integers(1, 8), max_size=6))
 def test_segments_match_the_sequential_rule(records, cuts):
     """The vectorised segmenter, fed block by block, equals the one-record-at-a-time rule."""
-    seg = jsonl._Segmenter()
+    seg = _jsonl_segments._Segmenter()
     got, i = [], 0
     for size in [*cuts, len(records)]:
         part = records[i:i + size]
@@ -432,3 +432,51 @@ def test_deeply_nested_line_is_one_skip(tmp_path: Path, engine: str, depth: int)
         assert [s.what for s in res.skipped] == ["metrics.jsonl:21"] and "deeply" in res.skipped[0].reason
     else:
         assert not res.skipped and res.metrics.filter(pc.equal(res.metrics["step"], 100)).num_rows == 1
+
+
+@pytest.mark.parametrize("engine", jsonl.ENGINES)
+def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
+    """An overlong line in the middle of a file is listed with its own line number; the rest is read."""
+    from parsers import _jsonl_blocks
+
+    monkeypatch.setattr(_jsonl_blocks, "MAX_LINE_BYTES", 1000)
+    lines = [json.dumps({"step": s, "loss": 1.0 / (s + 1)}) for s in range(1, 40)]
+    lines[24] = json.dumps({"step": 25, "loss": "x" * 5000})
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    r = jsonl.read(p, tmp_path, engine=engine, chunk_bytes=256)
+    assert [s.what for s in r.skipped] == ["metrics.jsonl:25"]
+    assert "bytes" in r.skipped[0].reason
+    steps = r.metrics.column("step").to_pylist()
+    assert 25 not in steps and steps == [s for s in range(1, 40) if s != 25]
+
+
+@pytest.mark.parametrize("engine", jsonl.ENGINES)
+def test_step_key_by_rule_then_epoch_then_line_index(tmp_path, engine, monkeypatch) -> None:
+    """Any case of a step key; an epoch or sample count when no record has one; the line index last."""
+    from parsers._io import STEP_KEY
+
+    def read(rows: list[dict], name: str):
+        p = tmp_path / name
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        r = jsonl.read(p, tmp_path, engine=engine)
+        return r, r.metrics.column("step").to_pylist(), set(r.metrics.column("tag").to_pylist())
+
+    r, steps, tags = read([{"Step": 10 * s, "loss": 1.0} for s in range(5)], "a.jsonl")
+    assert r.meta["step_key"] == "Step" and steps == [0, 10, 20, 30, 40] and tags == {"loss"}
+    r, steps, tags = read([{"EPOCH": e, "TRAIN_LOSS": 1.0} for e in range(1, 6)], "b.jsonl")
+    assert r.meta["step_axis"] == {"column": "EPOCH", "kind": "epoch"} and steps == [1, 2, 3, 4, 5]
+    assert tags == {"TRAIN_LOSS"}
+    r, steps, tags = read([{"epoch": e, "step": e * 100, "loss": 1.0} for e in range(3)], "c.jsonl")
+    assert r.meta["step_key"] == "step" and tags == {"epoch", "loss"}  # a step key wins: epoch is a metric
+    r, steps, tags = read([{"epoch": e / 4, "loss": 1.0} for e in range(8)], "d.jsonl")  # fractional epochs
+    assert r.meta["step_axis"]["kind"] == "row_index" and steps == [s for s in range(8) for _ in (0, 1)]
+    assert tags == {"epoch", "loss"}
+    r, steps, _ = read([{"consumed_samples": 512 * s, "loss": 1.0} for s in range(4)], "e.jsonl")
+    assert r.meta["step_axis"]["kind"] == "samples" and steps == [0, 512, 1024, 1536]
+    token = STEP_KEY.set("tick")  # the user's step key (forensics.toml) wins over every rule
+    try:
+        r, steps, tags = read([{"tick": s + 7, "step": 0, "loss": 1.0} for s in range(3)], "f.jsonl")
+    finally:
+        STEP_KEY.reset(token)
+    assert r.meta["step_key"] == "tick" and steps == [7, 7, 8, 8, 9, 9] and tags == {"step", "loss"}

@@ -1,0 +1,340 @@
+"""Staging a block for the polars engine of :mod:`parsers.jsonl` (run one block ahead in a worker thread).
+
+:class:`_Stager` finds the lines of a block that are plain JSON objects (:func:`_scan`, on bytes with
+numpy), reads them with ``polars.read_ndjson`` in one call per piece (with the schema carried from the
+blocks before, else inferred; a refused piece is halved), and keeps only the rows that polars read
+exactly (:func:`_exact_rows`: key counts, coerced strings, widened types). It touches no file state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+from polars.exceptions import PanicException
+
+from parsers._jsonl_fields import FALLBACK_STEP_KEYS, STEP_KEYS
+
+# lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
+# a null polars reads as a missing key, which the key count then finds
+_PER_LINE = ((b"N", (b"NaN",)), (b"I", (b"Infinity",)), (b"\\", (b"\\ud", b"\\uD")))
+_MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
+_SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
+_EXACT_INT = float(1 << 53)
+
+
+def _leaves(df: pl.DataFrame) -> tuple[list[tuple[str, pl.Series, np.ndarray]], np.ndarray]:
+    """Leaf columns of ``df`` with structs unnested (``a/b`` names), and the fields present per row.
+
+    Returns:
+        ``[(flat name, series, present bool[n])]`` and int32[n]: how many keys (struct keys included)
+        each row holds, to compare with the ``":`` count of its line.
+    """
+    leaves: list[tuple[str, pl.Series, np.ndarray]] = []
+    fields = np.zeros(df.height, np.int32)
+    everywhere = np.ones(df.height, bool)
+
+    def walk(columns: list[pl.Series], prefix: str, parent: np.ndarray) -> None:
+        for s in columns:
+            present = s.is_not_null().to_numpy() & parent if s.null_count() else parent
+            fields[:] += present
+            if isinstance(s.dtype, pl.Struct):
+                walk(s.struct.unnest().get_columns(), f"{prefix}{s.name}/", present)
+            else:
+                leaves.append((f"{prefix}{s.name}", s, present))
+
+    walk(df.get_columns(), "", everywhere)
+    return leaves, fields
+
+
+# a string polars may have made from a number, bool, list or object of another line, or a number as text
+_MAYBE_COERCED = (r"(?i)^([\s\x1c-\x1f]*[+-]?(inf(inity)?|nan|(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?)[\s\x1c-\x1f]*$"
+                  r"|[\[{]|true$|false$)")
+_KEPT_TYPES = (pl.Int64, pl.Float64, pl.Boolean, pl.String, pl.Null)
+
+
+def _exact_rows(df: pl.DataFrame, colon_total: int, colons: Callable[[], np.ndarray]
+                ) -> tuple[np.ndarray, list[tuple[str, pl.Series, np.ndarray]], set[str]]:
+    """Which rows of ``df`` the per-line path would read to the same records.
+
+    Returns bool[n] (the rows kept), the leaves of ``df``, and the top-level columns whose type is not
+    worth reading the next block with.
+
+    Every key is followed by a ``:``, and polars finds at most the keys of a line, so when the frame
+    holds as many keys as its text has ``:`` (``colon_total``) no key was dropped or doubled. Else a
+    row is left out when its key count differs from its line's (``colons()``, int[n], see
+    :func:`_key_counts`: duplicate keys, keys beyond the schema, ``":`` inside strings). A row is also left out
+    when a string may be a coerced value or a number logged as text, when a float step is beyond
+    2**53 (an integer step may have been rounded), when a type is one polars widens to (Int128, ...),
+    or when two leaves flatten to one name.
+    """
+    leaves, fields = _leaves(df)
+    ok = np.ones(df.height, bool) if int(fields.sum()) == colon_total else fields == colons()
+    seen: dict[str, list[np.ndarray]] = {}
+    unsure: set[str] = set()
+    for name, s, present in leaves:
+        seen.setdefault(name, []).append(present)
+        dt = s.dtype
+        left_out = None
+        if dt == pl.String:
+            left_out = present & s.str.contains(_MAYBE_COERCED).fill_null(False).to_numpy()
+        elif dt == pl.Float64 and (name in STEP_KEYS or name in FALLBACK_STEP_KEYS):
+            left_out = present & (np.abs(_dense(s)) >= _EXACT_INT)
+        elif dt not in _KEPT_TYPES and not isinstance(dt, pl.List):
+            left_out = present
+        if left_out is not None and left_out.any():
+            ok &= ~left_out
+            unsure.add(name if name in df.columns else name.split("/")[0])
+    for group in seen.values():
+        if len(group) > 1:  # "a/b": 1 and "a": {"b": 2} in one line: the per-line path keeps the last
+            ok &= sum(p.astype(np.int32) for p in group) <= 1
+    return ok, leaves, unsure
+
+
+def _merged(a: pl.DataType, b: pl.DataType) -> pl.DataType | None:
+    """A type that reads the values of both (int and float: float; structs: all fields), else None."""
+    if a == b:
+        return a
+    if {a, b} == {pl.Int64, pl.Float64}:
+        return pl.Float64
+    if isinstance(a, pl.Struct) and isinstance(b, pl.Struct):
+        fields = {f.name: f.dtype for f in a.fields}
+        for f in b.fields:
+            m = _merged(fields[f.name], f.dtype) if f.name in fields else f.dtype
+            if m is None:
+                return None
+            fields[f.name] = m
+        return pl.Struct(fields)
+    return None
+
+
+def _carriable(dt: pl.DataType) -> bool:
+    """A type polars can be told to read with (no Null parts, no widened integers)."""
+    if isinstance(dt, pl.Struct):
+        return all(_carriable(f.dtype) for f in dt.fields)
+    if isinstance(dt, pl.List):
+        return dt.inner is not None and _carriable(dt.inner)
+    return dt in (pl.Int64, pl.Float64, pl.Boolean, pl.String)
+
+
+def _dense(s: pl.Series) -> np.ndarray:
+    """The values of an Int64/Float64/Boolean series as numpy, null as 0 (no copy when none is null)."""
+    if s.null_count():
+        s = s.fill_null(False if s.dtype == pl.Boolean else 0)
+    return s.to_numpy()
+
+
+
+def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Find the lines of ``buf`` (which ends with ``b"\n"``) that polars may read.
+
+    Returns:
+        int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
+        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
+        most :data:`_MAX_BRACKETS` opening brackets).
+        ``work`` is a bool work array as long as ``buf``.
+    """
+    arr = np.frombuffer(buf, np.uint8)
+    np.equal(arr, 10, out=work)
+    ends = np.flatnonzero(work)
+    starts = np.empty_like(ends)
+    starts[:1] = 0
+    starts[1:] = ends[:-1] + 1
+    last = arr[ends - 1]  # ends - 1 >= -1 (wraps to the last newline): masked by the length test
+    cr = last == 13
+    last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
+    plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
+    # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep. Each plain line opens
+    # with one '{', so when the block holds at most _MAX_BRACKETS more than it has lines, no line can
+    # hold more (flat trainer logs: one count, no per-line work); else a count per line from positions
+    counts = {byte: _count(buf, byte, work) if buf.find(bytes([byte])) >= 0 else 0 for byte in (0x7B, 0x5B)}
+    if sum(counts.values()) - int(plain.sum()) >= _MAX_BRACKETS:
+        brackets = np.zeros(len(starts), np.int64)
+        for byte in (0x7B, 0x5B):
+            if counts[byte]:
+                np.equal(arr, byte, out=work)
+                brackets += np.bincount(np.searchsorted(ends, np.flatnonzero(work)), minlength=len(ends))[:len(ends)]
+        plain &= brackets <= _MAX_BRACKETS
+    for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
+        if buf.find(lead) < 0:
+            continue
+        for token in tokens:
+            at = buf.find(token)
+            while at >= 0:
+                li = int(np.searchsorted(ends, at))
+                plain[li] = False
+                at = buf.find(token, int(ends[li]) + 1)
+    if not buf.isascii():
+        try:
+            buf.decode()
+        except UnicodeDecodeError:  # polars refuses a block with invalid UTF-8: find the lines
+            for li in np.unique(np.searchsorted(ends, np.flatnonzero(arr >= 0x80))).tolist():
+                try:
+                    buf[starts[li]:ends[li]].decode()
+                except UnicodeDecodeError:
+                    plain[li] = False
+    return starts, ends, plain
+
+
+def _count(data: bytes, byte: int, work: np.ndarray) -> int:
+    """How many times ``byte`` occurs in ``data`` (``work``: a bool array as long as ``data``)."""
+    np.equal(np.frombuffer(data, np.uint8), byte, out=work)
+    return int(np.count_nonzero(work))
+
+
+def _key_counts(buf: bytes, ends: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """int64 per line of ``buf``: how many keys it holds, or -1 where that cannot be told by bytes.
+
+    A key ends with ``":`` unless whitespace comes between, so the count of ``":`` is at least the
+    count of keys in a line where no ``"`` is followed by whitespace; such lines get -1 (``work``:
+    bool[len(buf)]).
+    """
+    arr = np.frombuffer(buf, np.uint8)
+    hit = work
+    np.equal(arr, 0x3A, out=hit)
+    colon = np.flatnonzero(hit)
+    colon = colon[arr[colon - 1] == 0x22]  # a ':' at offset 0 looks at the last byte, a newline
+    counts = np.diff(np.searchsorted(colon, ends), prepend=0)
+    np.equal(arr, 0x20, out=hit)
+    hit |= arr == 0x09
+    hit |= arr == 0x0D
+    space = np.flatnonzero(hit)
+    space = space[arr[space - 1] == 0x22]
+    counts[np.searchsorted(ends, space)] = -1
+    return counts
+
+
+def _join(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarray) -> bytes:
+    """The lines ``idx`` (sorted 0-based line indices) of ``buf``, each with its newline."""
+    if len(idx) == len(ends):
+        return buf
+    cuts = np.flatnonzero(np.diff(idx) != 1)
+    first, last = idx[np.r_[0, cuts + 1]], idx[np.r_[cuts, len(idx) - 1]]
+    view = memoryview(buf)
+    return b"".join([view[a:b] for a, b in zip(starts[first].tolist(), (ends[last] + 1).tolist(), strict=True)])
+
+
+def _read_ndjson(data: bytes, schema: dict[str, pl.DataType] | None, full: bool) -> pl.DataFrame | None:
+    """``polars.read_ndjson`` of ``data`` with ``schema``, or inferred from 100 (``full``: all) rows.
+
+    Returns None when polars refuses the data.
+    """
+    try:
+        if schema:
+            df = pl.read_ndjson(data, schema=schema)
+        else:
+            df = pl.read_ndjson(data, infer_schema_length=None if full else 100)
+        return df.rechunk()  # one chunk per column: the numpy views below need no copy
+    except (Exception, PanicException):  # noqa: BLE001 - any refusal sends the lines to the per-line path
+        return None
+
+
+_Frame = tuple[pl.DataFrame, np.ndarray, list[tuple[str, pl.Series, np.ndarray]] | None]
+_Staged = tuple[np.ndarray, np.ndarray, list[_Frame], np.ndarray]
+
+
+class _Stager:
+    """The polars part of each block, in file order.
+
+    It touches no file state: it runs in a worker thread, one block ahead of the conversion. It keeps a
+    work array, and the schema of the blocks read so far, which the next block is read with first
+    (keys that come late, like eval metrics every 1,000 steps, are then known; a type that does not fit
+    makes polars refuse, and inference is used).
+    """
+
+    def __init__(self) -> None:
+        self.scratch = np.zeros(0, bool)
+        self.schema: dict[str, pl.DataType] = {}
+
+    def work(self, n: int) -> np.ndarray:
+        """A bool work array of length ``n`` (reused: valid until the next call)."""
+        if len(self.scratch) < n:
+            self.scratch = np.empty(n, bool)
+        return self.scratch[:n]
+
+    def __call__(self, buf: bytes) -> _Staged:
+        """Scan ``buf`` and read its plain lines with polars.
+
+        Returns:
+            ``(starts, ends, frames, rest)``: line offsets, the polars frames with the line indices of
+            their rows (and their leaves), and the sorted line indices left to the per-line path.
+        """
+        if not buf:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, [], empty
+        starts, ends, plain = _scan(buf, self.work(len(buf)))
+        frames, routed = self.frames(buf, starts, ends, np.flatnonzero(plain))
+        rest = np.sort(np.concatenate([np.flatnonzero(~plain), *routed]))
+        return starts, ends, frames, rest
+
+    def frames(self, buf: bytes, starts: np.ndarray, ends: np.ndarray,
+               idx: np.ndarray) -> tuple[list[_Frame], list[np.ndarray]]:
+        """Read the lines ``idx`` of ``buf`` with polars: (frames, line indices left to the per-line path).
+
+        Each piece is read with the carried schema (else the first 100 rows as sample), then with all rows
+        as sample, until at most 1% of its rows are left out for a reason other than a ``null`` (which
+        polars reads as a missing key: such lines go to the per-line path at once). A piece polars
+        refuses is halved (down to :data:`_SMALLEST_PIECE` lines); the other rows left out get one more
+        read of their own.
+        """
+        frames: list[_Frame] = []
+        routed: list[np.ndarray] = []
+        per_line: list[np.ndarray] = []  # the '":' count of each line of buf, once needed
+
+        def colons(part: np.ndarray) -> np.ndarray:
+            if not per_line:
+                per_line.append(_key_counts(buf, ends, self.work(len(buf))))
+            return per_line[0][part]
+
+        todo = [(idx, False)] if len(idx) else []
+        while todo:
+            part, again = todo.pop()
+            data = _join(buf, starts, ends, part)
+            colon_total = -1
+            best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
+            for how in ("carried" if self.schema else "sample", "all"):
+                df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
+                if df is None or df.height != len(part):
+                    continue
+                if colon_total < 0:
+                    colon_total = _count(data, 0x3A, self.work(len(data)))
+                ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
+                null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
+                unexplained = int(len(null) - null.sum())
+                if best is None or unexplained < len(best[4]) - int(best[4].sum()):
+                    best = (df, ok, leaves, unsure, null)
+                if 100 * unexplained <= len(ok):
+                    break
+            del data
+            if best is None:
+                if len(part) <= _SMALLEST_PIECE:
+                    routed.append(part)
+                else:
+                    todo += [(part[len(part) // 2:], again), (part[:len(part) // 2], again)]
+                continue
+            df, ok, leaves, unsure, null = best
+            self.carry(df, unsure)
+            if not ok.all():  # the rows left out but for a null get one more polars read of their own
+                left = part[~ok]
+                routed.append(left[null])
+                if again or ok.sum() == 0:
+                    routed.append(left[~null])
+                elif not null.all():
+                    todo.append((left[~null], True))
+                keep = pl.Series(ok)
+                df, part = df.filter(keep), part[ok]
+                leaves = [(name, s.filter(keep), present[ok]) for name, s, present in leaves]
+            if df.height:
+                frames.append((df, part, leaves))
+        return frames, routed
+
+    def carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
+        """Merge the types of ``df`` into the carried schema (columns that do not fit are dropped)."""
+        for name, dt in df.schema.items():
+            old = self.schema.get(name)
+            new = dt if old is None else _merged(old, dt)
+            if name in unsure or new is None or not _carriable(new):
+                self.schema.pop(name, None)
+            else:
+                self.schema[name] = new
