@@ -209,7 +209,8 @@ def tag_groups(buf: np.ndarray, at: np.ndarray, n: np.ndarray) -> tuple[np.ndarr
         words.append(word)
         h = (h ^ word) * _K2
         h ^= h >> np.uint64(31)
-    codes = pc.dictionary_encode(pa.array(h)).indices.to_numpy()
+    codes = pc.dictionary_encode(pa.Array.from_buffers(pa.uint64(), len(h), [None, pa.py_buffer(h)])).indices
+    codes = np.frombuffer(codes.buffers()[1], np.int32, len(h), codes.offset * 4)
     first = np.empty(int(codes.max(initial=-1)) + 1, np.int64)
     first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
     rep = first[codes]

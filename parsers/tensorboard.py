@@ -208,7 +208,7 @@ def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[t
     START starts one before the next row. Returns (segment per row, int32; [(segment, step, message)]).
     """
     n = len(step)
-    order = np.argsort(tag, kind="stable")
+    order = np.argsort(tag.astype(np.int16) if tag.max(initial=0) < 1 << 15 else tag, kind="stable")  # int16: radix
     prev = np.full(n, -1, np.int64)
     same = tag[order[1:]] == tag[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
@@ -253,6 +253,23 @@ def _not_scalars(st: State, rec: np.ndarray, ids: np.ndarray, kind: np.ndarray, 
 
 
 
+_NUMPY = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def _arrow(a: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A numpy array as an Arrow array of ``typ``, no nulls (``pa.array`` would import pandas to check types)."""
+    a = np.ascontiguousarray(a, _NUMPY[typ])
+    return pa.Array.from_buffers(typ, len(a), [None, pa.py_buffer(a)])
+
+
+def _strings(values: list[str]) -> pa.Array:
+    """A list of str as an Arrow string array (without ``pa.array``: see :func:`_arrow`)."""
+    data = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(data) + 1, np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
 def _table(st: State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
     """The metrics table (rows in file order) and the restart events, from both decoders' rows."""
     cols = [np.frombuffer(c, t) if len(c) else np.empty(0, t) for c, t in
@@ -269,16 +286,17 @@ def _table(st: State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
             cols = [c[order] for c in cols]
     rec, tag, step, value, wall, enc = cols
     seg, events = _segments(rec, tag, step, st.starts)
-    tags, first = np.unique(tag, return_index=True)  # each tag's encoding: that of its first row
+    first = np.full(len(st.tags), len(tag), np.int64)  # each tag's first row: its encoding is the tag's
+    first[tag[::-1]] = np.arange(len(tag) - 1, -1, -1)
     names = list(st.encodings)
-    st.encoding = {st.tags[t]: names[e] for _, t, e in sorted(zip(first.tolist(), tags.tolist(),
-                                                                    enc[first].tolist(), strict=True))}
-    idx, zeros = pa.array(tag, pa.int32()), pa.array(np.zeros(len(step), np.int32))
+    st.encoding = {st.tags[t]: names[int(enc[r])] for r, t in sorted((int(r), t) for t, r in enumerate(first.tolist())
+                                                                        if r < len(tag))}
+    idx, zeros = _arrow(tag, pa.int32()), _arrow(np.zeros(len(step), np.int32), pa.int32())
     table = pa.Table.from_arrays(
-        [pc.take(pa.array([""]), zeros), pa.array(seg, pa.int32()), pa.array(step, pa.int64()),
-         pc.take(pa.array([canonical_metric(t) for t in st.tags], pa.string()), idx),
-         pa.array(value, pa.float64()), pa.array(wall, pa.float64()),
-         pc.take(pa.array(st.tags, pa.string()), idx), pc.take(pa.array([st.rel]), zeros)],
+        [pc.take(_strings([""]), zeros), _arrow(seg, pa.int32()), _arrow(step, pa.int64()),
+         pc.take(_strings([canonical_metric(t) for t in st.tags]), idx),
+         _arrow(value, pa.float64()), _arrow(wall, pa.float64()),
+         pc.take(_strings(st.tags), idx), pc.take(_strings([st.rel]), zeros)],
         schema=METRICS_SCHEMA)
     return table, events
 
@@ -331,6 +349,7 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
     f32 = {"simple_value", "DT_FLOAT", "DT_HALF", "DT_BFLOAT16"} & set(st.encoding.values())
     precision = "float32" if f32 or not st.encoding else "float64"
     events = pa.Table.from_pylist([{"run": "", "segment": g, "step": s, "kind": "restart", "message": m,
-                                    "source": rel} for g, s, m in restarts], schema=EVENTS_SCHEMA)
+                                    "source": rel} for g, s, m in restarts], schema=EVENTS_SCHEMA) if restarts \
+        else pa.Table.from_batches([], schema=EVENTS_SCHEMA)  # (empty_table() would import pandas)
     return ParseResult(format=FORMAT, path=rel, metrics=table, events=events, meta=meta,
                        skipped=tuple(skipped), precision=precision)
