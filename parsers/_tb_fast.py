@@ -105,22 +105,24 @@ def value_fields(b: bytes) -> tuple[int, int, bool]:
 
 
 def _varints(buf: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorised :func:`varint`: (value int64, next offset, ok) at each offset, never reading past ``end``."""
-    val, nxt, ok = np.zeros(len(at), np.uint64), at.copy(), np.zeros(len(at), bool)
-    live = np.arange(len(at))
-    for k in range(10):
-        pos = nxt[live]
-        inside = pos < end[live]
-        live, pos = live[inside], pos[inside]
-        b = buf[pos]
-        val[live] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        nxt[live] = pos + 1
-        done = b < 0x80
-        ok[live[done]] = True
-        live = live[~done]
-        if not len(live):
-            break
-    return val.view(np.int64), nxt, ok
+    """Vectorised :func:`varint`: (value int64, next offset, ok) at each offset, never reading past ``end``.
+
+    One byte read for all; the varints of several bytes read as rows of 10 bytes (needs that padding).
+    """
+    inside = at < end
+    b = buf[at]
+    val, nxt, ok = b.astype(np.int64), at + 1, inside & (b < 0x80)
+    multi = np.flatnonzero(inside & (b >= 0x80))
+    if len(multi):
+        r = tfr.rows(buf, at[multi], 10)
+        stop = r < 0x80
+        n = np.argmax(stop, axis=1) + 1  # bytes in the varint (1 when none stops: caught below)
+        acc = np.zeros(len(multi), np.uint64)
+        for k in range(10):
+            acc |= np.where(k < n, (r[:, k] & 0x7F).astype(np.uint64) << np.uint64(7 * k), np.uint64(0))
+        val[multi], nxt[multi] = acc.view(np.int64), at[multi] + n
+        ok[multi] = stop.any(axis=1) & (at[multi] + n <= end[multi])
+    return val, np.where(ok, nxt, np.minimum(nxt, end)), ok  # a bad one points at most at its end
 
 
 def _nested(buf: np.ndarray, i: np.ndarray, e: np.ndarray, keep: np.ndarray, key: int, whole: bool,
@@ -168,22 +170,31 @@ def scalar_events(buf: np.ndarray, p: np.ndarray, e: np.ndarray) -> dict[str, np
 
 def _templates(buf: np.ndarray, r: np.ndarray, rl: np.ndarray, keep: np.ndarray,
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(kind, offset of the number, scalars metadata) of the value fields ``buf[r:r+rl]`` of each frame."""
+    """(kind, offset of the number, scalars metadata) of the value fields ``buf[r:r+rl]`` of each frame.
+
+    Rows are compared eight bytes at a time (uint64 words; bytes past the fields are masked out).
+    """
     kind, vat, plugin = np.zeros(len(r), np.int8), np.zeros(len(r), np.int64), np.zeros(len(r), bool)
     sel = keep & (rl >= 1) & (rl <= MAX_VALUE_FIELDS)
     for length in np.flatnonzero(np.bincount(rl[sel], minlength=1)).tolist():
         g = np.flatnonzero(sel & (rl == length))
-        fields = tfr.rows(buf, r[g], length)
+        nw = (length + 7) // 8
+        words = tfr.rows(buf, r[g], 8 * nw).view("<u8")
         pending = np.arange(len(g))
         for _ in range(MAX_TEMPLATES):
             if not len(pending):
                 break
-            t = fields[pending[0]]
-            enc, at, meta = value_fields(t.tobytes())
-            care = np.full(length, 0xFF, np.uint8)
+            t = words[pending[0]]
+            enc, at, meta = value_fields(t.view(np.uint8)[:length].tobytes())
+            care = np.zeros(8 * nw, np.uint8)
+            care[:length] = 0xFF
             if enc:
                 care[at:at + (8 if enc == DT_DOUBLE else 4)] = 0
-            same = ~((fields[pending] ^ t) & care).any(axis=1)
+            care = care.view("<u8")
+            rows = words if len(pending) == len(g) else words[pending]
+            same = np.ones(len(pending), bool)
+            for w in range(nw):
+                same &= ((rows[:, w] ^ t[w]) & care[w]) == 0
             hit = g[pending[same]]
             kind[hit], vat[hit], plugin[hit] = enc, r[hit] + at, meta
             pending = pending[~same]

@@ -134,9 +134,11 @@ def _follow(buf: np.ndarray, n: int, eof: bool, check_crc: bool, max_record: int
     if max_record < MAX_GUESS:
         g, glen = g[glen <= max_record], glen[glen <= max_record]
     gnext = g + 16 + glen
-    keep = _pruned(g, gnext, n)
-    g, gnext = g[keep], gnext[keep]
     breaks = np.flatnonzero(gnext[:-1] != g[1:])
+    if len(breaks) > len(g) // 64:  # many zero runs inside payloads: keep the guesses a frame points at
+        keep = _pruned(g, gnext, n)
+        g, gnext = g[keep], gnext[keep]
+        breaks = np.flatnonzero(gnext[:-1] != g[1:])
     out: list[np.ndarray] = []
     pos = 0
     while pos < n:
@@ -167,20 +169,26 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def _length_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
+def _length_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
+                   ) -> np.ndarray:
     """Exact check of every header's length CRC (one ``crc32c`` call per distinct length)."""
+    lcrc = u32(buf, at + 8) if lcrc is None else lcrc
+    return lcrc == _per_length(length, lambda x: mask(crc32c.crc32c(struct.pack("<Q", x))))
+
+
+def _per_length(length: np.ndarray, fn: Callable[[int], int]) -> np.ndarray:
+    """``fn(length[i])`` for every i (uint32), ``fn`` called once per distinct length."""
     if int(length.max(initial=0)) < 1 << 16:
         uniq = np.flatnonzero(np.bincount(length))
         table = np.zeros(int(length.max(initial=0)) + 1, np.uint32)
-        table[uniq] = [mask(crc32c.crc32c(struct.pack("<Q", int(x)))) for x in uniq]
-        want = table[length]
-    else:
-        uniq, inv = np.unique(length, return_inverse=True)
-        want = np.array([mask(crc32c.crc32c(struct.pack("<Q", int(x)))) for x in uniq], np.uint32)[inv]
-    return u32(buf, at + 8) == want
+        table[uniq] = [fn(int(x)) for x in uniq]
+        return table[length]
+    uniq, inv = np.unique(length, return_inverse=True)
+    return np.array([fn(int(x)) for x in uniq], np.uint32)[inv]
 
 
-def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
+def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
+                    ) -> np.ndarray:
     """Per frame: does the payload CRC hold? Aggregated (module docstring), exact per frame on failure."""
     ok = np.ones(len(at), bool)
     if not len(at):
@@ -188,11 +196,10 @@ def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.n
     lo, hi = int(at[0]), int(at[-1] + 16 + length[-1])
     copy = buf[lo:hi + PAD].copy()
     trail = at - lo + 12 + length
-    uniq, inv = np.unique(length, return_inverse=True)
-    fix = unmask(u32(copy, trail)) ^ np.array([zero_crc(int(x)) for x in uniq], np.uint32)[inv]
+    fix = unmask(u32(copy, trail)) ^ _per_length(length, zero_crc)
     put_u32(copy, trail, fix)
     # the headers (their CRCs are checked exactly) contribute what the zero bytes they replace would
-    fix_h = unmask(u32(copy, at - lo + 8)) ^ np.uint32(zero_crc(8))
+    fix_h = unmask(u32(copy, at - lo + 8) if lcrc is None else lcrc) ^ np.uint32(zero_crc(8))
     put_u32(copy, at - lo + 8, fix_h)
     view = memoryview(copy)
     if crc32c.crc32c(view[:hi - lo]) == zero_crc(hi - lo):
@@ -250,11 +257,12 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
         if len(at):
             length = u32(buf, at).astype(np.int64)
             if check_crc:
-                good = _length_crc_ok(buf, at, length)
+                lcrc = u32(buf, at + 8)
+                good = _length_crc_ok(buf, at, length, lcrc)
                 if not good.all():
                     first = int(np.argmin(good))
-                    at, length, stop, damage = at[:first], length[:first], int(at[first]), True
-            ok = _payload_crc_ok(buf, at, length) if check_crc else np.ones(len(at), bool)
+                    at, length, lcrc, stop, damage = at[:first], length[:first], lcrc[:first], int(at[first]), True
+            ok = _payload_crc_ok(buf, at, length, lcrc) if check_crc else np.ones(len(at), bool)
             yield Window(pos, buf, at, length, ok)
         if damage:
             nxt = on_damage(pos + stop)
