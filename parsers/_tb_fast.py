@@ -117,9 +117,10 @@ def _varints(buf: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarr
         r = tfr.rows(buf, at[multi], 10)
         stop = r < 0x80
         n = np.argmax(stop, axis=1) + 1  # bytes in the varint (1 when none stops: caught below)
+        r = np.where(np.arange(10) < n[:, None], r & 0x7F, 0)
         acc = np.zeros(len(multi), np.uint64)
-        for k in range(10):
-            acc |= np.where(k < n, (r[:, k] & 0x7F).astype(np.uint64) << np.uint64(7 * k), np.uint64(0))
+        for k in range(int(n.max())):
+            acc |= r[:, k].astype(np.uint64) << np.uint64(7 * k)
         val[multi], nxt[multi] = acc.view(np.int64), at[multi] + n
         ok[multi] = stop.any(axis=1) & (at[multi] + n <= end[multi])
     return val, np.where(ok, nxt, np.minimum(nxt, end)), ok  # a bad one points at most at its end

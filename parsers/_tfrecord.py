@@ -96,17 +96,16 @@ def f32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
 def _guess(buf: np.ndarray, n: int) -> np.ndarray:
     """Offsets in ``[0, n - 12]`` that may start a header of a record under :data:`MAX_GUESS` bytes.
 
-    Bytes 3..7 of such a header are zero; a header of 12 zero bytes is left out (with CRC checks it
-    cannot be valid; without them it is a 16-byte empty record, walked by exact steps).
+    Bytes 3..7 of such a header are zero; of a run of such offsets only the last is kept (a header's
+    length bytes end where its CRC starts; when that CRC starts with a zero byte, an exact step reads it).
     """
     if n < 12:
         return np.empty(0, np.int64)
-    v4 = np.ndarray((n - 11,), "<u4", buffer=buf, offset=4, strides=(1,))
-    cand = np.flatnonzero((v4 == 0) & (buf[3:n - 8] == 0))
-    if len(cand):
-        cand = cand[np.append(cand[1:] != cand[:-1] + 1, True)]  # a header's zero bytes: the last offset of a run
-        cand = cand[rows(buf, cand, 12).any(axis=1)]
-    return cand
+    m = n - 11
+    two = buf[3:m + 5] | buf[4:m + 6]  # two[j] = bytes j+3 | j+4
+    four = two[:m] | two[2:m + 2]  # bytes q+3 .. q+6
+    cand = np.flatnonzero((four | buf[7:m + 7]) == 0)
+    return cand[np.append(cand[1:] != cand[:-1] + 1, True)] if len(cand) else cand
 
 
 def _pruned(g: np.ndarray, gnext: np.ndarray, n: int, rounds: int = 2) -> np.ndarray:
@@ -255,7 +254,7 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
         eof = pos + n >= size
         at, stop, damage = _follow(buf, n, eof, check_crc, max_record)
         if len(at):
-            length = u32(buf, at).astype(np.int64)
+            length = np.diff(at, append=stop) - 16  # the frames of a chain are contiguous
             if check_crc:
                 lcrc = u32(buf, at + 8)
                 good = _length_crc_ok(buf, at, length, lcrc)

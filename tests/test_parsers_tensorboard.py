@@ -580,3 +580,24 @@ def test_fuzz_random_payloads_both_walks(tmp_path, monkeypatch) -> None:
         _same(a, b, "random payloads")
 
     run()
+
+
+def test_small_windows_read_the_same(real_run, tmp_path, monkeypatch) -> None:
+    """Windows of a few hundred bytes (frames cut at every window end, records longer than a window,
+    damage and resynchronisation across windows) read exactly as the Python walk does."""
+    from parsers import _tfrecord
+
+    data = _main_file(real_run).read_bytes()
+    rng = np.random.default_rng(7)
+    variants = [data, data[:-7], data[:5000] + bytes(3000) + data[5000:], data[:9000] + b"\xff" * 40 + data[9040:]]
+    for k in range(8):
+        bad = bytearray(data)
+        i = int(rng.integers(0, len(bad)))
+        bad[i] ^= 1 << int(rng.integers(0, 8))
+        variants.append(bytes(bad))
+    for window in (97, 300, 4096):
+        monkeypatch.setattr(_tfrecord, "WINDOW", window)
+        for k, v in enumerate(variants):
+            p = tmp_path / f"events.out.tfevents.w{window}.{k}"
+            p.write_bytes(v)
+            _same(*_both(p, tmp_path, monkeypatch), f"window {window}, variant {k}")
