@@ -93,7 +93,7 @@ def f32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
     return rows(buf, at, 4).view("<f4").ravel()
 
 
-def _guess(buf: np.ndarray, n: int) -> np.ndarray:
+def _guess(buf: np.ndarray, n: int, scratch: np.ndarray | None = None) -> np.ndarray:
     """Offsets in ``[0, n - 12]`` that may start a header of a record under :data:`MAX_GUESS` bytes.
 
     Bytes 3..7 of such a header are zero; of a run of such offsets only the last is kept (a header's
@@ -102,9 +102,11 @@ def _guess(buf: np.ndarray, n: int) -> np.ndarray:
     if n < 12:
         return np.empty(0, np.int64)
     m = n - 11
-    two = buf[3:m + 5] | buf[4:m + 6]  # two[j] = bytes j+3 | j+4
-    four = two[:m] | two[2:m + 2]  # bytes q+3 .. q+6
-    cand = np.flatnonzero((four | buf[7:m + 7]) == 0)
+    scratch = np.empty(2 * m + 2, np.uint8) if scratch is None or len(scratch) < 2 * m + 2 else scratch
+    two = np.bitwise_or(buf[3:m + 5], buf[4:m + 6], out=scratch[:m + 2])  # two[j] = bytes j+3 | j+4
+    four = np.bitwise_or(two[:m], two[2:m + 2], out=scratch[m + 2:2 * m + 2])  # bytes q+3 .. q+6
+    np.bitwise_or(four, buf[7:m + 7], out=four)
+    cand = np.flatnonzero(np.equal(four, 0, out=two[:m].view(bool)))
     return cand[np.append(cand[1:] != cand[:-1] + 1, True)] if len(cand) else cand
 
 
@@ -121,14 +123,14 @@ def _pruned(g: np.ndarray, gnext: np.ndarray, n: int, rounds: int = 2) -> np.nda
 
 
 def _follow(buf: np.ndarray, n: int, eof: bool, check_crc: bool, max_record: int,
-            ) -> tuple[np.ndarray, int, bool]:
+            scratch: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
     """Frames from offset 0 of the window: (header offsets, where the chain stopped, stopped at damage).
 
     The chain stops at the window's end (a frame that does not fit: the next window starts there)
     or at a header that cannot be followed (``damage``; at the end of the file a frame cut short is
     damage too).
     """
-    g = _guess(buf, n)
+    g = _guess(buf, n, scratch)
     glen = u32(buf, g).astype(np.int64)
     if max_record < MAX_GUESS:
         g, glen = g[glen <= max_record], glen[glen <= max_record]
@@ -187,13 +189,16 @@ def _per_length(length: np.ndarray, fn: Callable[[int], int]) -> np.ndarray:
 
 
 def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
-                    ) -> np.ndarray:
+                    scratch: np.ndarray | None = None) -> np.ndarray:
     """Per frame: does the payload CRC hold? Aggregated (module docstring), exact per frame on failure."""
     ok = np.ones(len(at), bool)
     if not len(at):
         return ok
     lo, hi = int(at[0]), int(at[-1] + 16 + length[-1])
-    copy = buf[lo:hi + PAD].copy()
+    if scratch is None or len(scratch) < hi - lo + PAD:
+        scratch = np.empty(hi - lo + PAD, np.uint8)
+    copy = scratch[:hi - lo + PAD]
+    copy[:] = buf[lo:hi + PAD]
     trail = at - lo + 12 + length
     fix = unmask(u32(copy, trail)) ^ _per_length(length, zero_crc)
     put_u32(copy, trail, fix)
@@ -243,6 +248,7 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
             absurd length, a frame cut by the end of the file); returns where to resume, or None to stop.
     """
     buf = np.zeros(min(WINDOW, size) + PAD, np.uint8)
+    scratch = np.empty(2 * len(buf), np.uint8)  # reused by every window (no fresh pages to fault in)
     pos = 0
     while pos < size:
         n = min(size - pos, len(buf) - PAD)
@@ -252,7 +258,7 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
             return
         buf[n:n + PAD] = 0
         eof = pos + n >= size
-        at, stop, damage = _follow(buf, n, eof, check_crc, max_record)
+        at, stop, damage = _follow(buf, n, eof, check_crc, max_record, scratch)
         if len(at):
             length = np.diff(at, append=stop) - 16  # the frames of a chain are contiguous
             if check_crc:
@@ -261,7 +267,7 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
                 if not good.all():
                     first = int(np.argmin(good))
                     at, length, lcrc, stop, damage = at[:first], length[:first], lcrc[:first], int(at[first]), True
-            ok = _payload_crc_ok(buf, at, length, lcrc) if check_crc else np.ones(len(at), bool)
+            ok = _payload_crc_ok(buf, at, length, lcrc, scratch) if check_crc else np.ones(len(at), bool)
             yield Window(pos, buf, at, length, ok)
         if damage:
             nxt = on_damage(pos + stop)
@@ -271,6 +277,7 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
         elif stop == 0:  # one frame longer than the buffer: grow it to hold that frame
             length = _HEADER.unpack_from(buf, 0)[0]
             buf = np.zeros(16 + length + PAD, np.uint8)
+            scratch = np.empty(2 * len(buf), np.uint8)
         else:
             pos += stop
 
