@@ -107,23 +107,43 @@ def value_fields(b: bytes) -> tuple[int, int, bool]:
 def _varints(buf: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised :func:`varint`: (value int64, next offset, ok) at each offset, never reading past ``end``.
 
-    One byte read for all; the varints of several bytes read as rows of 10 bytes (needs that padding).
+    One byte read for all; varints of 2-8 bytes decoded from one 8-byte word (the first byte without
+    a continuation bit found by bit tricks); longer ones byte by byte. Needs 16 bytes of padding.
     """
     inside = at < end
     b = buf[at]
     val, nxt, ok = b.astype(np.int64), at + 1, inside & (b < 0x80)
     multi = np.flatnonzero(inside & (b >= 0x80))
-    if len(multi):
-        r = tfr.rows(buf, at[multi], 10)
-        stop = r < 0x80
-        n = np.argmax(stop, axis=1) + 1  # bytes in the varint (1 when none stops: caught below)
-        r = np.where(np.arange(10) < n[:, None], r & 0x7F, 0)
-        acc = np.zeros(len(multi), np.uint64)
-        for k in range(int(n.max())):
-            acc |= r[:, k].astype(np.uint64) << np.uint64(7 * k)
-        val[multi], nxt[multi] = acc.view(np.int64), at[multi] + n
-        ok[multi] = stop.any(axis=1) & (at[multi] + n <= end[multi])
+    if not len(multi):
+        return val, nxt, ok
+    am = at[multi]
+    w = tfr.rows(buf, am, 8).view("<u8").ravel()
+    stop = ~w & np.uint64(0x8080808080808080)  # bit 7 of each byte that ends the varint
+    short = stop != 0
+    low = stop & (~stop + np.uint64(1))  # the first such byte's bit 7 alone: 2**(8j + 7)
+    nb = np.full(len(am), 10, np.int64)
+    nb[short] = (np.log2(low[short].astype(np.float64)).astype(np.int64) - 7) // 8 + 1
+    acc = np.zeros(len(am), np.uint64)
+    for k in range(int(nb[short].max(initial=0))):
+        part = (w >> np.uint64(8 * k)) & np.uint64(0x7F)
+        acc |= np.where(k < nb, part, np.uint64(0)) << np.uint64(7 * k)
+    val[multi], nxt[multi], ok[multi] = acc.view(np.int64), am + nb, short & (am + nb <= end[multi])
+    long = multi[~short]
+    if len(long):
+        val[long], nxt[long], ok[long] = _long_varints(buf, at[long], end[long])
     return val, np.where(ok, nxt, np.minimum(nxt, end)), ok  # a bad one points at most at its end
+
+
+def _long_varints(buf: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Varints whose first 8 bytes all carry a continuation bit: read as rows of 10 bytes."""
+    r = tfr.rows(buf, at, 10)
+    stop = r < 0x80
+    n = np.argmax(stop, axis=1) + 1
+    r = np.where(np.arange(10) < n[:, None], r & 0x7F, 0)
+    acc = np.zeros(len(at), np.uint64)
+    for k in range(10):
+        acc |= r[:, k].astype(np.uint64) << np.uint64(7 * k)
+    return acc.view(np.int64), at + n, stop.any(axis=1) & (at + n <= end)
 
 
 def _nested(buf: np.ndarray, i: np.ndarray, e: np.ndarray, keep: np.ndarray, key: int, whole: bool,
