@@ -32,6 +32,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 WINDOW = 32 << 20  # bytes read per window (the buffer is reused; a longer record grows it to fit)
+SEARCH = 4 << 20  # bytes per step of a resynchronisation search (its temporaries: a few times this)
 PAD = 16  # zero bytes after a window's data: fixed-width reads near its end stay inside the buffer
 MAX_GUESS = 1 << 24  # records of at least this many bytes are never in the guess (an exact step reads them)
 CHUNK = 1024  # records per sub-check when a window's aggregated payload CRC fails
@@ -106,8 +107,9 @@ def _guess(buf: np.ndarray, n: int, scratch: np.ndarray | None = None) -> np.nda
     two = np.bitwise_or(buf[3:m + 5], buf[4:m + 6], out=scratch[:m + 2])  # two[j] = bytes j+3 | j+4
     four = np.bitwise_or(two[:m], two[2:m + 2], out=scratch[m + 2:2 * m + 2])  # bytes q+3 .. q+6
     np.bitwise_or(four, buf[7:m + 7], out=four)
-    cand = np.flatnonzero(np.equal(four, 0, out=two[:m].view(bool)))
-    return cand[np.append(cand[1:] != cand[:-1] + 1, True)] if len(cand) else cand
+    zero = np.equal(four, 0, out=two[:m].view(bool))  # bytes q+3..q+7 are zero
+    last = np.flatnonzero(np.greater(zero[:-1], zero[1:], out=four[:m - 1].view(bool)))  # ... and not at q+1
+    return np.append(last, m - 1) if zero[m - 1] else last
 
 
 def _pruned(g: np.ndarray, gnext: np.ndarray, n: int, rounds: int = 2) -> np.ndarray:
@@ -285,29 +287,33 @@ def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
 def resync(fh: BinaryIO, pos: int, size: int, max_record: int) -> int | None:
     """First offset >= ``pos`` whose 12-byte header has a valid length CRC and fits in the file.
 
-    Windowed and vectorised (bounded memory); a header of 12 zero bytes is never valid.
+    Windowed and vectorised (bounded memory); a header of 12 zero bytes is never valid, so a run of
+    zeros yields candidates only where a non-zero byte enters the 12 bytes.
     """
-    step = WINDOW
     while pos + 12 <= size:
         fh.seek(pos)
-        data = fh.read(min(step + 11, size - pos))
-        buf = np.frombuffer(data + bytes(PAD), np.uint8)
+        data = fh.read(min(SEARCH + 11, size - pos))
         n = len(data)
         if n < 12:
             return None
-        v4 = np.ndarray((n - 11,), "<u4", buffer=buf, offset=4, strides=(1,))
-        low = np.ndarray((n - 11,), "<u4", buffer=buf, offset=0, strides=(1,))
-        cand = np.flatnonzero((v4 == 0) & (low <= max_record))
+        buf = np.frombuffer(data, np.uint8)
+        m = n - 11
+        two = buf[:-1] | buf[1:]  # two[j]: bytes j..j+1
+        four = two[:-2] | two[2:]  # j..j+3
+        head = (four[:m] | four[4:m + 4]) | four[8:m + 8]  # j..j+11
+        cand = np.flatnonzero((four[4:m + 4] == 0) & (head != 0))
+        del two, head
         if len(cand):
-            head = rows(buf, cand, 12)
-            cand = cand[head.any(axis=1)]
-            length = u32(buf, cand).astype(np.int64)
-            cand, length = cand[pos + cand + 16 + length <= size], length[pos + cand + 16 + length <= size]
+            pad = np.frombuffer(data[int(cand[0]):int(cand[-1]) + 12] + bytes(PAD), np.uint8)
+            rel = cand - cand[0]
+            length = u32(pad, rel).astype(np.int64)
+            fit = (length <= max_record) & (pos + cand + 16 + length <= size)
+            cand, rel, length = cand[fit], rel[fit], length[fit]
             if len(cand):
-                good = _length_crc_ok(buf, cand, length)
+                good = _length_crc_ok(pad, rel, length)
                 if good.any():
                     return pos + int(cand[np.argmax(good)])
-        pos += n - 11
+        pos += m
     return None
 
 
@@ -315,7 +321,7 @@ def all_zero(fh: BinaryIO, pos: int, size: int) -> bool:
     """True when every byte from ``pos`` to ``size`` is zero (read a window at a time)."""
     while pos < size:
         fh.seek(pos)
-        data = fh.read(min(WINDOW, size - pos))
+        data = fh.read(min(SEARCH, size - pos))
         if not data or data.strip(b"\x00"):
             return not data
         pos += len(data)
