@@ -635,7 +635,7 @@ def test_large_written_file_is_read_in_bounded_memory(real_run, tmp_path, decode
             fh.write(block)
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", _RSS_DRIVER, str(p)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(root)}).stdout.split()
+                         env={**os.environ, "PYTHONPATH": str(root)}, cwd=root).stdout.split()  # cwd: this checkout
     rows, skips, peak = int(out[0]), int(out[1]), int(out[-1])
     assert rows == tb.read(_main_file(real_run), real_run).metrics.num_rows and skips == 1
     assert "zero-filled tail" in " ".join(out[2:-1])

@@ -499,7 +499,7 @@ def test_large_written_log_is_read_in_bounded_memory(tmp_path):
             fh.write(block)
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", _RSS_DRIVER, str(p)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(root)}).stdout.split()
+                         env={**os.environ, "PYTHONPATH": str(root)}, cwd=root).stdout.split()  # cwd: this checkout
     rows, skips, peak = (int(x) for x in out)
     assert rows == wb.read(src, SAMPLE).metrics.num_rows and skips == 1
     assert peak < 400 << 20, f"peak RSS {peak >> 20} MiB for a {p.stat().st_size >> 20} MiB file"
