@@ -1,22 +1,25 @@
-"""Speed of our TensorBoard reader against the readers a user would otherwise use.
+"""Speed of ``forensics ingest`` / ``analyze`` on a TensorBoard file against tbparse, as whole processes.
 
-Writes (once, cached in the temp folder) a 1,000,000-point event file with torch's
+Writes (once, cached in the temp folder; never committed) a 1,000,000-point event file with torch's
 ``SummaryWriter`` (4 tags x 200,000 steps, ``simple_value`` encoding, plus one ``new_style=True``
-tag, i.e. a rank-0 float tensor with ``scalars`` metadata), then times in the same run:
+tag, i.e. a rank-0 float tensor with ``scalars`` metadata), then times in the same run, each as a
+new process with its wall clock (imports and start-up included, as a user sees them):
 
-- ``parsers.tensorboard.read`` with and without CRC checks (warm: best of ``--repeat``), and its
-  first call in a new process (numba import and cached compiled scan included);
-- tensorboard's ``EventAccumulator`` with ``size_guidance={"scalars": 0, "tensors": 0}`` (keep all);
-- ``tbparse.SummaryReader`` (``pip install tbparse``), whose rows are also checked against ours:
-  same count, same tags and steps, same value bits.
+- ``forensics ingest RUN -o OUT`` (best of ``--repeat``);
+- ``forensics analyze RUN -f json`` (once; issue 17: at most 1.5x its own ingest);
+- ``python -c "SummaryReader(path).scalars"`` with tbparse (``pip install tbparse``; once, it is slow);
+- with ``--accumulator``: tensorboard's ``EventAccumulator`` keeping every scalar and tensor.
 
-Issue 3's goal: at least 20x faster than tbparse, lossless.
-Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--skip-slow]``.
+Issue 17's goal: ingest at least 20x faster than tbparse. ``--check`` also compares our rows with
+tbparse's (scalars + tensors) in this process: same count, tags, steps and value bits.
+Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--check] [--accumulator]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -24,12 +27,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from parsers import tensorboard as tb  # noqa: E402
+CLI = "import sys; from forensics.cli import main; sys.argv[0] = 'forensics'; main()"  # the console script
+TBPARSE = "import sys; from tbparse import SummaryReader; print(len(SummaryReader(sys.argv[1]).scalars))"
+ACCUMULATOR = ("import sys; from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as E; "
+               "a = E(sys.argv[1], size_guidance={'scalars': 0, 'tensors': 0}); a.Reload(); t = a.Tags(); "
+               "print(sum(len(a.Scalars(k)) for k in t['scalars']) + sum(len(a.Tensors(k)) for k in t['tensors']))")
 
 
 def make_file(points: int) -> Path:
@@ -52,32 +56,36 @@ def make_file(points: int) -> Path:
     return sorted(folder.glob("events.out.tfevents.*"))[0]
 
 
-def timed(fn, repeat: int) -> tuple[float, int]:
-    """Best wall time of ``repeat`` calls, and the row count the call returned."""
-    best, rows = float("inf"), 0
+def wall(argv: list[str], repeat: int = 1) -> tuple[float, float]:
+    """Best (wall-clock s, CPU s) of ``repeat`` runs of ``argv`` as a new process (output discarded).
+
+    CPU time (user + system of the child) is printed beside the wall clock: on a shared machine it
+    moves much less with the load than the wall clock does.
+    """
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    best, cpu = float("inf"), float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        rows = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, rows
+        r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        best, cpu = min(best, t), min(cpu, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return best, cpu
 
 
-def first_call(path: Path) -> float:
-    """Wall time of one read in a fresh interpreter (imports numba and loads the compiled scan from cache)."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); t = time.perf_counter(); "
-            "from parsers import tensorboard as tb; from pathlib import Path; p = Path(sys.argv[1]); "
-            "tb.read(p, p.parent); print(time.perf_counter() - t)")
-    out = subprocess.run([sys.executable, "-c", code, str(path), str(ROOT)], capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[-1])
-
-
-def check_lossless(ours: pa.Table, frame) -> str:  # noqa: ANN001 - a pandas DataFrame (tag, step, value)
+def check_lossless(path: Path) -> str:
     """Compare our rows with tbparse's (scalars + tensors): same count, same (tag, step) -> same value bits."""
+    import pandas as pd
     import polars as pl
+    from tbparse import SummaryReader
 
+    sys.path.insert(0, str(ROOT))
+    from parsers import tensorboard as tb
+
+    reader = SummaryReader(str(path))
+    frame = pd.concat([reader.scalars, reader.tensors], ignore_index=True)
     theirs = pl.from_pandas(frame[["tag", "step", "value"]]).with_columns(pl.col("value").cast(pl.Float64),
                                                                          pl.col("step").cast(pl.Int64))
-    mine = pl.from_arrow(ours.select(["tag", "step", "value"]))
+    mine = pl.from_arrow(tb.read(path, path.parent).metrics.select(["tag", "step", "value"]))
     if mine.height != theirs.height:
         return f"DIFFERENT: {mine.height} rows vs tbparse {theirs.height}"
     key = ["tag", "step"]
@@ -88,54 +96,37 @@ def check_lossless(ours: pa.Table, frame) -> str:  # noqa: ANN001 - a pandas Dat
 
 
 def main() -> None:
-    """Run the benchmark and print one line per reader, with ratios against ours."""
+    """Run the benchmark and print one line per process with its ratio to the reference."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--skip-slow", action="store_true", help="skip EventAccumulator and tbparse")
+    ap.add_argument("--check", action="store_true", help="compare our rows with tbparse's, bit for bit")
+    ap.add_argument("--accumulator", action="store_true", help="also time tensorboard's EventAccumulator")
     args = ap.parse_args()
     path = make_file(args.points)
-    mb = path.stat().st_size / 1e6
-    print(f"file: {path} ({mb:.1f} MB)")
-    results: dict[str, tuple[float, int]] = {}
-    results["ours (CRC checked)"] = timed(lambda: tb.read(path, path.parent).metrics.num_rows, args.repeat)
-    results["ours (no CRC)"] = timed(
-        lambda: tb.read(path, path.parent, check_crc=False).metrics.num_rows, args.repeat)
-    results["ours, first call in a new process"] = (first_call(path), results["ours (CRC checked)"][1])
-    ours = tb.read(path, path.parent).metrics
-    if not args.skip_slow:
-        try:
-            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-            def ea() -> int:
-                acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
-                acc.Reload()
-                tags = acc.Tags()
-                return sum(len(acc.Scalars(t)) for t in tags["scalars"]) + sum(
-                    len(acc.Tensors(t)) for t in tags["tensors"])
-
-            results["tensorboard EventAccumulator (keep all)"] = timed(ea, 1)
-        except ImportError:
-            print("tensorboard: not installed")
-        try:
-            import pandas as pd
-            from tbparse import SummaryReader
-
-            frames: list = []
-
-            def tbp() -> int:
-                reader = SummaryReader(str(path))
-                frames[:] = [pd.concat([reader.scalars, reader.tensors], ignore_index=True)]
-                return len(frames[0])
-
-            results["tbparse SummaryReader (scalars + tensors)"] = timed(tbp, 1)
-            print(f"lossless check against tbparse: {check_lossless(ours, frames[0])}")
-        except ImportError:
-            print("tbparse: not installed (pip install tbparse)")
-    base = results["ours (CRC checked)"][0]
-    for name, (sec, rows) in results.items():
-        print(f"{name:42s} {sec:7.3f} s  {rows:8d} rows  {rows / sec / 1e6:6.2f} M rows/s  {mb / sec:7.1f} MB/s"
-              f"  {sec / base:6.1f}x ours")
+    print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB, {args.points} points); whole processes, wall clock")
+    cli = [sys.executable, "-c", CLI]
+    with tempfile.TemporaryDirectory() as out:
+        ingest = wall([*cli, "ingest", str(path.parent), "-o", out], args.repeat)
+    analyze = wall([*cli, "analyze", str(path.parent), "-f", "json", "--fail-on", "never"])
+    line = "{:44s} {:7.2f} s wall {:7.2f} s CPU  {}"
+    print(line.format("forensics ingest", *ingest, ""))
+    ratio = f"{analyze[0] / ingest[0]:5.2f}x its own ingest (CPU {analyze[1] / ingest[1]:.2f}x; goal <= 1.5x)"
+    print(line.format("forensics analyze -f json", *analyze, ratio))
+    try:
+        import tbparse  # noqa: F401
+    except ImportError:
+        print("tbparse: not installed (pip install tbparse)")
+    else:
+        ref = wall([sys.executable, "-c", TBPARSE, str(path)])
+        print(line.format("tbparse SummaryReader(...).scalars", *ref, f"ours is {ref[0] / ingest[0]:5.1f}x faster "
+                          f"(CPU {ref[1] / ingest[1]:.1f}x; goal >= 20x)"))
+        if args.check:
+            print(f"lossless check against tbparse: {check_lossless(path)}")
+    if args.accumulator:
+        ref = wall([sys.executable, "-c", ACCUMULATOR, str(path)])
+        print(line.format("tensorboard EventAccumulator (keep all)", *ref,
+                          f"ours is {ref[0] / ingest[0]:5.1f}x faster"))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from forensics.engine import decide
 from forensics.model import Analysis, Cause, RunData, Verdict
-from forensics.recovery import plan
 from parsers.file_policy import display
 
 
@@ -124,6 +122,9 @@ def analyze_run(run: RunData) -> Analysis:
     ``inconclusive``, with what was found and how to map it in the summary. The confidence of a healthy or
     inconclusive verdict is lowered by the coverage (:func:`_coverage`), said in ``meta["coverage"]``.
     """
+    from forensics.engine import decide  # the detectors: not imported by `forensics ingest`
+    from forensics.recovery import plan
+
     if "objective" not in run.meta:
         _resolve_objective(run, {})
     d = decide(run)

@@ -1,255 +1,328 @@
-"""Compiled TFRecord framing and Event fast path for :mod:`parsers.tensorboard` (numba).
+"""Vectorised TFRecord framing for :mod:`parsers.tensorboard` (numpy; the file read in bounded windows).
 
 A TensorBoard event file is a sequence of TFRecord frames
 ``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``
-(``docs/formats.md#tensorboard``). :func:`scan` walks the frames of a memory-mapped file in compiled
-code, checks both CRCs, and decodes the one Event shape that makes up almost every scalar file:
+(``docs/formats.md#tensorboard``). :func:`walk` reads the file in windows of :data:`WINDOW` bytes
+(one reused buffer: memory stays bounded whatever the file size, nothing is memory-mapped) and, per
+window, finds the chain of frames with whole-array operations:
 
-    Event { double wall_time = 1; int64 step = 2; Summary summary = 5 {
-        Value value = 1 { string tag = 1; float simple_value = 2; } } }
+1. every offset whose bytes 3..7 are zero could start a header of a record under 16 MiB (the
+   guess, a superset of the real headers); the chain is followed through the guess from the
+   window's first frame, one exact header read in Python where a frame is missing from it;
+2. the length CRCs of the chain are checked exactly: one ``crc32c`` call per distinct length;
+3. the payload CRCs are checked in one ``crc32c`` pass over a copy of the window where each
+   stored CRC is replaced by ``unmask(stored) ^ crc32c(zeros(len))``. CRC-32C is affine, so the
+   copy's CRC equals that of as many zero bytes exactly when every record's CRC holds (an error
+   in one record always shows; two bad records could only cancel with odds of 2**-32); a window
+   that fails is checked again by chunks and then record by record, so each bad record is found.
 
-(exactly one value: its tag, then ``simple_value`` or a rank-0 float/double tensor, optionally with
-``scalars`` plugin metadata; what ``torch.utils.tensorboard``'s ``add_scalar`` (both styles) and
-``tf.summary.scalar`` write). Every other payload (file version, session log,
-metadata, tensors, histograms, several values per summary) is reported back by position for the
-general Python decoder, and the first frame whose framing or CRC is bad stops the scan so the caller
-can list the damage and resynchronise. The fast path therefore never decides anything the general
-decoder would decide differently; ``tests/test_parsers_tensorboard.py`` checks both give the same table.
-
-CRC-32C (Castagnoli, polynomial ``0x82F63B78`` reflected) is computed slicing-by-8 from tables built
-here and checked against the ``crc32c`` library in the tests; ``mask(c) = ((c >> 15) | (c << 17)) +
-0xA282EAD8`` as in TensorFlow's ``tensorflow/core/lib/hash/crc32c.h``.
+The first frame whose framing is bad stops the chain; the caller's exact handler lists the damage
+and resynchronises (:func:`resync`, also windowed). CRC-32C: ``crc32c`` (hardware), masked as in
+TensorFlow's ``tensorflow/core/lib/hash/crc32c.h``: ``((c >> 15) | (c << 17)) + 0xA282EAD8``.
 """
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+import crc32c
 import numpy as np
-from numba import njit
+from numpy.lib.stride_tricks import as_strided
 
-GENERIC, SIMPLE_VALUE, DT_FLOAT, DT_DOUBLE = 0, 1, 2, 3  # kinds of a frame the scan read (a fast one: its encoding)
-_SCALARS_META = np.frombuffer(b"\x0a\x09\x0a\x07scalars", np.uint8)  # SummaryMetadata{plugin_data{plugin_name}}
-DONE, TRUNCATED, BAD_LENGTH_CRC, ABSURD_LENGTH, BAD_PAYLOAD_CRC, FULL = range(6)  # why a scan stopped
-
-
-def _crc_tables() -> np.ndarray:
-    """Slicing-by-8 tables for CRC-32C, shape (8, 256) uint32."""
-    t = np.zeros((8, 256), np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t[0, i] = c
-    for k in range(1, 8):
-        t[k] = (t[k - 1] >> 8) ^ t[0][t[k - 1] & 0xFF]
-    return t
+WINDOW = 32 << 20  # bytes read per window (the buffer is reused; a longer record grows it to fit)
+SEARCH = 4 << 20  # bytes per step of a resynchronisation search (its temporaries: a few times this)
+PAD = 16  # zero bytes after a window's data: fixed-width reads near its end stay inside the buffer
+MAX_GUESS = 1 << 24  # records of at least this many bytes are never in the guess (an exact step reads them)
+CHUNK = 1024  # records per sub-check when a window's aggregated payload CRC fails
+_HEADER = struct.Struct("<QI")
+_ZEROS = bytes(1 << 20)
+_zero_crc: dict[int, int] = {}
 
 
-TABLES = _crc_tables()
+def mask(c: np.ndarray | int) -> np.ndarray | int:
+    """TFRecord's masking of a CRC-32C (uint32 array or int)."""
+    if isinstance(c, np.ndarray):
+        c = c.astype(np.uint32)
+        return ((c >> np.uint32(15)) | (c << np.uint32(17))) + np.uint32(0xA282EAD8)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-@njit(cache=True, nogil=True)
-def masked_crc(buf: np.ndarray, a: int, e: int, t: np.ndarray) -> int:  # pragma: no cover - compiled
-    """Masked CRC-32C of ``buf[a:e]`` (uint8 array) as TFRecord stores it."""
-    c = np.uint32(0xFFFFFFFF)
-    i = a
-    while i + 8 <= e:
-        lo = c ^ (np.uint32(buf[i]) | (np.uint32(buf[i + 1]) << 8) | (np.uint32(buf[i + 2]) << 16)
-                  | (np.uint32(buf[i + 3]) << 24))
-        c = (t[7, lo & 0xFF] ^ t[6, (lo >> 8) & 0xFF] ^ t[5, (lo >> 16) & 0xFF] ^ t[4, lo >> 24]
-             ^ t[3, buf[i + 4]] ^ t[2, buf[i + 5]] ^ t[1, buf[i + 6]] ^ t[0, buf[i + 7]])
-        i += 8
-    while i < e:
-        c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> 8)
-        i += 1
-    c = c ^ np.uint32(0xFFFFFFFF)
-    return int(((c >> np.uint32(15)) | (c << np.uint32(17))) + np.uint32(0xA282EAD8)) & 0xFFFFFFFF
+def unmask(m: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`mask` (uint32 array)."""
+    r = m.astype(np.uint32) - np.uint32(0xA282EAD8)
+    return (r >> np.uint32(17)) | (r << np.uint32(15))
 
 
-@njit(cache=True, nogil=True)
-def _u32(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
-    return int(buf[i]) | (int(buf[i + 1]) << 8) | (int(buf[i + 2]) << 16) | (int(buf[i + 3]) << 24)
+def zero_crc(n: int) -> int:
+    """CRC-32C (unmasked) of ``n`` zero bytes (cached)."""
+    c = _zero_crc.get(n)
+    if c is None:
+        c, left = 0, n
+        while left:
+            k = min(left, len(_ZEROS))
+            c, left = crc32c.crc32c(memoryview(_ZEROS)[:k], c), left - k
+        if len(_zero_crc) < 4096:
+            _zero_crc[n] = c
+    return c
 
 
-@njit(cache=True, nogil=True)
-def _varint(buf: np.ndarray, i: int, end: int) -> tuple[int, int]:  # pragma: no cover - compiled
-    """(value, next offset) of the varint at ``i``; next offset -1 when it runs past ``end``."""
-    val = np.uint64(0)
-    shift = np.uint64(0)
-    while i < end and shift < 64:
-        x = buf[i]
-        i += 1
-        val |= np.uint64(x & 0x7F) << shift
-        if x < 0x80:
-            return np.int64(val), i
-        shift += np.uint64(7)
-    return 0, -1
+def rows(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``buf[at[i]:at[i]+width]`` for every i, as a (len(at), width) uint8 array (needs ``width`` of padding)."""
+    view = as_strided(buf, (len(buf) - width + 1, width), (1, 1))
+    return view[at]
 
 
-@njit(cache=True, nogil=True)
-def _value_fields(buf: np.ndarray, i: int, end: int) -> tuple[int, int, bool]:  # pragma: no cover - compiled
-    """The fields after a Value's tag, ``buf[i:end]``: (encoding, offset of the number, scalars metadata).
+def put_u32(buf: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
+    """Write ``values`` (uint32, little-endian) at each offset of ``buf`` (offsets 4 or more bytes apart)."""
+    as_strided(buf, (len(buf) - 3, 4), (1, 1))[at] = values.astype("<u4").view(np.uint8).reshape(-1, 4)
 
-    Accepted: ``simple_value`` (field 2, float32), or ``tensor`` (field 8) holding one DT_FLOAT or
-    DT_DOUBLE number of rank 0 in ``float_val``/``double_val`` (packed or not) or ``tensor_content``,
-    each at most once, plus optionally ``metadata`` (field 9) that says exactly ``plugin_name:
-    "scalars"`` (with or without ``data_class: DATA_CLASS_SCALAR``). Anything else: encoding 0.
+
+def u32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 at each offset."""
+    return rows(buf, at, 4).view("<u4").ravel()
+
+
+def f64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Little-endian float64 at each offset."""
+    return rows(buf, at, 8).view("<f8").ravel()
+
+
+def f32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Little-endian float32 at each offset."""
+    return rows(buf, at, 4).view("<f4").ravel()
+
+
+def _guess(buf: np.ndarray, n: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Offsets in ``[0, n - 12]`` that may start a header of a record under :data:`MAX_GUESS` bytes.
+
+    Bytes 3..7 of such a header are zero; of a run of such offsets only the last is kept (a header's
+    length bytes end where its CRC starts; when that CRC starts with a zero byte, an exact step reads it).
     """
-    enc, vat, plugin = 0, -1, False
-    while i < end:
-        key = buf[i]
-        i += 1
-        if key == 0x15 and enc == 0 and i + 4 <= end:
-            enc, vat = SIMPLE_VALUE, i
-            i += 4
-        elif key == 0x42 and enc == 0:
-            tn, i = _varint(buf, i, end)
-            if i < 0 or tn < 0 or i + tn > end:
-                return 0, -1, False
-            te, dt, cnt, width = i + tn, -1, 0, 0
-            while i < te:
-                k2 = buf[i]
-                i += 1
-                if k2 == 0x08 and dt == -1:
-                    dt, i = _varint(buf, i, te)
-                    if i < 0:
-                        return 0, -1, False
-                elif k2 == 0x12 and i < te and buf[i] == 0:  # an empty TensorShapeProto: rank 0
-                    i += 1
-                elif i < te and ((k2 == 0x2A and buf[i] == 4) or (k2 == 0x32 and buf[i] == 8) or (
-                        k2 == 0x22 and (buf[i] == 4 or buf[i] == 8))) and i + 1 + buf[i] <= te:
-                    # one packed float_val (4 bytes) or double_val (8 bytes), or tensor_content (4 or 8 bytes)
-                    width = int(buf[i])
-                    vat, cnt, i = i + 1, cnt + 1, i + 1 + width
-                elif k2 == 0x2D and i + 4 <= te:  # float_val, not packed
-                    vat, cnt, width, i = i, cnt + 1, 4, i + 4
-                elif k2 == 0x31 and i + 8 <= te:  # double_val, not packed
-                    vat, cnt, width, i = i, cnt + 1, 8, i + 8
-                else:
-                    return 0, -1, False
-            if cnt != 1 or not ((dt == 1 and width == 4) or (dt == 2 and width == 8)):
-                return 0, -1, False
-            enc = DT_FLOAT if dt == 1 else DT_DOUBLE
-        elif key == 0x4A and not plugin:
-            mn, i = _varint(buf, i, end)
-            m = _SCALARS_META.shape[0]
-            if i < 0 or mn < 0 or i + mn > end or (mn != m and mn != m + 2):
-                return 0, -1, False
-            for k in range(m):
-                if buf[i + k] != _SCALARS_META[k]:
-                    return 0, -1, False
-            if mn == m + 2 and (buf[i + m] != 0x20 or buf[i + m + 1] != 0x01):
-                return 0, -1, False
-            plugin, i = True, i + mn
-        else:
-            return 0, -1, False
-    return enc, vat, plugin
+    if n < 12:
+        return np.empty(0, np.int64)
+    m = n - 11
+    scratch = np.empty(2 * m + 2, np.uint8) if scratch is None or len(scratch) < 2 * m + 2 else scratch
+    two = np.bitwise_or(buf[3:m + 5], buf[4:m + 6], out=scratch[:m + 2])  # two[j] = bytes j+3 | j+4
+    four = np.bitwise_or(two[:m], two[2:m + 2], out=scratch[m + 2:2 * m + 2])  # bytes q+3 .. q+6
+    np.bitwise_or(four, buf[7:m + 7], out=four)
+    zero = np.equal(four, 0, out=two[:m].view(bool))  # bytes q+3..q+7 are zero
+    last = np.flatnonzero(np.greater(zero[:-1], zero[1:], out=four[:m - 1].view(bool)))  # ... and not at q+1
+    return np.append(last, m - 1) if zero[m - 1] else last
 
 
-@njit(cache=True, nogil=True)
-def scan(buf: np.ndarray, pos: int, check_crc: bool, max_record: int, tables: np.ndarray,
-         rec: np.ndarray, kind: np.ndarray, step: np.ndarray, wall_at: np.ndarray, value_at: np.ndarray,
-         tag_at: np.ndarray, tag_len: np.ndarray, tag_hash: np.ndarray,
-         has_plugin: np.ndarray) -> tuple[int, int, int]:  # pragma: no cover
-    """Read frames from byte ``pos`` until the end, damage, or ``len(rec)`` frames.
+def _pruned(g: np.ndarray, gnext: np.ndarray, n: int, rounds: int = 2) -> np.ndarray:
+    """Mask of the guesses that the frame before them points at (or that start the window), ``rounds`` times."""
+    keep = np.ones(len(g), bool)
+    hit = np.zeros(n + 1, bool)
+    for _ in range(rounds):
+        hit[:] = False
+        hit[np.minimum(gnext[keep], n)] = True
+        hit[0] = True
+        keep = hit[g]
+    return keep
+
+
+def _follow(buf: np.ndarray, n: int, eof: bool, check_crc: bool, max_record: int,
+            scratch: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
+    """Frames from offset 0 of the window: (header offsets, where the chain stopped, stopped at damage).
+
+    The chain stops at the window's end (a frame that does not fit: the next window starts there)
+    or at a header that cannot be followed (``damage``; at the end of the file a frame cut short is
+    damage too).
+    """
+    g = _guess(buf, n, scratch)
+    glen = u32(buf, g).astype(np.int64)
+    if max_record < MAX_GUESS:
+        g, glen = g[glen <= max_record], glen[glen <= max_record]
+    gnext = g + 16 + glen
+    breaks = np.flatnonzero(gnext[:-1] != g[1:])
+    if len(breaks) > len(g) // 64:  # many zero runs inside payloads: keep the guesses a frame points at
+        keep = _pruned(g, gnext, n)
+        g, gnext = g[keep], gnext[keep]
+        breaks = np.flatnonzero(gnext[:-1] != g[1:])
+    out: list[np.ndarray] = []
+    pos = 0
+    while pos < n:
+        if n - pos < 12:
+            return _cat(out), pos, eof
+        i = int(np.searchsorted(g, pos))
+        if i < len(g) and g[i] == pos:
+            b = np.searchsorted(breaks, i)
+            j = int(breaks[b]) if b < len(breaks) else len(g) - 1
+            cut = int(np.searchsorted(gnext[i:j + 1], n, "right"))  # frames that end inside the window
+            if cut:
+                out.append(g[i:i + cut])
+                pos = int(gnext[i + cut - 1])
+            if cut < j - i + 1 or not cut:  # the next frame runs past the window
+                return _cat(out), pos, eof and pos < n
+            continue
+        length, lcrc = _HEADER.unpack_from(buf, pos)
+        if length > max_record or (check_crc and mask(crc32c.crc32c(buf[pos:pos + 8])) != lcrc):
+            return _cat(out), pos, True
+        if pos + 16 + length > n:
+            return _cat(out), pos, eof
+        out.append(np.array([pos], np.int64))
+        pos += 16 + length
+    return _cat(out), pos, False
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def _length_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
+                   ) -> np.ndarray:
+    """Exact check of every header's length CRC (one ``crc32c`` call per distinct length)."""
+    lcrc = u32(buf, at + 8) if lcrc is None else lcrc
+    return lcrc == _per_length(length, lambda x: mask(crc32c.crc32c(struct.pack("<Q", x))))
+
+
+def _per_length(length: np.ndarray, fn: Callable[[int], int]) -> np.ndarray:
+    """``fn(length[i])`` for every i (uint32), ``fn`` called once per distinct length."""
+    if int(length.max(initial=0)) < 1 << 16:
+        uniq = np.flatnonzero(np.bincount(length))
+        table = np.zeros(int(length.max(initial=0)) + 1, np.uint32)
+        table[uniq] = [fn(int(x)) for x in uniq]
+        return table[length]
+    uniq, inv = np.unique(length, return_inverse=True)
+    return np.array([fn(int(x)) for x in uniq], np.uint32)[inv]
+
+
+def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
+                    scratch: np.ndarray | None = None) -> np.ndarray:
+    """Per frame: does the payload CRC hold? Aggregated (module docstring), exact per frame on failure."""
+    ok = np.ones(len(at), bool)
+    if not len(at):
+        return ok
+    lo, hi = int(at[0]), int(at[-1] + 16 + length[-1])
+    if scratch is None or len(scratch) < hi - lo + PAD:
+        scratch = np.empty(hi - lo + PAD, np.uint8)
+    copy = scratch[:hi - lo + PAD]
+    copy[:] = buf[lo:hi + PAD]
+    trail = at - lo + 12 + length
+    fix = unmask(u32(copy, trail)) ^ _per_length(length, zero_crc)
+    put_u32(copy, trail, fix)
+    # the headers (their CRCs are checked exactly) contribute what the zero bytes they replace would
+    fix_h = unmask(u32(copy, at - lo + 8) if lcrc is None else lcrc) ^ np.uint32(zero_crc(8))
+    put_u32(copy, at - lo + 8, fix_h)
+    view = memoryview(copy)
+    if crc32c.crc32c(view[:hi - lo]) == zero_crc(hi - lo):
+        return ok
+    for s in range(0, len(at), CHUNK):
+        a, e = int(at[s] - lo), int(at[min(s + CHUNK, len(at)) - 1] - lo + 16 + length[min(s + CHUNK, len(at)) - 1])
+        if crc32c.crc32c(view[a:e]) == zero_crc(e - a):
+            continue
+        for k in range(s, min(s + CHUNK, len(at))):
+            p, n = int(at[k]), int(length[k])
+            ok[k] = mask(crc32c.crc32c(buf[p + 12:p + 12 + n])) == struct.unpack_from("<I", buf, p + 12 + n)[0]
+    return ok
+
+
+class Window:
+    """One window of the file: ``buf[:n]`` holds bytes ``base..base+n``; its complete frames.
+
+    Attributes:
+        base: File offset of ``buf[0]``.
+        buf: uint8 array (reused by the next window: copy out what must outlive the callback).
+        at: Offsets (in ``buf``) of the frames' headers, int64.
+        length: Their payload lengths, int64.
+        ok: Their payload CRC holds (all True without CRC checks).
+    """
+
+    __slots__ = ("base", "buf", "at", "length", "ok")
+
+    def __init__(self, base: int, buf: np.ndarray, at: np.ndarray, length: np.ndarray, ok: np.ndarray) -> None:
+        self.base, self.buf, self.at, self.length, self.ok = base, buf, at, length, ok
+
+
+def walk(fh: BinaryIO, size: int, check_crc: bool, max_record: int,
+         on_damage: Callable[[int], int | None]) -> Iterator[Window]:
+    """Yield the frames of the file window by window, in file order.
 
     Args:
-        buf: The whole file, uint8 (a memory map; never copied).
-        pos: Byte offset of the first frame header.
+        fh: The file, opened for binary reading.
+        size: Its size in bytes.
         check_crc: Verify length and payload CRCs.
         max_record: Longest plausible payload (bytes); longer is damage.
-        tables: :data:`TABLES`.
-        rec: Output, int64, one slot per frame (its length is the batch size): the header's offset.
-        kind: Output, int8: ``GENERIC``, or the encoding of a fast frame: ``SIMPLE_VALUE`` (float32),
-            ``DT_FLOAT``, ``DT_DOUBLE``. The other outputs are set for fast frames only.
-        step: Output, int64: the Event's step.
-        wall_at: Output, int64: byte offset of its wall_time (float64, s since epoch).
-        value_at: Output, int64: byte offset of its value (float32 or float64 by ``kind``).
-        tag_at: Output, int64: byte offset of the tag (UTF-8).
-        tag_len: Output, int64: tag length in bytes.
-        tag_hash: Output, uint64: FNV-1a 64-bit hash of the tag bytes (callers verify equality).
-        has_plugin: Output, bool: the value carried ``scalars`` plugin metadata.
-
-    Returns:
-        (frames written, byte offset where the scan stopped, stop reason: ``DONE``, ``FULL``, or the
-        damage found at that offset: ``TRUNCATED``, ``BAD_LENGTH_CRC``, ``ABSURD_LENGTH``,
-        ``BAD_PAYLOAD_CRC``).
+        on_damage: Called with the file offset of a header that cannot be followed (bad length CRC,
+            absurd length, a frame cut by the end of the file); returns where to resume, or None to stop.
     """
-    size = buf.shape[0]
-    n = 0
-    cap = rec.shape[0]
+    buf = np.zeros(min(WINDOW, size) + PAD, np.uint8)
+    scratch = np.empty(2 * len(buf), np.uint8)  # reused by every window (no fresh pages to fault in)
+    pos = 0
     while pos < size:
-        if n == cap:
-            return n, pos, FULL
-        if size - pos < 12:
-            return n, pos, TRUNCATED
-        length = 0
-        for k in range(8):
-            length |= int(buf[pos + k]) << (8 * k)
-        if check_crc and masked_crc(buf, pos, pos + 8, tables) != _u32(buf, pos + 8):
-            return n, pos, BAD_LENGTH_CRC
-        if length > max_record or length < 0:
-            return n, pos, ABSURD_LENGTH
-        p = pos + 12
-        end = p + length
-        if end + 4 > size:
-            return n, pos, TRUNCATED
-        if check_crc and masked_crc(buf, p, end, tables) != _u32(buf, end):
-            return n, pos, BAD_PAYLOAD_CRC
-        rec[n] = pos
-        kind[n] = GENERIC
-        has_plugin[n] = False
-        pos = end + 4
-        # fast path: 09 <wall f64> [10 <step varint>] 2a <n> 0a <n1> 0a <t> <tag> 15 <f32>, nothing else
-        if length < 15 or buf[p] != 0x09:
-            n += 1
-            continue
-        i = p + 9
-        s = 0
-        if buf[i] == 0x10:
-            s, i = _varint(buf, i + 1, end)
-            if i < 0:
-                n += 1
-                continue
-        if i >= end or buf[i] != 0x2A:
-            n += 1
-            continue
-        sn, i = _varint(buf, i + 1, end)
-        if i < 0 or i + sn != end or i >= end or buf[i] != 0x0A:
-            n += 1
-            continue
-        vn, i = _varint(buf, i + 1, end)
-        if i < 0 or i + vn != end or i >= end or buf[i] != 0x0A:
-            n += 1
-            continue
-        tl, i = _varint(buf, i + 1, end)
-        if i < 0 or tl < 0 or i + tl > end:  # a varint over 2**63 reads as negative: never index with it
-            n += 1
-            continue
-        enc, vat, plugin = _value_fields(buf, i + tl, end)
-        if enc == 0:
-            n += 1
-            continue
-        h = np.uint64(0xCBF29CE484222325)
-        for k in range(i, i + tl):
-            h = (h ^ np.uint64(buf[k])) * np.uint64(0x100000001B3)
-        kind[n] = enc
-        step[n] = s
-        wall_at[n] = p + 1
-        value_at[n] = vat
-        tag_at[n] = i
-        tag_len[n] = tl
-        tag_hash[n] = h
-        has_plugin[n] = plugin
-        n += 1
-    return n, pos, DONE
+        n = min(size - pos, len(buf) - PAD)
+        fh.seek(pos)
+        n = fh.readinto(memoryview(buf)[:n]) or 0
+        if n == 0:  # the file shrank while it was read
+            return
+        buf[n:n + PAD] = 0
+        eof = pos + n >= size
+        at, stop, damage = _follow(buf, n, eof, check_crc, max_record, scratch)
+        if len(at):
+            length = np.diff(at, append=stop) - 16  # the frames of a chain are contiguous
+            if check_crc:
+                lcrc = u32(buf, at + 8)
+                good = _length_crc_ok(buf, at, length, lcrc)
+                if not good.all():
+                    first = int(np.argmin(good))
+                    at, length, lcrc, stop, damage = at[:first], length[:first], lcrc[:first], int(at[first]), True
+            ok = _payload_crc_ok(buf, at, length, lcrc, scratch) if check_crc else np.ones(len(at), bool)
+            yield Window(pos, buf, at, length, ok)
+        if damage:
+            nxt = on_damage(pos + stop)
+            if nxt is None:
+                return
+            pos = nxt
+        elif stop == 0:  # one frame longer than the buffer: grow it to hold that frame
+            length = _HEADER.unpack_from(buf, 0)[0]
+            buf = np.zeros(16 + length + PAD, np.uint8)
+            scratch = np.empty(2 * len(buf), np.uint8)
+        else:
+            pos += stop
 
 
-@njit(cache=True, nogil=True)
-def same_bytes(buf: np.ndarray, at: np.ndarray, ref_at: np.ndarray, length: np.ndarray) -> bool:  # pragma: no cover
-    """True when ``buf[at[i]:at[i]+length[i]] == buf[ref_at[i]:ref_at[i]+length[i]]`` for every i."""
-    for i in range(at.shape[0]):
-        a, r = at[i], ref_at[i]
-        for k in range(length[i]):
-            if buf[a + k] != buf[r + k]:
-                return False
+def resync(fh: BinaryIO, pos: int, size: int, max_record: int) -> int | None:
+    """First offset >= ``pos`` whose 12-byte header has a valid length CRC and fits in the file.
+
+    Windowed and vectorised (bounded memory); a header of 12 zero bytes is never valid, so a run of
+    zeros yields candidates only where a non-zero byte enters the 12 bytes.
+    """
+    while pos + 12 <= size:
+        fh.seek(pos)
+        data = fh.read(min(SEARCH + 11, size - pos))
+        n = len(data)
+        if n < 12:
+            return None
+        buf = np.frombuffer(data, np.uint8)
+        m = n - 11
+        two = buf[:-1] | buf[1:]  # two[j]: bytes j..j+1
+        four = two[:-2] | two[2:]  # j..j+3
+        head = (four[:m] | four[4:m + 4]) | four[8:m + 8]  # j..j+11
+        cand = np.flatnonzero((four[4:m + 4] == 0) & (head != 0))
+        del two, head
+        if len(cand):
+            pad = np.frombuffer(data[int(cand[0]):int(cand[-1]) + 12] + bytes(PAD), np.uint8)
+            rel = cand - cand[0]
+            length = u32(pad, rel).astype(np.int64)
+            fit = (length <= max_record) & (pos + cand + 16 + length <= size)
+            cand, rel, length = cand[fit], rel[fit], length[fit]
+            if len(cand):
+                good = _length_crc_ok(pad, rel, length)
+                if good.any():
+                    return pos + int(cand[np.argmax(good)])
+        pos += m
+    return None
+
+
+def all_zero(fh: BinaryIO, pos: int, size: int) -> bool:
+    """True when every byte from ``pos`` to ``size`` is zero (read a window at a time)."""
+    while pos < size:
+        fh.seek(pos)
+        data = fh.read(min(SEARCH, size - pos))
+        if not data or data.strip(b"\x00"):
+            return not data
+        pos += len(data)
     return True

@@ -4,6 +4,11 @@ Lossless and damage-tolerant (``docs/formats.md#tensorboard``): a truncated tail
 bad payload CRC skips one record, a bad length CRC resynchronises. Scalars: ``simple_value`` (float32)
 and one-element tensors (float, double, half, bfloat16, ints); other summaries are only counted.
 Framing: ``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``.
+
+Two walks give the same result (``tests/test_parsers_tensorboard.py`` runs every test with each):
+files of :data:`FAST_MIN_BYTES` or more are read in bounded windows with whole-array framing, CRC
+checks and scalar decoding (:mod:`parsers._tfrecord`, :mod:`parsers._tb_fast`); smaller ones record by
+record in Python. Both hand every other payload to the general decoder (:mod:`parsers._tb_proto`).
 """
 
 from __future__ import annotations
@@ -11,10 +16,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-import sys
-from array import array
 from pathlib import Path
-from typing import Any
 
 import crc32c
 import numpy as np
@@ -24,30 +26,16 @@ import pyarrow.compute as pc
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
-from parsers import file_policy
+from parsers import _tb_fast, _tfrecord, file_policy
+from parsers._tb_proto import PLUGIN_KIND, Corrupt, State
 
 FORMAT = "tensorboard"
 CHECK_CRC = True  # module-wide default for the length and payload CRC checks (read(..., check_crc=None))
 MAX_RECORD = 256 << 20  # a record length above this (bytes) is corrupt framing, never allocated
-FAST_MIN_BYTES = 1 << 20  # files this size or larger are walked by the compiled scan (parsers/_tfrecord.py) ...
-FAST_MIN_BYTES_LOADED = 0  # ... or any size once it is loaded (loading numba costs ~1 s, ~16 us/record in Python)
-BATCH = 1 << 18  # frames per compiled-scan call (bounds the batch arrays: ~14 MB)
+FAST_MIN_BYTES = 256 << 10  # files this size or larger are walked in vectorised windows (parsers/_tfrecord.py)
 
-_S = struct.Struct
-_HEADER, _U32, _U16, _F32, _F64, _F16 = _S("<QI"), _S("<I"), _S("<H"), _S("<f"), _S("<d"), _S("<e")
+_HEADER, _U32 = struct.Struct("<QI"), struct.Struct("<I")
 _NONZERO = re.compile(b"[^\x00]")
-_START, _LOW = 1, -(1 << 63)  # SessionLog.START; "no step yet"
-_DTYPES = {1: ("DT_FLOAT", _F32), 2: ("DT_DOUBLE", _F64), 3: ("DT_INT32", _S("<i")), 4: ("DT_UINT8", _S("B")),
-           5: ("DT_INT16", _S("<h")), 6: ("DT_INT8", _S("b")), 9: ("DT_INT64", _S("<q")),
-           10: ("DT_BOOL", _S("<?")), 14: ("DT_BFLOAT16", _U16), 17: ("DT_UINT16", _S("<H")),
-           19: ("DT_HALF", _U16), 22: ("DT_UINT32", _S("<I")), 23: ("DT_UINT64", _S("<Q"))}
-_PLUGIN_KIND = {"histograms": "histogram", "images": "image", "audio": "audio", "text": "text",
-                "pr_curves": "pr_curve", "mesh": "mesh", "hparams": "hparams"}
-_VALUE_KIND = ((3, "histogram"), (5, "histogram"), (4, "image"), (6, "audio"))
-
-
-class _Corrupt(Exception):
-    """A payload that does not decode as an Event (its framing was fine)."""
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
@@ -59,188 +47,6 @@ def masked_crc32c(data: bytes | memoryview) -> int:
 def sniff(path: Path) -> bool:
     """True when the file name contains ``tfevents`` (by name only; never raises)."""
     return "tfevents" in path.name
-
-
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    val, shift = 0, 0
-    while True:
-        x = b[i]
-        i += 1
-        val |= (x & 0x7F) << shift
-        if x < 0x80:
-            return val, i
-        shift += 7
-        if shift > 63:
-            raise _Corrupt("varint too long")
-
-
-def _msg(b: bytes, i: int, end: int) -> dict[int, list[tuple[int, int, int]]]:
-    """Fields of the message ``b[i:end]``: number -> [(wire type, a, e)]; a varint's value is ``a``."""
-    out: dict[int, list[tuple[int, int, int]]] = {}
-    while i < end:
-        key, i = _varint(b, i)
-        wt = key & 7
-        if wt == 0:
-            v, i = _varint(b, i)
-            out.setdefault(key >> 3, []).append((0, v, i))
-            continue
-        if wt not in (1, 2, 5):
-            raise _Corrupt(f"unsupported wire type {wt}")
-        n, i = _varint(b, i) if wt == 2 else (8 if wt == 1 else 4, i)
-        if i + n > end:
-            raise _Corrupt("field runs past the end of its message")
-        out.setdefault(key >> 3, []).append((wt, i, i + n))
-        i += n
-    return out
-
-
-def _text(b: bytes, m: dict, fn: int) -> str | None:
-    hits = [(a, e) for wt, a, e in m.get(fn, ()) if wt == 2]
-    return b[hits[-1][0]:hits[-1][1]].decode("utf-8", "replace") if hits else None
-
-
-def _s64(v: int) -> int:
-    """A varint as int64: protobuf keeps its low 64 bits (a 10-byte varint can carry 70)."""
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _varint_of(m: dict, fn: int) -> int:
-    return _s64(next((a for wt, a, _ in reversed(m.get(fn, ())) if wt == 0), 0))
-
-
-def _half(bits: int, dtype: int) -> float:  # bfloat16 (dtype 14) or float16 from its 16 raw bits
-    bits &= 0xFFFF
-    return _F32.unpack(_U32.pack(bits << 16))[0] if dtype == 14 else _F16.unpack(_U16.pack(bits))[0]
-
-
-def _tensor_scalar(b: bytes, i: int, end: int) -> tuple[float | None, str]:
-    """One-element numeric TensorProto -> (value or None, dtype name)."""
-    m = _msg(b, i, end)
-    dtype = _varint_of(m, 1)
-    name, fmt = _DTYPES.get(dtype, (f"DT_{dtype}", _U16))
-    numel = 1
-    for _, sa, se in m.get(2, ()):  # TensorShapeProto { repeated Dim dim=2 { int64 size=1 } }
-        for _, da, de in _msg(b, sa, se).get(2, ()):
-            numel *= _varint_of(_msg(b, da, de), 1)
-    if numel != 1 or dtype not in _DTYPES:
-        return None, name
-    vals: list[float] = []
-    for fn, f in ((5, _F32), (6, _F64)):  # float_val, double_val (packed or not)
-        for _, a, e in m.get(fn, ()):
-            vals.extend(struct.unpack_from(f"<{(e - a) // f.size}{f.format[-1]}", b, a))
-    for fn in (7, 10, 11, 13, 16, 17):  # int_val, int64_val, bool_val, half_val, uint32_val, uint64_val
-        for wt, a, e in m.get(fn, ()):
-            raw = [a] if wt == 0 else []
-            while wt == 2 and a < e:
-                v, a = _varint(b, a)
-                raw.append(v)
-            vals.extend(_half(v, dtype) if fn == 13 else _s64(v) if fn in (7, 10) else v for v in raw)
-    content = [(a, e) for wt, a, e in m.get(4, ()) if wt == 2]  # tensor_content: raw little-endian
-    if content and not vals and fmt.size == content[-1][1] - content[-1][0]:
-        a = content[-1][0]
-        v = fmt.unpack_from(b, a)[0]
-        return (_half(v, dtype) if dtype in (14, 19) else float(v)), name
-    if len(vals) != 1:
-        return None, name
-    return float(vals[0]), name
-
-
-def _decode_hparams(b: bytes, i: int, end: int) -> dict[str, Any]:
-    """HParamsPluginData.session_start_info(3).hparams(1), a map<string, protobuf.Value>, as a dict."""
-    out: dict[str, Any] = {}
-    for _, a, e in _msg(b, i, end).get(3, ()):
-        for _, sa, se in _msg(b, a, e).get(1, ()):
-            entry = _msg(b, sa, se)
-            for _, va, ve in entry.get(2, ()) or [(2, 0, 0)]:
-                v = _msg(b, va, ve)  # Value: number_value=2 (double), string_value=3, bool_value=4
-                out[_text(b, entry, 1) or ""] = (_F64.unpack_from(b, v[2][-1][1])[0] if 2 in v else _text(
-                    b, v, 3) if 3 in v else bool(v[4][-1][1]) if 4 in v else None)
-    return out
-
-
-class _State:
-    """Columns being built, per-tag memory (plugin names, encodings), SessionLog STARTs, meta.
-
-    Each row keeps the byte offset of its record so both decoders' rows merge in file order; segments
-    are cut at the end (:func:`_segments`).
-    """
-
-    def __init__(self, rel: str) -> None:
-        self.rel, self.tags, self.tag_index = rel, [], {}
-        self.plugin, self.encoding, self.non_scalar, self.meta = {}, {}, {}, {}
-        self.starts: list[tuple[int, int]] = []  # (record offset, step) of each SessionLog START
-        self.rec = 0  # byte offset of the record being decoded by :meth:`generic`
-        self.encodings: dict[str, int] = {}  # encoding name -> id (col_enc); per tag: that of its first row
-        self.col_rec, self.col_tag, self.col_step, self.col_enc = array("q"), array("i"), array("q"), array("i")
-        self.col_val, self.col_wall = array("d"), array("d")
-        self.fast: list[tuple[np.ndarray, ...]] = []  # compiled-scan batches: rec, tag id, step, value, wall, kind,
-        # has_plugin
-        self.plugin_log: list[tuple[int, str, str]] = []  # (record offset, tag, plugin name) as metadata arrives
-
-    def tag_id(self, tag: str) -> int:
-        """Id of ``tag`` (registered if new)."""
-        ti = self.tag_index.get(tag)
-        if ti is None:
-            ti = self.tag_index[tag] = len(self.tags)
-            self.tags.append(tag)
-        return ti
-
-    def enc_id(self, encoding: str) -> int:
-        """Id of an encoding name (``simple_value``, ``DT_FLOAT``, ...)."""
-        return self.encodings.setdefault(encoding, len(self.encodings))
-
-    def add(self, tag: str, encoding: str, step: int, value: float, wall: float) -> None:
-        self.col_rec.append(self.rec)
-        self.col_enc.append(self.enc_id(encoding))
-        self.col_tag.append(self.tag_id(tag))
-        self.col_step.append(step)
-        self.col_val.append(value)
-        self.col_wall.append(wall)
-
-    def generic(self, p: bytes) -> None:
-        """Decode one Event payload the general way."""
-        m = _msg(p, 0, len(p))
-        wall = next((_F64.unpack_from(p, a)[0] for wt, a, _ in m.get(1, ()) if wt == 1), 0.0)
-        step = _varint_of(m, 2)
-        if 3 in m:
-            self.meta["file_version"] = _text(p, m, 3)
-        for _, a, e in m.get(5, ()):
-            for wt, va, ve in _msg(p, a, e).get(1, ()):
-                if wt == 2:
-                    self.value(p, va, ve, step, wall)
-        for _, a, e in m.get(7, ()):  # SessionLog { status=1 }: START = the job (re)started here
-            if _varint_of(_msg(p, a, e), 1) == _START:
-                self.meta["session_starts"] = self.meta.get("session_starts", 0) + 1
-                self.starts.append((self.rec, step))
-        for kind in ["graph"] * (len(m.get(4, ())) + len(m.get(9, ()))) + ["run_metadata"] * len(m.get(8, ())):
-            self.non_scalar[kind] = self.non_scalar.get(kind, 0) + 1
-
-    def value(self, p: bytes, i: int, end: int, step: int, wall: float) -> None:
-        """Decode one Summary.Value: a scalar becomes a row, anything else is counted by kind."""
-        m = _msg(p, i, end)
-        tag = _text(p, m, 1) or ""
-        for _, a, e in m.get(9, ()):  # SummaryMetadata { plugin_data=1 { plugin_name=1, content=2 } }
-            for _, pa_, pe in _msg(p, a, e).get(1, ()):
-                pd = _msg(p, pa_, pe)
-                self.plugin[tag] = _text(p, pd, 1) or self.plugin.get(tag, "")
-                self.plugin_log.append((self.rec, tag, self.plugin[tag]))
-                for _, ca, ce in pd.get(2, ()) if tag == "_hparams_/session_start_info" else ():
-                    self.meta.setdefault("hparams", {}).update(_decode_hparams(p, ca, ce))
-        if 2 in m and m[2][-1][0] == 5:  # simple_value (float32)
-            self.add(tag, "simple_value", step, _F32.unpack_from(p, m[2][-1][1])[0], wall)
-            return
-        kind = next((k for fn, k in _VALUE_KIND if fn in m), None)
-        if kind is None and 8 in m and self.plugin.get(tag, "") not in ("", "scalars"):
-            kind = _PLUGIN_KIND.get(self.plugin[tag], "tensor")
-        if kind is None and 8 in m:
-            val, dtype = _tensor_scalar(p, m[8][-1][1], m[8][-1][2])
-            if val is not None:
-                self.add(tag, dtype, step, val, wall)
-                return
-            kind = "tensor"
-        if kind is not None:
-            self.non_scalar[kind] = self.non_scalar.get(kind, 0) + 1
 
 
 def _resync(buf, pos: int, size: int) -> int | None:
@@ -257,9 +63,13 @@ def _resync(buf, pos: int, size: int) -> int | None:
     return None
 
 
-def _bad_frame(buf, pos: int, size: int, length: int, len_bad: bool, st: _State, skipped: list) -> int | None:
-    """Handle a header that cannot be followed; returns where to resume, or None to stop."""
-    nxt = _resync(buf, pos + 1, size)
+def _bad_frame(pos: int, size: int, length: int, len_bad: bool, st: State, skipped: list, resync, zeros,
+               ) -> int | None:
+    """Handle a header that cannot be followed; returns where to resume, or None to stop.
+
+    ``resync(offset)`` finds the next valid header, ``zeros()`` says whether the rest of the file is zeros.
+    """
+    nxt = resync(pos + 1)
     if nxt is None and not len_bad and length <= MAX_RECORD:
         skipped.append(Skip(f"{st.rel}:{pos}", "truncated record at end of file (killed job?)"))
         st.meta["truncated"] = True
@@ -268,30 +78,32 @@ def _bad_frame(buf, pos: int, size: int, length: int, len_bad: bool, st: _State,
     why = "bad length CRC" if len_bad else f"absurd length {length}"
     tail = "no valid record after it" if nxt is None else f"resynchronised at byte {nxt}"
     msg = f"corrupt record framing ({why}): bytes {pos}-{stop} skipped ({stop - pos} bytes), {tail}"
-    if nxt is None and not bytes(buf[pos:size]).strip(b"\x00"):
+    if nxt is None and zeros():
         msg = f"zero-filled tail: bytes {pos}-{size} ({size - pos} bytes) hold no record (node crash?)"
     skipped.append(Skip(f"{st.rel}:{pos}", msg))
     st.meta["damaged_bytes"] = st.meta.get("damaged_bytes", 0) + stop - pos
     return nxt
 
 
-def _frame(buf, pos: int, size: int, check_crc: bool) -> tuple[int, bool]:
-    """(payload length, length CRC bad) of the frame header at ``pos`` (needs 12 bytes there)."""
-    length, lcrc = _HEADER.unpack_from(buf, pos)
-    return length, check_crc and masked_crc32c(buf[pos:pos + 8]) != lcrc
+def _frame(head, check_crc: bool) -> tuple[int, bool]:
+    """(payload length, length CRC bad) of a 12-byte frame header."""
+    length, lcrc = _HEADER.unpack_from(head, 0)
+    return length, check_crc and masked_crc32c(head[:8]) != lcrc
 
 
-def _scan_python(buf, size: int, st: _State, check_crc: bool, skipped: list[Skip]) -> int:
-    """Walk the frames of ``buf`` decoding every payload in Python; returns frames read."""
+def _scan_python(buf, size: int, st: State, check_crc: bool, skipped: list[Skip]) -> int:
+    """Walk the frames of ``buf`` (a memory map) decoding every payload in Python; returns frames read."""
     pos, frames = 0, 0
+    resync = lambda p: _resync(buf, p, size)  # noqa: E731
     while pos < size:
         if size - pos < 12:  # a header cut short: truncated tail
-            _bad_frame(buf, pos, size, 0, False, st, skipped)
+            _bad_frame(pos, size, 0, False, st, skipped, resync, lambda: False)
             break
-        length, bad = _frame(buf, pos, size, check_crc)
+        length, bad = _frame(buf[pos:pos + 12], check_crc)
         end = pos + 12 + length
         if bad or length > MAX_RECORD or end + 4 > size:
-            nxt = _bad_frame(buf, pos, size, length, bad, st, skipped)
+            nxt = _bad_frame(pos, size, length, bad, st, skipped, resync,
+                             lambda p=pos: not bytes(buf[p:size]).strip(b"\x00"))
             if nxt is None:
                 break
             pos = nxt
@@ -300,99 +112,91 @@ def _scan_python(buf, size: int, st: _State, check_crc: bool, skipped: list[Skip
             _bad_payload(pos, st, skipped)
         else:
             frames += 1
-            _generic(buf, pos, end, st, skipped)
+            _generic(bytes(buf[pos + 12:end]), pos, st, skipped)
         pos = end + 4
     return frames
 
 
-def _bad_payload(pos: int, st: _State, skipped: list[Skip]) -> None:
+def _bad_payload(pos: int, st: State, skipped: list[Skip]) -> None:
     skipped.append(Skip(f"{st.rel}:{pos}", "bad payload CRC; record skipped"))
     st.meta["bad_payload_crc"] = st.meta.get("bad_payload_crc", 0) + 1
 
 
-def _generic(buf, pos: int, end: int, st: _State, skipped: list[Skip]) -> None:
-    """Decode the payload of the frame at ``pos`` (ending at ``end``) with the general decoder."""
+def _generic(payload: bytes, pos: int, st: State, skipped: list[Skip]) -> None:
+    """Decode the payload of the frame at file offset ``pos`` with the general decoder."""
     st.rec = pos
     rows = len(st.col_step)
     try:
-        st.generic(bytes(buf[pos + 12:end]))
-    except (_Corrupt, IndexError, struct.error, ValueError) as exc:
+        st.generic(payload)
+    except (Corrupt, IndexError, struct.error, ValueError) as exc:
         for col in (st.col_rec, st.col_tag, st.col_step, st.col_val, st.col_wall, st.col_enc):  # no half rows
             del col[rows:]
         skipped.append(Skip(f"{st.rel}:{pos}", f"undecodable event ({exc}); skipped"))
 
 
-def _scan_compiled(mm, size: int, st: _State, check_crc: bool, skipped: list[Skip], kernel) -> int:
-    """Walk the frames with the compiled scan (:mod:`parsers._tfrecord`); returns frames read.
+def _scan_windows(fh, size: int, st: State, check_crc: bool, skipped: list[Skip]) -> int:
+    """Walk the frames in bounded windows (:func:`parsers._tfrecord.walk`); returns frames read.
 
-    Fast frames come back as column batches and are interned here (tags by hash, verified byte for
-    byte); generic frames go through :meth:`_State.generic`; damage is handled as in the Python walk.
+    Damage is handled as in the Python walk, reading the file through the same bounded windows.
     """
-    buf = np.frombuffer(mm, np.uint8)
-    f32 = np.ndarray((max(size - 3, 0),), "<f4", buffer=mm, strides=(1,))  # unaligned views: element i at byte i
-    f64 = np.ndarray((max(size - 7, 0),), "<f8", buffer=mm, strides=(1,))
-    cap = max(1, min(BATCH, size // 16 + 1))
-    out = (np.empty(cap, np.int64), np.empty(cap, np.int8), np.empty(cap, np.int64), np.empty(cap, np.int64),
-           np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.uint64),
-           np.empty(cap, np.bool_))
-    pos, frames = 0, 0
-    while True:
-        n, pos, why = kernel.scan(buf, pos, check_crc, MAX_RECORD, kernel.TABLES, *out)
-        frames += n
-        _fast_batch(mm, buf, f32, f64, st, [a[:n] for a in out], kernel, skipped)
-        if why == kernel.FULL:
-            continue
-        if why == kernel.DONE:
-            return frames
-        if why == kernel.BAD_PAYLOAD_CRC:
-            _bad_payload(pos, st, skipped)
-            pos += 16 + _HEADER.unpack_from(mm, pos)[0]
-            continue
-        length, bad = _frame(mm, pos, size, check_crc) if size - pos >= 12 else (0, False)
-        nxt = _bad_frame(mm, pos, size, length, bad, st, skipped)
-        if nxt is None:
-            return frames
-        pos = nxt
+    def damage(pos: int) -> int | None:
+        head = b""
+        if size - pos >= 12:
+            fh.seek(pos)
+            head = fh.read(12)
+        length, bad = _frame(head, check_crc) if len(head) == 12 else (0, False)
+        return _bad_frame(pos, size, length, bad, st, skipped,
+                          lambda p: _tfrecord.resync(fh, p, size, MAX_RECORD),
+                          lambda: _tfrecord.all_zero(fh, pos, size))
+
+    frames = 0
+    for win in _tfrecord.walk(fh, size, check_crc, MAX_RECORD, damage):
+        frames += int(win.ok.sum())
+        _window(win, st, skipped)
+    return frames
 
 
-def _fast_batch(mm, buf: np.ndarray, f32: np.ndarray, f64: np.ndarray, st: _State, cols: list[np.ndarray],
-                kernel, skipped: list[Skip]) -> None:
-    """Intern one batch of the compiled scan: fast rows to ``st.fast``, generic frames decoded in order."""
-    rec, kind, step, wall_at, value_at, tag_at, tag_len, tag_hash, has_plugin = cols
-    fast = kind != kernel.GENERIC
-    generic = rec[~fast].tolist()
-    if not fast.any():
-        for pos in generic:
-            _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
-        return
-    rec, kind, step, tag_at, tag_len = rec[fast], kind[fast], step[fast], tag_at[fast], tag_len[fast]
-    hashes, first, inverse = np.unique(tag_hash[fast], return_index=True, return_inverse=True)
-    ref_at, ref_len = tag_at[first][inverse], tag_len[first][inverse]
-    if np.array_equal(tag_len, ref_len) and kernel.same_bytes(buf, tag_at, ref_at, tag_len):
-        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"))
-                        for a, n in zip(tag_at[first].tolist(), tag_len[first].tolist(), strict=True)],
-                       np.int32)[inverse]
-    else:  # a 64-bit hash collision between two tags: intern row by row
-        ids = np.array([st.tag_id(bytes(mm[a:a + n]).decode("utf-8", "replace"))
-                        for a, n in zip(tag_at.tolist(), tag_len.tolist(), strict=True)], np.int32)
+def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
+    """Decode one window: scalar Events vectorised into ``st.fast``, the rest by the general decoder, in order."""
+    buf, base, good = win.buf, win.base, np.flatnonzero(win.ok)
+    at, length = win.at[good], win.length[good]
+    fast = _tb_fast.scalar_events(buf, at + 12, at + 12 + length)
+    rec = base + at[fast["index"]]
+    generic = np.ones(len(at), bool)
+    generic[fast["index"]] = False
+    bad = np.flatnonzero(~win.ok)
+    others = sorted([(int(base + win.at[k]), int(win.length[k]), True) for k in bad.tolist()]
+                    + [(int(base + at[k]), int(length[k]), False) for k in np.flatnonzero(generic).tolist()])
+    ids = _tag_ids(buf, fast["tag_at"], fast["tag_len"], st)
     # the general decoder reads plugin names as they stand at its record: replay fast rows' metadata in order
-    meta_rec, meta_ids = rec[has_plugin[fast]], ids[has_plugin[fast]]
+    meta_rec, meta_ids = rec[fast["plugin"]], ids[fast["plugin"]]
     done = 0
-    for pos in [*generic, None]:
+    for pos, n, crc_bad in [*others, (None, 0, False)]:
         upto = len(meta_rec) if pos is None else int(np.searchsorted(meta_rec, pos))
         for ti in np.unique(meta_ids[done:upto]).tolist():
             st.plugin[st.tags[ti]] = "scalars"
         done = upto
-        if pos is not None:
-            _generic(mm, pos, pos + 12 + _HEADER.unpack_from(mm, pos)[0], st, skipped)
-    enc = np.zeros(4, np.int32)  # kernel kind -> encoding id
-    for k, name in ((kernel.SIMPLE_VALUE, "simple_value"), (kernel.DT_FLOAT, "DT_FLOAT"),
-                    (kernel.DT_DOUBLE, "DT_DOUBLE")):
+        if pos is not None and crc_bad:
+            _bad_payload(pos, st, skipped)
+        elif pos is not None:
+            _generic(bytes(buf[pos - base + 12:pos - base + 12 + n]), pos, st, skipped)
+    enc = np.zeros(4, np.int32)  # kind -> encoding id
+    for k, name in ((_tb_fast.SIMPLE_VALUE, "simple_value"), (_tb_fast.DT_FLOAT, "DT_FLOAT"),
+                    (_tb_fast.DT_DOUBLE, "DT_DOUBLE")):
         enc[k] = st.enc_id(name)
-    with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as struct.unpack does in the Python walk
-        value = np.where(kind == kernel.DT_DOUBLE, f64[np.minimum(value_at[fast], len(f64) - 1)],
-                         f32[value_at[fast]].astype(np.float64))
-    st.fast.append((rec, ids, step, value, f64[wall_at[fast]], kind, has_plugin[fast], enc[kind]))
+    kind = fast["kind"]
+    st.fast.append((rec, ids, fast["step"], fast["value"], fast["wall"], kind, fast["plugin"], enc[kind]))
+
+
+def _tag_ids(buf: np.ndarray, tag_at: np.ndarray, tag_len: np.ndarray, st: State) -> np.ndarray:
+    """Tag id (``st.tag_id``) of every fast row, interned once per distinct tag."""
+    if not len(tag_at):
+        return np.empty(0, np.int32)
+    groups = _tb_fast.tag_groups(buf, tag_at, tag_len)
+    first, codes = groups if groups is not None else (np.arange(len(tag_at)), np.arange(len(tag_at)))
+    names = [bytes(buf[a:a + n]).decode("utf-8", "replace")
+             for a, n in zip(tag_at[first].tolist(), tag_len[first].tolist(), strict=True)]
+    return np.array([st.tag_id(t) for t in names], np.int32)[codes]
 
 
 def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[tuple[int, int]],
@@ -404,7 +208,7 @@ def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[t
     START starts one before the next row. Returns (segment per row, int32; [(segment, step, message)]).
     """
     n = len(step)
-    order = np.argsort(tag, kind="stable")
+    order = np.argsort(tag.astype(np.int16) if tag.max(initial=0) < 1 << 15 else tag, kind="stable")  # int16: radix
     prev = np.full(n, -1, np.int64)
     same = tag[order[1:]] == tag[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
@@ -421,33 +225,14 @@ def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[t
     return np.repeat(np.arange(len(bounds), dtype=np.int32), np.diff([*bounds, n])), events
 
 
-def _scan(mm, size: int, st: _State, check_crc: bool, skipped: list[Skip]) -> int:
-    """Walk every frame: the compiled scan for files of :data:`FAST_MIN_BYTES` or more, else Python.
 
-    Both walks give the same result (tests/test_parsers_tensorboard.py runs every test with each).
-    """
-    loaded = "parsers._tfrecord" in sys.modules
-    kernel = _kernel() if size >= (FAST_MIN_BYTES_LOADED if loaded else FAST_MIN_BYTES) else None
-    if kernel is None:
-        return _scan_python(mm, size, st, check_crc, skipped)
-    return _scan_compiled(mm, size, st, check_crc, skipped, kernel)
-
-
-def _kernel():  # noqa: ANN202 - the module, imported on first use (numba's import costs ~0.5 s)
-    try:
-        from parsers import _tfrecord
-    except ImportError:  # pragma: no cover - numba is a dependency; the Python walk reads the same
-        return None
-    return _tfrecord
-
-
-def _not_scalars(st: _State, rec: np.ndarray, ids: np.ndarray, kind: np.ndarray, has_plugin: np.ndarray,
+def _not_scalars(st: State, rec: np.ndarray, ids: np.ndarray, kind: np.ndarray, has_plugin: np.ndarray,
                  ) -> np.ndarray:
     """Mask of fast tensor rows whose tag belonged to a non-scalar plugin at that point of the file.
 
     The general decoder counts a rank-0 tensor of, say, a custom plugin as that plugin's data, not a
     scalar, from the record whose metadata named the plugin on; this replays that rule for the rows of
-    the compiled scan (and counts them in ``non_scalar``).
+    the vectorised walk (and counts them in ``non_scalar``).
     """
     drop = np.zeros(len(rec), bool)
     for tag in {t for _, t, name in st.plugin_log if name not in ("", "scalars")}:
@@ -462,12 +247,30 @@ def _not_scalars(st: _State, rec: np.ndarray, ids: np.ndarray, kind: np.ndarray,
         bad = ~np.isin(names, ["", "scalars"])
         drop[np.nonzero(mine)[0][bad]] = True
         for name in names[bad].tolist():
-            k = _PLUGIN_KIND.get(name, "tensor")
+            k = PLUGIN_KIND.get(name, "tensor")
             st.non_scalar[k] = st.non_scalar.get(k, 0) + 1
     return drop
 
 
-def _table(st: _State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
+
+_NUMPY = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def _arrow(a: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A numpy array as an Arrow array of ``typ``, no nulls (``pa.array`` would import pandas to check types)."""
+    a = np.ascontiguousarray(a, _NUMPY[typ])
+    return pa.Array.from_buffers(typ, len(a), [None, pa.py_buffer(a)])
+
+
+def _strings(values: list[str]) -> pa.Array:
+    """A list of str as an Arrow string array (without ``pa.array``: see :func:`_arrow`)."""
+    data = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(data) + 1, np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def _table(st: State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
     """The metrics table (rows in file order) and the restart events, from both decoders' rows."""
     cols = [np.frombuffer(c, t) if len(c) else np.empty(0, t) for c, t in
             ((st.col_rec, np.int64), (st.col_tag, np.int32), (st.col_step, np.int64), (st.col_val, np.float64),
@@ -483,22 +286,24 @@ def _table(st: _State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
             cols = [c[order] for c in cols]
     rec, tag, step, value, wall, enc = cols
     seg, events = _segments(rec, tag, step, st.starts)
-    tags, first = np.unique(tag, return_index=True)  # each tag's encoding: that of its first row
+    first = np.full(len(st.tags), len(tag), np.int64)  # each tag's first row: its encoding is the tag's
+    first[tag[::-1]] = np.arange(len(tag) - 1, -1, -1)
     names = list(st.encodings)
-    st.encoding = {st.tags[t]: names[e] for _, t, e in sorted(zip(first.tolist(), tags.tolist(),
-                                                                    enc[first].tolist(), strict=True))}
-    idx, zeros = pa.array(tag, pa.int32()), pa.array(np.zeros(len(step), np.int32))
+    st.encoding = {st.tags[t]: names[int(enc[r])] for r, t in sorted((int(r), t) for t, r in enumerate(first.tolist())
+                                                                        if r < len(tag))}
+    idx, zeros = _arrow(tag, pa.int32()), _arrow(np.zeros(len(step), np.int32), pa.int32())
     table = pa.Table.from_arrays(
-        [pc.take(pa.array([""]), zeros), pa.array(seg, pa.int32()), pa.array(step, pa.int64()),
-         pc.take(pa.array([canonical_metric(t) for t in st.tags], pa.string()), idx),
-         pa.array(value, pa.float64()), pa.array(wall, pa.float64()),
-         pc.take(pa.array(st.tags, pa.string()), idx), pc.take(pa.array([st.rel]), zeros)],
+        [pc.take(_strings([""]), zeros), _arrow(seg, pa.int32()), _arrow(step, pa.int64()),
+         pc.take(_strings([canonical_metric(t) for t in st.tags]), idx),
+         _arrow(value, pa.float64()), _arrow(wall, pa.float64()),
+         pc.take(_strings(st.tags), idx), pc.take(_strings([st.rel]), zeros)],
         schema=METRICS_SCHEMA)
     return table, events
 
 
+
 def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
-    """Read every scalar of one TensorBoard event file, losslessly (memory-mapped, streamed).
+    """Read every scalar of one TensorBoard event file, losslessly (streamed: memory bounded by the window).
 
     Args:
         path: The ``events.out.tfevents.*`` file.
@@ -518,7 +323,7 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
         ParseError: The file is not empty but holds no TFRecord frame at all.
     """
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
-    st, skipped, frames = _State(rel), [], 0
+    st, skipped, frames = State(rel), [], 0
     try:
         size = path.stat().st_size
         sparse = file_policy.sparse_problem(path) if size else None
@@ -527,8 +332,13 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
         if size == 0:
             skipped.append(Skip(rel, "empty event file (nothing was flushed)"))
         else:
-            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                frames = _scan(mm, size, st, CHECK_CRC if check_crc is None else check_crc, skipped)
+            check = CHECK_CRC if check_crc is None else check_crc
+            with open(path, "rb") as fh:
+                if size >= FAST_MIN_BYTES:  # bounded windows, whatever the size
+                    frames = _scan_windows(fh, size, st, check, skipped)
+                else:
+                    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                        frames = _scan_python(mm, size, st, check, skipped)
     except OSError as exc:
         raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
     if size and frames == 0 and not st.meta.get("truncated") and not st.meta.get("bad_payload_crc"):
@@ -539,6 +349,7 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
     f32 = {"simple_value", "DT_FLOAT", "DT_HALF", "DT_BFLOAT16"} & set(st.encoding.values())
     precision = "float32" if f32 or not st.encoding else "float64"
     events = pa.Table.from_pylist([{"run": "", "segment": g, "step": s, "kind": "restart", "message": m,
-                                    "source": rel} for g, s, m in restarts], schema=EVENTS_SCHEMA)
+                                    "source": rel} for g, s, m in restarts], schema=EVENTS_SCHEMA) if restarts \
+        else pa.Table.from_batches([], schema=EVENTS_SCHEMA)  # (empty_table() would import pandas)
     return ParseResult(format=FORMAT, path=rel, metrics=table, events=events, meta=meta,
                        skipped=tuple(skipped), precision=precision)

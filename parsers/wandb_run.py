@@ -57,6 +57,25 @@ _MAX_SIDE_BYTES = 16 << 20
 _MAX_OUTPUT_LOG = 256 << 20
 """``files/output.log`` read for console lines up to this size."""
 _ODD = object()  # a history value that is not a number (list, string, object)
+_DROP_EVERY = 64 << 20
+"""The pages of the memory map behind the walk are dropped each time it moves on this many bytes."""
+
+
+class _Map(mmap.mmap):
+    """A read-only memory map that drops its pages behind the reader (bounded RSS for large files).
+
+    ``parsers.wandb_log.walk`` reads forward with slices; each time a slice starts :data:`_DROP_EVERY`
+    bytes past the last drop, the pages before it are released (``MADV_DONTNEED``: a later read of
+    them faults them in again from the page cache, so nothing is lost).
+    """
+
+    _next = _DROP_EVERY
+
+    def __getitem__(self, key):  # noqa: ANN001, ANN204 - mmap's own signature
+        if isinstance(key, slice) and (key.start or 0) >= self._next and hasattr(mmap, "MADV_DONTNEED"):
+            self.madvise(mmap.MADV_DONTNEED, 0, key.start - key.start % mmap.PAGESIZE)
+            self._next = key.start + _DROP_EVERY
+        return super().__getitem__(key)
 
 
 def _has_log(folder: Path, pattern: str = "run-*.wandb") -> Path | None:
@@ -294,6 +313,22 @@ def _side_files(files: Path, root: Path, st: _State, skipped: list[Skip]) -> tup
     return found["config.yaml"], found["wandb-summary.json"]
 
 
+def _walk_file(path: Path, rel: str, st: _State, skipped: list[Skip]) -> int:
+    """Walk the transaction log into ``st``; returns the damaged byte count (memory-mapped, pages dropped behind)."""
+    try:
+        with file_policy.open_file(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise ParseError(rel, "empty .wandb file (the run wrote nothing)")
+            with _Map(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data[:len(MAGIC)] != MAGIC:
+                    raise ParseError(rel, f"not a W&B transaction log: header {data[:len(MAGIC)]!r}, "
+                                          f"expected {MAGIC!r}")
+                return walk(data, rel, st.record, skipped)
+    except OSError as exc:
+        raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from exc
+
+
 def read(path: Path, root: Path) -> ParseResult:
     """Read a W&B run: its ``run-<id>.wandb`` transaction log and the side files of its folder.
 
@@ -326,18 +361,7 @@ def read(path: Path, root: Path) -> ParseResult:
     if sparse:
         raise ParseError(rel, sparse)
     st, skipped = _State(rel), []
-    try:  # memory-mapped, never read whole into memory: pages are the page cache's, evicted under pressure
-        with file_policy.open_file(path) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise ParseError(rel, "empty .wandb file (the run wrote nothing)")
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                if data[:len(MAGIC)] != MAGIC:
-                    raise ParseError(rel, f"not a W&B transaction log: header {data[:len(MAGIC)]!r}, "
-                                          f"expected {MAGIC!r}")
-                damaged = walk(data, rel, st.record, skipped)
-    except OSError as exc:
-        raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from exc
+    damaged = _walk_file(path, rel, st, skipped)
     if not st.counts:
         raise ParseError(rel, "no readable record" + (f" ({skipped[0].reason})" if skipped else ""))
     config, summary = _side_files(path.parent / "files", root, st, skipped)
