@@ -63,6 +63,7 @@ class Decision:
     findings: tuple[Finding, ...]
     skipped: tuple[Skip, ...]
     failure_step: int | None
+    coverage: dict[str, object] | None = None  # forensics.calibration.coverage: share evaluated, cap, note
 
 
 def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> tuple[list[Finding], list[Skip]]:
@@ -110,14 +111,17 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
     """Decide on the whole run (:func:`decide_attempts`), with the confidence calibrated.
 
     The raw score of the chosen answer is mapped by :func:`forensics.calibration.calibrate` (a fit on the
-    tuning part of the varied corpus, stored in ``forensics/calibration.json``).
+    tuning part of the varied corpus, stored in ``forensics/calibration.json``) and capped by the coverage
+    (``Decision.coverage``: the share of log detectors evaluated, skipped inputs, the cap).
     """
     import dataclasses
 
-    from forensics.calibration import calibrate
+    from forensics.calibration import calibrate_decision
 
     d = decide_attempts(run, detectors)
-    return dataclasses.replace(d, confidence=calibrate(d.confidence, d.verdict, d.cause))
+    conf, cov = calibrate_decision(d.confidence, d.verdict, d.cause, d.skipped, [x.code for x in detectors],
+                                   len(run.skipped))
+    return dataclasses.replace(d, confidence=conf, coverage=cov)
 
 
 def decide_attempts(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decision:
