@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors import DETECTORS, Detector
+from forensics.detectors.spike_shape import confined_to_batch
 from forensics.model import Finding, Hypothesis, RunData, Skip
 
 MIN_CAUSE_CONF = 0.5
@@ -215,7 +216,9 @@ def _family_hypotheses(ev: _Evidence) -> list[Hypothesis]:
             if all(f.evidence.get("recovered_step") is not None for f in fs) and not ev.failed:
                 # a spike that recovered by itself: the verdict is transient, the cause still named (DESIGN.md)
                 # when the grad norm rules out a precursor; without it the cause stays open
-                if any(f.evidence.get("grad_norm_logged") is False for f in fs):
+                # (or when the loss is back within a few steps: high on its batch only, spike_shape.py)
+                if any(f.evidence.get("grad_norm_logged") is False for f in fs) and not all(
+                        confined_to_batch(f) for f in fs):
                     score *= 0.6
                 against.append("every spike recovered by itself")
             earlier = [f for f in cause_f + ev.get("DV01")
