@@ -1,8 +1,9 @@
 """RS01 resume.state: what the loss, grad norm and update scale say about each resume.
 
-At every resume (a new segment) whose lr continues the earlier schedule (LR01 judges the lr), the first
-logged points of the new process are compared with the earlier process at and before the checkpoint it
-resumed from (the steps it re-logs, else its last points before the resume). Signatures (DESIGN.md section 4,
+At every resume (a new segment, or a wall-clock restart inside one: ``RESTART_GAP_S``) whose lr continues the
+earlier schedule (LR01 judges the lr), the first logged points of the new process are compared with the
+earlier process at and before the checkpoint it resumed from (the steps it re-logs, else its last points
+before the resume). Signatures (DESIGN.md section 4,
 ``state_not_restored`` and ``grad_scaling_bug``; Lightning #5400/#12274, HF transformers #7198, torchtitan
 #1202, fairseq #3313 on state that was not reloaded):
 
@@ -37,9 +38,18 @@ import polars as pl
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
+RESTART_GAP_S = 60.0
+RESTART_GAP_X = 30.0
+"""A wall-clock gap between two logged points of one segment longer than 60 s and 30 x the segment's median
+gap is a restart whose first logged step did not go back (a crash a few steps after a checkpoint, with a
+log interval longer than that): the resumed process is judged as a resume (our choice of thresholds; a
+job restart takes minutes, an eval pause of that length is judged too and passes when nothing changed)."""
+VSEG = 1000
+"""Virtual segment = segment x VSEG + restarts before the row inside its segment (the finding keeps the
+reader's segment)."""
 
-def _rows(run: RunData, metric: str) -> pl.DataFrame:
-    """Rows of ``metric`` from the source its effective series comes from (all segments), sorted by segment, step."""
+
+def _raw_rows(run: RunData, metric: str) -> pl.DataFrame:
     s = run.series(metric)
     if s is None:
         return pl.DataFrame()
@@ -47,7 +57,42 @@ def _rows(run: RunData, metric: str) -> pl.DataFrame:
     groups = run.meta.get("source_groups", {})
     group = groups.get(s.source)
     members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return raw.filter(pl.col("source").is_in(members)).sort(["segment", "step"], maintain_order=True)
+    return raw.filter(pl.col("source").is_in(members))
+
+
+def _restarts(run: RunData) -> list[tuple[int, int]]:
+    """(segment, first step after the gap) of each wall-clock restart inside a segment of the loss."""
+    loss = _raw_rows(run, "loss")
+    if loss.height < 10 or "wall_time" not in loss.columns:
+        return []
+    out = []
+    for seg in sorted(set(loss.get_column("segment").to_list())):
+        rows = loss.filter(pl.col("segment") == seg).sort("step")
+        w = rows.get_column("wall_time").cast(pl.Float64).to_numpy()
+        st = rows.get_column("step").to_numpy()
+        ok = np.isfinite(w)
+        w, st = w[ok], st[ok]
+        d = np.diff(w)
+        if d.size < 10 or not np.any(d > 0):
+            continue
+        thr = max(RESTART_GAP_S, RESTART_GAP_X * float(np.median(d[d > 0])))
+        out += [(int(seg), int(st[k + 1])) for k in np.flatnonzero(d > thr)]
+    return out
+
+
+def _rows(run: RunData, metric: str, restarts: list[tuple[int, int]] | None = None) -> pl.DataFrame:
+    """Rows of ``metric`` from the source its effective series comes from (all segments), sorted by segment, step.
+
+    ``segment`` is the virtual segment (``VSEG``): a wall-clock restart inside a segment starts a new one.
+    """
+    raw = _raw_rows(run, metric)
+    if raw.height == 0:
+        return raw
+    part = pl.lit(0, dtype=pl.Int64)
+    for seg, st in restarts or []:
+        part = part + ((pl.col("segment") == seg) & (pl.col("step") >= st)).cast(pl.Int64)
+    raw = raw.with_columns((pl.col("segment").cast(pl.Int64) * VSEG + part).alias("segment"))
+    return raw.sort(["segment", "step"], maintain_order=True)
 
 
 def _sigma_log(v: np.ndarray) -> float:
@@ -74,6 +119,7 @@ class _Resume:
     ratio: float | None
     rms: float | None
     ev: dict[str, object]
+    restarts: list[tuple[int, int]] = field(default_factory=list)
     against: list[str] = field(default_factory=list)
 
 
@@ -93,13 +139,14 @@ class ResumeState(Detector):
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per resume."""
-        loss = _rows(run, "loss")
+        restarts = _restarts(run)
+        loss = _rows(run, "loss", restarts)
         if loss.height < 10:
             return []
         segs = sorted(set(loss.get_column("segment").to_list()))
         if len(segs) < 2:
             return []
-        lr = _rows(run, "lr")
+        lr = _rows(run, "lr", restarts)
         first = loss.filter(pl.col("segment") == segs[0])
         fv = first.get_column("value").to_numpy().astype(float)
         fv = fv[np.isfinite(fv)]
@@ -113,7 +160,7 @@ class ResumeState(Detector):
             if cur.height < 3 or prev.height < 6:
                 continue
             s0 = int(cur.get_column("step")[0])
-            f = self._judge(run, prev, cur, s0, b, l_init, lr)
+            f = self._judge(run, prev, cur, s0, b, l_init, lr, restarts)
             if f is not None:
                 out.append(f)
         return out
@@ -140,13 +187,16 @@ class ResumeState(Detector):
         return abs(obs - exp) <= self.lr_tol * max(abs(exp), 1e-30)
 
     def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
-               lr: pl.DataFrame) -> Finding | None:
+               lr: pl.DataFrame, restarts: list[tuple[int, int]]) -> Finding | None:
         """The first signature that the resume at ``s0`` shows, in the order weights, gradients, data, loss."""
         if self._lr_continuous(lr, prev, s0, seg) is False:
             return None  # the lr changed at the resume: LR01 judges it, and it explains a loss change
         c = self._context(prev, cur, s0, seg, l_init, lr)
         if c is None:
             return None
+        c.restarts = restarts
+        if seg % VSEG:
+            c.ev["restart"] = "wall-clock gap (the first logged step did not go back)"
         return self._weights(c) or self._gradients(run, lr, c) or self._data(c) or self._loss_jump(c)
 
     def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
@@ -161,7 +211,7 @@ class ResumeState(Detector):
         sig = _sigma_log(pv)
         l_pre, l_post = float(np.median(pv[-5:])), float(np.median(cv[:3]))
         jump = float(np.log(l_post / l_pre)) if l_pre > 0 and l_post > 0 else 0.0
-        ev: dict[str, object] = {"resume_step": s0, "segment": seg, "loss_before": l_pre, "loss_after": l_post,
+        ev: dict[str, object] = {"resume_step": s0, "segment": seg // VSEG, "loss_before": l_pre, "loss_after": l_post,
                                  "initial_loss": l_init, "loss_noise_log": round(sig, 4),
                                  "lr_continuous": self._lr_continuous(lr, prev, s0, seg)}
         # the re-logged steps: identical values say the state was restored
@@ -186,8 +236,8 @@ class ResumeState(Detector):
 
     def _gradients(self, run: RunData, lr: pl.DataFrame, c: _Resume) -> Finding | None:
         """2. grad norm and update scale: a constant factor (scaling), an update jump or a fading spike (moments)."""
-        gn = self._jump(run, "grad_norm", c.s0, c.seg)
-        up = self._jump(run, "update_ratio", c.s0, c.seg)
+        gn = self._jump(run, "grad_norm", c.s0, c.seg, c.restarts)
+        up = self._jump(run, "update_ratio", c.s0, c.seg, c.restarts)
         if gn is not None:
             c.ev["grad_norm_jump"] = gn
         if up is not None:
@@ -199,7 +249,7 @@ class ResumeState(Detector):
                            f"stays there while the loss continues its trend ({fmt(c.l_pre)} -> {fmt(c.l_post)}): the "
                            "gradients are scaled by a constant (loss summed over micro-batches, or the accumulation "
                            "factor changed)")
-        us = self._update_scale(run, lr, c.s0, c.seg)
+        us = self._update_scale(run, lr, c.s0, c.seg, c.restarts)
         if us is not None:
             c.ev["update_scale_jump"] = us
             if us["factor"] >= self.min_update_factor and us["z"] >= self.spike_z and not gn_const:
@@ -247,8 +297,9 @@ class ResumeState(Detector):
                            "not restored")
         return None
 
-    def _jump(self, run: RunData, metric: str, s0: int, seg: int) -> dict[str, float | bool] | None:
-        rows = _rows(run, metric)
+    def _jump(self, run: RunData, metric: str, s0: int, seg: int,
+              restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
+        rows = _rows(run, metric, restarts)
         if rows.height < 8:
             return None
         pre = rows.filter((pl.col("segment") < seg) & (pl.col("step") < s0)).get_column("value").to_numpy()
@@ -270,14 +321,15 @@ class ResumeState(Detector):
         return {"z": round(z, 2), "factor": round(float(np.exp(head.max() - med)) if not stays else factor, 3),
                 "stays": stays}
 
-    def _update_scale(self, run: RunData, lr: pl.DataFrame, s0: int, seg: int) -> dict[str, float | bool] | None:
+    def _update_scale(self, run: RunData, lr: pl.DataFrame, s0: int, seg: int,
+                      restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
         """The update ratio's jump at the resume: log ratio to the earlier process, in its noise sigmas.
 
         At re-logged steps (the same steps, the same lr) the values are compared directly (the largest log ratio
         of the first 3, when their median is at least half of it); without them the first 3 points after the
         resume are compared with the last 5 before it, each divided by its lr.
         """
-        rows = _rows(run, "update_ratio")
+        rows = _rows(run, "update_ratio", restarts)
         if rows.height < 8:
             return None
         prev = rows.filter(pl.col("segment") < seg)
@@ -310,5 +362,5 @@ class ResumeState(Detector):
                 "noise_log": round(sig, 4)}
 
     def _f(self, c: _Resume, cause: Cause, mech: Mechanism, conf: float, msg: str) -> Finding:
-        return self.finding(cause=cause, mechanism=mech, step=c.s0, segment=c.seg, confidence=conf,
+        return self.finding(cause=cause, mechanism=mech, step=c.s0, segment=c.seg // VSEG, confidence=conf,
                             severity=Severity.HIGH, message=msg + ".", evidence=c.ev, against=tuple(c.against))

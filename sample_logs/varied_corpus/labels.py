@@ -59,13 +59,13 @@ def _noise(vals: list[float]) -> float:
 
 
 def fault_vs_twin(spec: Spec, run: Run) -> dict[str, dict[str, float]]:
-    """Per logged signal of the profile: how far the run departs from a correct-resume twin after the resume.
+    """Per signal its writer logs: how far the run departs from a correct-resume twin after the resume.
 
     Returns ``{metric: {"mean_sigmas", "max_sigmas", "noise_log"}}``; the departure is |log(run / twin)| over the
     first ``TWIN_POINTS`` logged points of the resumed process, in units of the metric's point-to-point noise over
     the 30 logged points before the checkpoint.
     """
-    from varied_corpus.spec import PROFILE_KEYS
+    from varied_corpus.writers import logged_keys
 
     c = run.events["checkpoint"]
     post_logged = [st for st in run.logged[run.logged_index:] if st > c][:TWIN_POINTS]
@@ -75,7 +75,7 @@ def fault_vs_twin(spec: Spec, run: Run) -> dict[str, dict[str, float]]:
     pre_logged = run.logged[:run.logged_index]
     out = {}
     for m in VISIBLE_METRICS:
-        if m not in PROFILE_KEYS[spec.profile]:
+        if m not in logged_keys(spec):
             continue
         pre = _logged_view(run.records[:run.resume_index], pre_logged, m)
         sig = _noise([v for k, v in sorted(pre.items()) if k <= c][-30:])

@@ -14,6 +14,15 @@ from typing import Any
 
 from varied_corpus.spec import PROFILE_KEYS, Spec
 
+MEGATRON_KEYS = {"loss", "lr", "grad_norm", "loss_scale", "skipped_step", "eval_loss"}
+"""What the Megatron-like stdout log prints (Megatron's default training_log fields)."""
+
+
+def logged_keys(spec: Spec) -> set[str]:
+    """The metrics a run's writer actually logs: its profile's, less what its writer does not print."""
+    keys = set(PROFILE_KEYS[spec.profile])
+    return keys & MEGATRON_KEYS if spec.writer == "megatron" else keys
+
 
 class Writer:
     """The run's real writer(s); one ``open`` per process (segment)."""
