@@ -340,7 +340,10 @@ class ResumeState(Detector):
             return None
         sig = _sigma_log(pv)
         ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
-        r = np.log(ov.get_column("new").to_numpy() / ov.get_column("value").to_numpy()) if ov.height else np.array([])
+        r = np.array([])
+        if ov.height:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.log(ov.get_column("new").to_numpy() / ov.get_column("value").to_numpy())
         r = r[np.isfinite(r)][:3]
         relogged = r.size >= 1
         if relogged:  # fresh moments move most at the first step: the largest of the first 3, if they agree
