@@ -8,7 +8,8 @@ before the resume). Signatures (DESIGN.md section 4,
 #1202, fairseq #3313 on state that was not reloaded):
 
 - ``weights``: the loss is back near its initial level (at least ``back_frac``, 50%, of the way from the
-  pre-resume loss to the first logged loss) with a continuous lr: the weights were not loaded;
+  pre-resume loss to the first logged loss) with a continuous lr, or the parameter norm at the first step both
+  processes logged differs by more than the updates in between can move it: the weights were not loaded;
 - ``optimizer_state``: the update scale (``update_ratio``) is ``min_update_factor`` (1.5x) or more above the
   earlier process's, by at least 6 of its point-to-point noise sigmas, at the steps it re-logs (else against its
   last points before the resume, per unit lr), with the grad norm NOT up by a constant factor: Adam's moments
@@ -36,72 +37,9 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
+from forensics.detectors.resume_rows import VSEG, restarts_of, sigma_log
+from forensics.detectors.resume_rows import rows as _rows
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-
-RESTART_GAP_S = 60.0
-RESTART_GAP_X = 30.0
-"""A wall-clock gap between two logged points of one segment longer than 60 s and 30 x the segment's median
-gap is a restart whose first logged step did not go back (a crash a few steps after a checkpoint, with a
-log interval longer than that): the resumed process is judged as a resume (our choice of thresholds; a
-job restart takes minutes, an eval pause of that length is judged too and passes when nothing changed)."""
-VSEG = 1000
-"""Virtual segment = segment x VSEG + restarts before the row inside its segment (the finding keeps the
-reader's segment)."""
-
-
-def _raw_rows(run: RunData, metric: str) -> pl.DataFrame:
-    s = run.series(metric)
-    if s is None:
-        return pl.DataFrame()
-    raw = run.raw(metric).filter(pl.col("value").is_not_null())
-    groups = run.meta.get("source_groups", {})
-    group = groups.get(s.source)
-    members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return raw.filter(pl.col("source").is_in(members))
-
-
-def _restarts(run: RunData) -> list[tuple[int, int]]:
-    """(segment, first step after the gap) of each wall-clock restart inside a segment of the loss."""
-    loss = _raw_rows(run, "loss")
-    if loss.height < 10 or "wall_time" not in loss.columns:
-        return []
-    out = []
-    for seg in sorted(set(loss.get_column("segment").to_list())):
-        rows = loss.filter(pl.col("segment") == seg).sort("step")
-        w = rows.get_column("wall_time").cast(pl.Float64).to_numpy()
-        st = rows.get_column("step").to_numpy()
-        ok = np.isfinite(w)
-        w, st = w[ok], st[ok]
-        d = np.diff(w)
-        if d.size < 10 or not np.any(d > 0):
-            continue
-        thr = max(RESTART_GAP_S, RESTART_GAP_X * float(np.median(d[d > 0])))
-        out += [(int(seg), int(st[k + 1])) for k in np.flatnonzero(d > thr)]
-    return out
-
-
-def _rows(run: RunData, metric: str, restarts: list[tuple[int, int]] | None = None) -> pl.DataFrame:
-    """Rows of ``metric`` from the source its effective series comes from (all segments), sorted by segment, step.
-
-    ``segment`` is the virtual segment (``VSEG``): a wall-clock restart inside a segment starts a new one.
-    """
-    raw = _raw_rows(run, metric)
-    if raw.height == 0:
-        return raw
-    part = pl.lit(0, dtype=pl.Int64)
-    for seg, st in restarts or []:
-        part = part + ((pl.col("segment") == seg) & (pl.col("step") >= st)).cast(pl.Int64)
-    raw = raw.with_columns((pl.col("segment").cast(pl.Int64) * VSEG + part).alias("segment"))
-    return raw.sort(["segment", "step"], maintain_order=True)
-
-
-def _sigma_log(v: np.ndarray) -> float:
-    """Robust point-to-point noise of log values (1.4826 MAD of first differences / sqrt 2)."""
-    v = v[np.isfinite(v) & (v > 0)]
-    if v.size < 6:
-        return 0.05
-    d = np.diff(np.log(v))
-    return max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), 1e-3)
 
 
 @dataclass
@@ -135,11 +73,12 @@ class ResumeState(Detector):
     fade_points: int = 20
     min_factor: float = 2.0
     min_update_factor: float = 1.5
+    param_break_x: float = 10.0
     lr_tol: float = 0.05
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per resume."""
-        restarts = _restarts(run)
+        restarts = restarts_of(run)
         loss = _rows(run, "loss", restarts)
         if loss.height < 10:
             return []
@@ -197,7 +136,8 @@ class ResumeState(Detector):
         c.restarts = restarts
         if seg % VSEG:
             c.ev["restart"] = "wall-clock gap (the first logged step did not go back)"
-        return self._weights(c) or self._gradients(run, lr, c) or self._data(c) or self._loss_jump(c)
+        return (self._weights(c) or self._param_break(run, c) or self._gradients(run, lr, c) or self._data(c)
+                or self._loss_jump(c))
 
     def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
                  lr: pl.DataFrame) -> _Resume | None:
@@ -208,7 +148,7 @@ class ResumeState(Detector):
         cv = cv[np.isfinite(cv)]
         if pv.size < 4 or cv.size < 3:
             return None
-        sig = _sigma_log(pv)
+        sig = sigma_log(pv)
         l_pre, l_post = float(np.median(pv[-5:])), float(np.median(cv[:3]))
         jump = float(np.log(l_post / l_pre)) if l_pre > 0 and l_post > 0 else 0.0
         ev: dict[str, object] = {"resume_step": s0, "segment": seg // VSEG, "loss_before": l_pre, "loss_after": l_post,
@@ -233,6 +173,39 @@ class ResumeState(Detector):
                            f"at the resume at step {c.s0} the loss is back at {fmt(c.l_post)} (before {fmt(c.l_pre)}, "
                            f"first logged {fmt(c.l_init)}) while the lr continues: the weights were not loaded")
         return None
+
+    def _param_break(self, run: RunData, c: _Resume) -> Finding | None:
+        """1b. weights: the parameter norm at the first re-logged step is not the earlier process's.
+
+        From a restored checkpoint both processes move the norm by about its usual per-step change, so at the
+        first re-logged step, ``k`` steps after the last point before the resume, the norms agree to within a
+        few ``k x delta`` (``delta`` the median per-step change of log norm over the last 10 points; fresh Adam
+        moments, 2-8x). A difference beyond ``param_break_x`` (10) ``k x delta`` and 1% says other weights.
+        """
+        pn = _rows(run, "param_norm", c.restarts)
+        if pn.height < 8:
+            return None
+        prev, cur = pn.filter(pl.col("segment") < c.seg), pn.filter(pl.col("segment") == c.seg)
+        before = prev.filter(pl.col("step") < c.s0).tail(11)
+        ov = prev.filter(pl.col("step") >= c.s0).join(cur.select("step", pl.col("value").alias("new")),
+                                                       on="step").sort("step")
+        if ov.height == 0 or before.height < 6:
+            return None
+        st, old, new = int(ov.get_column("step")[0]), float(ov.get_column("value")[0]), float(ov.get_column("new")[0])
+        bv, bs = before.get_column("value").to_numpy().astype(float), before.get_column("step").to_numpy()
+        if not (old > 0 and new > 0 and np.all(bv > 0)):
+            return None
+        d = abs(float(np.log(new / old)))
+        k = max(1, st - int(bs[-1]))
+        delta = float(np.median(np.abs(np.diff(np.log(bv))) / np.maximum(np.diff(bs), 1)))
+        if d < max(0.01, self.param_break_x * k * delta):
+            return None
+        c.ev["param_norm_at_relogged_step"] = {"step": st, "before": old, "after": new,
+                                               "per_step_change_log": round(delta, 6)}
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, 0.8,
+                       f"at step {st}, which both processes logged, the parameter norm is {fmt(new)} after the "
+                       f"resume against {fmt(old)} before ({100 * d:.1f}%, {d / (k * delta):.0f}x what {k} "
+                       "step(s) of training move it): the weights were not loaded")
 
     def _gradients(self, run: RunData, lr: pl.DataFrame, c: _Resume) -> Finding | None:
         """2. grad norm and update scale: a constant factor (scaling), an update jump or a fading spike (moments)."""
@@ -338,7 +311,7 @@ class ResumeState(Detector):
         pv = pre.get_column("value").to_numpy().astype(float)[-30:]
         if np.sum(np.isfinite(pv) & (pv > 0)) < 6 or cur.height < 2:
             return None
-        sig = _sigma_log(pv)
+        sig = sigma_log(pv)
         ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
         r = np.array([])
         if ov.height:
