@@ -17,7 +17,8 @@ before the resume). Signatures (DESIGN.md section 4,
   bias-corrected step is about lr when m and v hold one gradient), whether the jump then fades or stays; or a
   grad-norm or update-ratio spike (z >= 6 against the pre-resume band) that fades within ``fade_points``
   points; or a loss jump short of the initial level;
-- ``data_sampler``: the loss after the resume sits BELOW the earlier process's loss at the same steps by more
+- ``data_sampler``: the logged batch index does not continue the earlier process's, or the loss after the
+  resume sits BELOW the earlier process's loss at the same steps by more
   than 4 robust sigmas (the data position went back and the model sees data it has already learned), or the
   re-logged steps differ from the earlier process's by as much as one batch differs from the next (rms of
   the log ratio >= half the loss's point-to-point noise): other batches at the same steps;
@@ -136,8 +137,8 @@ class ResumeState(Detector):
         c.restarts = restarts
         if seg % VSEG:
             c.ev["restart"] = "wall-clock gap (the first logged step did not go back)"
-        return (self._weights(c) or self._param_break(run, c) or self._gradients(run, lr, c) or self._data(c)
-                or self._loss_jump(c))
+        return (self._weights(c) or self._param_break(run, c) or self._gradients(run, lr, c)
+                or self._batch_position(run, c) or self._data(c) or self._loss_jump(c))
 
     def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
                  lr: pl.DataFrame) -> _Resume | None:
@@ -241,6 +242,32 @@ class ResumeState(Detector):
                            f"level (z={j['z']:.1f}) and fades, with a continuous lr: the optimizer moments restarted "
                            "(state not restored)")
         return None
+
+    def _batch_position(self, run: RunData, c: _Resume) -> Finding | None:
+        """3a. the data position, when the batch index is logged: the resumed process does not continue it.
+
+        At a re-logged step the index must equal the earlier process's; else the first point after the resume
+        must be the last one before it plus the steps in between (one batch per step).
+        """
+        bi = _rows(run, "batch_index", c.restarts)
+        if bi.height < 6:
+            return None
+        prev, cur = bi.filter(pl.col("segment") < c.seg), bi.filter(pl.col("segment") == c.seg)
+        before = prev.filter(pl.col("step") < c.s0)
+        if cur.height == 0 or before.height < 2:
+            return None
+        st, got = int(cur.get_column("step")[0]), float(cur.get_column("value")[0])
+        same = prev.filter(pl.col("step") == st)
+        if same.height:
+            exp = float(same.get_column("value")[-1])
+        else:
+            exp = float(before.get_column("value")[-1]) + st - int(before.get_column("step")[-1])
+        if abs(got - exp) < 1:
+            return None
+        c.ev["batch_index_after_resume"] = {"step": st, "logged": got, "expected": exp}
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.8,
+                       f"at step {st} the resumed process logs batch index {got:.0f} where the earlier process's "
+                       f"position gives {exp:.0f}: the data position was not restored (data-sampler state)")
 
     def _data(self, c: _Resume) -> Finding | None:
         """3. the data position: a loss too good, or other batches, at the re-logged steps."""
