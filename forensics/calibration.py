@@ -147,7 +147,7 @@ def calibrate_decision(raw: float, verdict: str, cause: str | None, skipped: Ite
     """
     cov = coverage(skipped, codes, skipped_inputs)
     conf = calibrate(raw, verdict, cause, cov)
-    uncapped = calibrate(raw, verdict, cause, None)
+    uncapped = calibrate(raw, verdict, cause, {**cov, "cap": 1.0})  # the same map and share, no cap
     cov["capped"] = bool(conf < uncapped - 1e-9)
     n_off = cov["detectors_total"] - cov["detectors_evaluated"]
     why = [f"{n_off} of {cov['detectors_total']} log detectors not evaluated"] if n_off else []

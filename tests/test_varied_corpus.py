@@ -137,7 +137,8 @@ def test_coverage_cap() -> None:
     conf, cov = calibrate_decision(0.99, "anomaly", "data_batch", skips, codes, 1)
     assert conf <= cov["cap"] and cov["capped"] and cov["note"].startswith("confidence capped at")
     healthy, hcov = calibrate_decision(0.99, "healthy", None, skips, codes, 1)
-    assert not hcov["capped"] and healthy == calibrate(0.99, "healthy", None)  # api.py's factor lowers it instead
+    # no cap on a healthy verdict (api.py's coverage factor lowers it instead): even a cap of 0 leaves it alone
+    assert not hcov["capped"] and healthy == calibrate(0.99, "healthy", None, {**hcov, "cap": 0.0}) > 0.5
 
 
 def test_realrun_loss_only_nan_is_capped() -> None:
