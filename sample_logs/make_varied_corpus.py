@@ -68,9 +68,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from varied_corpus.labels import label  # noqa: E402
-from varied_corpus.spec import HELD_OUT, KINDS, PROFILE_KEYS, Dropped, Spec, draw  # noqa: E402,F401
-from varied_corpus.training import Run, _mods  # noqa: E402,F401
+from varied_labels import label  # noqa: E402
+from varied_spec import HELD_OUT, KINDS, PROFILE_KEYS, Dropped, Spec, draw  # noqa: E402,F401
+from varied_training import Run, _mods  # noqa: E402,F401
 
 
 def ci_subset(n: int = 8, first_seed: int = 2000, per_kind: int = 1) -> list[int]:

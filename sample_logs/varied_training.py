@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from varied_corpus.spec import Spec
-from varied_corpus.writers import Writer
+from varied_spec import Spec
+from varied_writers import Writer
 
 
 def _mods():

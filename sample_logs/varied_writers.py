@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from varied_corpus.spec import PROFILE_KEYS, Spec
+from varied_spec import PROFILE_KEYS, Spec
 
 MEGATRON_KEYS = {"loss", "lr", "grad_norm", "loss_scale", "skipped_step", "eval_loss"}
 """What the Megatron-like stdout log prints (Megatron's default training_log fields)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from varied_corpus.spec import KINDS, Dropped, Spec
-from varied_corpus.training import Run
+from varied_spec import KINDS, Dropped, Spec
+from varied_training import Run
 
 
 def _mean20(vals: list[float]) -> list[float]:
@@ -65,7 +65,7 @@ def fault_vs_twin(spec: Spec, run: Run) -> dict[str, dict[str, float]]:
     first ``TWIN_POINTS`` logged points of the resumed process, in units of the metric's point-to-point noise over
     the 30 logged points before the checkpoint.
     """
-    from varied_corpus.writers import logged_keys
+    from varied_writers import logged_keys
 
     c = run.events["checkpoint"]
     post_logged = [st for st in run.logged[run.logged_index:] if st > c][:TWIN_POINTS]
