@@ -14,15 +14,14 @@ its fingerprint ``cause/mechanism/@onset-bucket``. Runs of one configuration (a 
 compared: onset step and spike count (``SP01`` findings) as a robust z (median/MAD) in the cohort.
 
 Run discovery (:func:`forensics.audit_runs.find_runs`) is documented there; the analysis of one run
-is :func:`forensics.audit_worker.work`.
+is :func:`forensics.audit_worker.work`; how the analyses run (pool, limits, Dask) is
+:mod:`forensics.audit_execute`; the per-run reports and the cache :mod:`forensics.audit_store`; baseline
+status and cohort z :mod:`forensics.audit_cohort`; the index page :func:`reports.audit_report.render_index`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import multiprocessing
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -31,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from forensics import atomic
-from forensics.audit_runs import RunTask, find_runs, list_runs
-from forensics.audit_worker import error_row, work
+from forensics.audit_cohort import MIN_COHORT, cohort_z, mark_status, robust_z
+from forensics.audit_execute import execute
+from forensics.audit_runs import find_runs, list_runs
+from forensics.audit_store import EXT, cache_get, store
 from forensics.errors import InputError
+from forensics.model import Verdict
 
-__all__ = ["COLUMNS", "AuditResult", "audit", "find_runs", "load_baseline"]
+__all__ = ["COLUMNS", "MIN_COHORT", "AuditResult", "audit", "find_runs", "load_baseline", "robust_z"]
 
 COLUMNS: dict[str, str] = {
     "run": "string", "path": "string", "verdict": "string", "cause": "string", "mechanism": "string",
@@ -45,10 +47,6 @@ COLUMNS: dict[str, str] = {
     "report": "string", "cached": "bool", "seconds": "float64",
 }
 """Columns of ``summary.parquet`` / ``summary.json`` rows and their Arrow types."""
-
-MIN_COHORT = 3
-"""Fewest runs with a value in a cohort before a robust z is given (else ``None``)."""
-_EXT = {"html": "html", "json": "json", "markdown": "md", "text": "txt"}
 
 
 @dataclass
@@ -83,7 +81,7 @@ class AuditResult:
 
     def exit_code(self, fail_on_new: bool = False) -> int:
         """1 when a run has an anomaly (with ``fail_on_new``: a ``new`` one), else 0."""
-        bad = [r for r in self.rows if r["verdict"] == "anomaly" and (not fail_on_new or r["status"] == "new")]
+        bad = [r for r in self.rows if r["verdict"] == Verdict.ANOMALY and (not fail_on_new or r["status"] == "new")]
         return 1 if bad else 0
 
 
@@ -127,33 +125,31 @@ def audit(
     t0 = time.perf_counter()
     out = Path(out_dir)
     base = load_baseline(baseline) if baseline is not None else None
-    bad = [f for f in formats if f not in _EXT]
-    if bad or not formats:
-        raise InputError(None, f"unknown report format(s) {bad}; use {sorted(_EXT)}")
+    _check_formats(formats)
     tasks = list_runs(root, exclude=out, storage_options=storage_options, formats=tuple(formats))
     if not tasks:
         raise InputError(root, "no run folders found (no training logs under this root)")
     (out / ".cache").mkdir(parents=True, exist_ok=True)
-    rows: dict[str, dict[str, Any]] = {}
-    todo = []
-    for t in tasks:
-        hit = _cache_get(out, t) if use_cache else None
-        if hit is None:
-            todo.append(t)
-        else:
-            rows[t.run] = hit
+    rows = {t.run: hit for t in tasks if use_cache and (hit := cache_get(out, t)) is not None}
+    todo = [t for t in tasks if t.run not in rows]
     result = AuditResult(root=str(root), out_dir=out, analysed=len(todo), cached=len(rows))
     with _Progress(len(tasks), enabled=progress) as bar:
         bar.advance(len(rows))
-        for task, res in _execute(todo, jobs, scheduler, run_timeout, run_memory):
-            rows[task.run] = _store(out, task, res)
+        for task, res in execute(todo, jobs, scheduler, run_timeout, run_memory):
+            rows[task.run] = store(out, task, res)
             bar.advance(1)
     result.rows = sorted(rows.values(), key=lambda r: r["run"])
-    _mark_status(result.rows, base)
-    _cohort_z(result.rows)
+    mark_status(result.rows, base)
+    cohort_z(result.rows)
     _write_outputs(result)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _check_formats(formats: Sequence[str]) -> None:
+    bad = [f for f in formats if f not in EXT]
+    if bad or not formats:
+        raise InputError(None, f"unknown report format(s) {bad}; use {sorted(EXT)}")
 
 
 def load_baseline(baseline: str | Path | Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
@@ -175,174 +171,6 @@ def load_baseline(baseline: str | Path | Sequence[Mapping[str, Any]]) -> dict[st
     return {str(r["run"]): r.get("fingerprint") for r in rows}
 
 
-# --------------------------------------------------------------------------- execution
-
-
-def _execute(tasks: list[RunTask], jobs: int, scheduler: str | None, timeout: float | None = None,  # noqa: ANN202
-             memory: int | None = None):
-    """Yield ``(task, result)`` as analyses finish: in process, in a process pool, under limits, or on Dask."""
-    if not tasks:
-        return
-    if scheduler:
-        yield from _execute_dask(tasks, scheduler)
-        return
-    if timeout is not None or memory is not None:
-        from forensics.run_limits import run_limited
-
-        for t, status, res in run_limited(tasks, work, jobs=jobs, timeout=timeout, memory=memory):
-            yield t, res if status == "ok" else _failed(t, res)
-        return
-    if jobs <= 1 or len(tasks) == 1:
-        for t in tasks:
-            yield t, work(t)
-        return
-    ctx = multiprocessing.get_context("spawn")  # fork after polars/rayon threads started is unsafe
-    pending = list(tasks)
-    for attempt in range(2):  # a pool that breaks (a worker killed, e.g. out of memory) is rebuilt once
-        broken: list[RunTask] = []
-        # one run at a time per worker bounds its memory; no max_tasks_per_child: it can hang on Python 3.11
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=ctx) as pool:
-            futs = {pool.submit(work, t): t for t in pending}
-            for fut in cf.as_completed(futs):
-                t = futs[fut]
-                try:
-                    yield t, fut.result()
-                except cf.process.BrokenProcessPool as exc:
-                    if attempt == 0:
-                        broken.append(t)
-                    else:
-                        yield t, _failed(t, f"the analysis process died ({exc})")
-                except Exception as exc:  # noqa: BLE001 - one run never stops the audit
-                    yield t, _failed(t, f"{type(exc).__name__}: {exc}")
-        if not broken:
-            return
-        pending = broken
-
-
-def _execute_dask(tasks: list[RunTask], scheduler: str):  # noqa: ANN202 - generator
-    try:
-        from distributed import Client, as_completed
-    except ImportError as exc:
-        raise InputError(None, "--scheduler needs Dask: pip install 'train-forensics[distributed]'") from exc
-    try:
-        client = Client(scheduler, timeout="10s")
-    except (OSError, TimeoutError) as exc:
-        raise InputError(scheduler, f"cannot reach the Dask scheduler: {exc}") from exc
-    with client:
-        futs = client.map(work, tasks, pure=False)
-        by_key = {f.key: t for f, t in zip(futs, tasks, strict=True)}
-        for fut in as_completed(futs):
-            t = by_key[fut.key]
-            try:
-                yield t, fut.result()
-            except Exception as exc:  # noqa: BLE001 - a lost worker becomes an error row
-                yield t, _failed(t, f"{type(exc).__name__}: {exc}")
-            fut.release()
-
-
-def _failed(task: RunTask, message: str) -> dict[str, Any]:
-    return {"row": error_row(task, message), "reports": {}, "cacheable": False}
-
-
-# --------------------------------------------------------------------------- cache and reports
-
-
-def _cache_path(out: Path, task: RunTask) -> Path:
-    return out / ".cache" / f"{task.name}.json"
-
-
-def _whole(path: Path) -> bool:
-    """A report the cache may serve: a regular, non-empty file (a 0-byte one is a killed write)."""
-    try:
-        return path.is_file() and path.stat().st_size > 0
-    except OSError:
-        return False
-
-
-def _cache_get(out: Path, task: RunTask) -> dict[str, Any] | None:
-    try:
-        entry = json.loads(_cache_path(out, task).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or entry.get("key") != task.key or not isinstance(entry.get("row"), dict):
-        return None
-    if not all(_whole(out / "runs" / task.name / f"report.{_EXT[f]}") for f in entry.get("formats", [])):
-        return None
-    if set(task.formats) - set(entry.get("formats", [])) and not entry["row"].get("error"):
-        return None
-    row = dict(entry["row"], path=task.path, cached=True)
-    return row
-
-
-def _store(out: Path, task: RunTask, res: Mapping[str, Any]) -> dict[str, Any]:
-    """Write the run's reports and its cache entry; return its row."""
-    row = dict(res["row"], cached=False)
-    folder = out / "runs" / task.name
-    written = []
-    if res.get("reports"):
-        folder.mkdir(parents=True, exist_ok=True)
-        for fmt, text in res["reports"].items():
-            atomic.write_text(folder / f"report.{_EXT[fmt]}", text)  # a killed write leaves no cut report
-            written.append(fmt)
-    row["report"] = _link(task.name, written)
-    if not res.get("cacheable"):  # a lost worker or a failed download: try again next time
-        _cache_path(out, task).unlink(missing_ok=True)
-        return row
-    entry = {"key": task.key, "formats": written, "row": row}
-    atomic.write_text(_cache_path(out, task), json.dumps(entry, allow_nan=False))  # unique temporary, renamed
-    return row
-
-
-def _link(name: str, formats: Sequence[str]) -> str | None:
-    for fmt in ("html", "json", "markdown", "text"):
-        if fmt in formats:
-            return f"runs/{name}/report.{_EXT[fmt]}"
-    return None
-
-
-# --------------------------------------------------------------------------- baseline and cohorts
-
-
-def _mark_status(rows: list[dict[str, Any]], base: Mapping[str, str | None] | None) -> None:
-    """``new`` / ``known`` for a finding (by fingerprint); ``resolved`` when a baseline finding is gone."""
-    for r in rows:
-        fp, before = r["fingerprint"], (base or {}).get(r["run"])
-        if fp:
-            r["status"] = "known" if base is not None and before == fp else "new"
-        elif before and r["verdict"] == "healthy":
-            r["status"] = "resolved"
-        else:
-            r["status"] = None
-
-
-def robust_z(values: Sequence[float]) -> list[float | None]:
-    """Robust z of each value against the others: ``(x - median) / (1.4826 * MAD)``.
-
-    When the MAD is 0 the mean absolute deviation (x 1.2533) is used; ``None`` for fewer than
-    :data:`MIN_COHORT` values; 0 when every value is equal.
-    """
-    if len(values) < MIN_COHORT:
-        return [None] * len(values)
-    med = statistics.median(values)
-    dev = [abs(v - med) for v in values]
-    scale = 1.4826 * statistics.median(dev) or 1.2533 * statistics.fmean(dev)
-    return [0.0 if not scale else round((v - med) / scale, 3) for v in values]
-
-
-def _cohort_z(rows: list[dict[str, Any]]) -> None:
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        r["onset_z"] = r["spikes_z"] = None
-        if not r["error"]:
-            groups[r["cohort"]].append(r)
-    for members in groups.values():
-        for r, z in zip(members, robust_z([float(r["spike_count"] or 0) for r in members]), strict=True):
-            r["spikes_z"] = z
-        onset = [r for r in members if r["onset_step"] is not None]
-        for r, z in zip(onset, robust_z([float(r["onset_step"]) for r in onset]), strict=True):
-            r["onset_z"] = z
-
-
 # --------------------------------------------------------------------------- outputs
 
 
@@ -352,7 +180,7 @@ def _write_outputs(result: AuditResult) -> None:
 
     from forensics import SCHEMA_VERSION
     from parsers.file_policy import display
-    from reports._common import environment
+    from reports.audit_report import render_index
 
     # a folder name that is not UTF-8 stays readable (escaped) and cannot break the parquet or JSON writer
     rows = [{k: display(v) if isinstance(v, str) else v for k in COLUMNS for v in [r.get(k)]} for r in result.rows]
@@ -368,9 +196,7 @@ def _write_outputs(result: AuditResult) -> None:
     schema = pa.schema([(k, getattr(pa, {"bool": "bool_"}.get(t, t))()) for k, t in COLUMNS.items()])
     table = pa.Table.from_pylist(rows, schema=schema)
     atomic.write_with(out / "summary.parquet", lambda tmp: pq.write_table(table, tmp))
-    html = environment(True).get_template("audit_index.html.j2").render(
-        root=result.root, rows=rows, counts=dict(counts), generated=time.strftime("%Y-%m-%d %H:%M:%S"),
-        outlier=3.5)
+    html = render_index(result.root, rows, dict(counts), generated=time.strftime("%Y-%m-%d %H:%M:%S"))
     atomic.write_text(out / "index.html", html)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from forensics.audit_runs import RunTask, remote_fs
 from forensics.errors import InputError
+from forensics.model import Verdict
 
 _IDENTITY_KEYS = {"seed", "data_seed", "run_name", "run_id", "id", "name", "output_dir", "logging_dir",
                   "resume_from_checkpoint", "hub_model_id", "timestamp", "date", "host", "hostname"}
@@ -116,7 +117,7 @@ def _analyse(task: RunTask, local: str) -> tuple[dict[str, Any], dict[str, str]]
     reports = {fmt: render(analysis, run, fmt) for fmt in task.formats}
     onset = analysis.onset or {}
     last = run.metrics.get_column("step").max() if run.metrics.height else None
-    finding = analysis.verdict in ("anomaly", "transient")
+    finding = analysis.verdict in (Verdict.ANOMALY, Verdict.TRANSIENT)
     row = {
         "run": task.run, "path": task.path, "verdict": analysis.verdict, "cause": analysis.cause,
         "mechanism": analysis.mechanism, "onset_step": onset.get("step"), "onset_segment": onset.get("segment"),

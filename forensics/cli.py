@@ -10,64 +10,28 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from forensics import atomic
-from forensics.errors import ForensicsError
+from forensics.cli_common import (
+    EXIT_ERROR,
+    EXIT_FINDINGS,
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    FORMATS,
+)
+from forensics.cli_common import emit as _emit
+from forensics.cli_common import errors as _errors
+from forensics.cli_common import fail as _fail
+from forensics.cli_common import format_and_output as _format_and_output
+from forensics.cli_common import metric_map as _metric_map
+from forensics.cli_common import shown as _shown
+from forensics.service.cli import serve, watch
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_ERROR = 2
-EXIT_INCONCLUSIVE = 3
-"""The verdict is ``inconclusive``: the training objective was not found (not an error, not healthy)."""
-
-_FORMATS = ("html", "json", "markdown", "md", "text")  # md = markdown; every command takes all of them
-
-
-def _fail(message: str, *, json_error: tuple[str, object] | None = None) -> None:
-    """One line on stderr and exit 2; with ``json_error=(kind, path)`` also one JSON object on stdout.
-
-    The object is ``{"schema_version", "error": {"kind", "message", "path"}}`` (DESIGN.md section 7), so
-    that ``-f json`` automation never parses an empty stdout.
-    """
-    from reports.escape import terminal_line
-
-    click.echo(f"forensics: error: {terminal_line(str(message))}", err=True)  # one line, no escape sequence
-    if json_error is not None:
-        from forensics import SCHEMA_VERSION
-
-        kind, path = json_error
-        click.echo(json.dumps({"schema_version": SCHEMA_VERSION,
-                               "error": {"kind": kind, "message": message, "path": str(path)}}))
-    sys.exit(EXIT_ERROR)
-
-
-@contextmanager
-def _errors(path: object, *, as_json: bool = False) -> Iterator[None]:
-    """The one place errors become a one-line message and exit 2 (STYLE.md item 7).
-
-    Project errors carry their path; OS errors get the file they name (or ``path``); anything
-    else is an internal error, still one line (``FORENSICS_DEBUG=1`` re-raises it). With ``as_json``
-    (``-f json``) the error is also printed as one JSON object on stdout; ``kind`` is ``input`` (a
-    project error: the path cannot be read as a run), ``os`` or ``internal``.
-    """
-    try:
-        yield
-    except ForensicsError as exc:
-        _fail(str(exc), json_error=("input", path) if as_json else None)
-    except OSError as exc:
-        where = getattr(exc, "filename", None) or path
-        _fail(f"{where}: {exc.strerror or exc}", json_error=("os", where) if as_json else None)
-    except Exception as exc:  # noqa: BLE001 - never a traceback on the terminal
-        if os.environ.get("FORENSICS_DEBUG"):
-            raise
-        _fail(f"{path}: internal error {type(exc).__name__}: {exc} (set FORENSICS_DEBUG=1 for the traceback)",
-              json_error=("internal", path) if as_json else None)
-
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_INCONCLUSIVE", "EXIT_OK", "main"]
+_FORMATS = FORMATS  # md = markdown; every command takes all of them
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="train-forensics")
@@ -133,35 +97,13 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             click.echo(_text(analysis, run, color=sys.stderr.isatty(), verbose=verbose), err=True)
         if output is not None:
             click.echo(f"report written to {_shown(output)}", err=True)
-    if analysis.verdict == "inconclusive":
+    from forensics.model import Verdict  # not at the top: ``forensics --help`` stays fast
+
+    if analysis.verdict == Verdict.INCONCLUSIVE:
         sys.exit(EXIT_INCONCLUSIVE)
-    levels = {"healthy": 0, "transient": 1, "anomaly": 2}
+    levels = {Verdict.HEALTHY: 0, Verdict.TRANSIENT: 1, Verdict.ANOMALY: 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
-
-
-def _shown(path: object) -> str:
-    from parsers.file_policy import display
-    from reports.escape import terminal_line
-
-    return terminal_line(display(str(path)))
-
-
-def _metric_map(pairs: tuple[str, ...]) -> dict[str, str]:
-    """``("loss=train/total",)`` -> ``{"loss": "train/total"}``; a malformed pair is a usage error."""
-    out: dict[str, str] = {}
-    for p in pairs:
-        name, sep, column = p.partition("=")
-        if not sep or not name.strip() or not column.strip():
-            raise click.BadParameter(f"{p!r}: expected NAME=COLUMN, e.g. loss=train/total_loss",
-                                     param_hint="--metric")
-        out[name.strip()] = column.strip()
-    return out
-
-
-def _format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:
-    """``md`` means ``markdown``; ``-o -`` means stdout."""
-    return ("markdown" if fmt == "md" else fmt), (None if output is not None and str(output) == "-" else output)
 
 
 def _text(analysis, run, *, color: bool, verbose: bool = False) -> str:  # noqa: ANN001
@@ -274,20 +216,13 @@ def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: P
     finally:
         if follow_symlinks and before is None:
             os.environ.pop("FORENSICS_FOLLOW_SYMLINKS", None)
-    bad = sum(r["verdict"] == "anomaly" for r in res.rows)
-    new = sum(r["verdict"] == "anomaly" and r["status"] == "new" for r in res.rows)
+    from forensics.model import Verdict
+
+    bad = sum(r["verdict"] == Verdict.ANOMALY for r in res.rows)
+    new = sum(r["verdict"] == Verdict.ANOMALY and r["status"] == "new" for r in res.rows)
     click.echo(f"{len(res.rows)} runs ({res.analysed} analysed, {res.cached} cached), {bad} anomalies "
                f"({new} new), {len(res.errors)} unreadable, {res.seconds:.1f} s -> {res.index}", err=True)
     sys.exit(res.exit_code(fail_on_new=fail_on_new))
-
-
-def _emit(payload: str, output: Path | None) -> None:
-    """Write a report to ``output`` (folders created) or to stdout."""
-    if output is None:
-        click.echo(payload, nl=not payload.endswith("\n"))
-        return
-    atomic.write_text(output, payload)
-    click.echo(f"report written to {_shown(output)}", err=True)
 
 
 @main.command()
@@ -306,9 +241,13 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None, summary: b
         from reports.compare_report import render as render_compare
 
         result = run_compare(proxy, target)
-        if fmt == "html" and output is None:
-            output = Path("forensics-compare.html")
-        _emit(render_compare(result, fmt), output)
+        runs = (None, None)
+        if fmt == "html":  # the report's charts draw the two runs' series: the renderer reads nothing itself
+            from forensics.api import load
+
+            runs = (load(proxy), load(target))
+            output = output or Path("forensics-compare.html")
+        _emit(render_compare(result, fmt, *runs), output)
         if output is not None or summary:  # stdout is not the payload, or asked for
             dep, top = result["departure"], (result["explanations"] or [None])[0]
             where = f"{dep['signal']} at step {dep['step']}" if dep else "none"
@@ -349,65 +288,8 @@ def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, t
                            f"{p['predicted_largest_stable_lr']} (range {p['interval']}, {p['method']})", err=True)
 
 
-@main.command()
-@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (non-loopback needs --token).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
-@click.option("--db", type=click.Path(path_type=Path, dir_okay=False), default=Path("forensics-service.db"),
-              show_default=True, help="SQLite database (created and migrated on start).")
-@click.option("--webhook", "hooks", multiple=True, help="POST each new incident here (slack:URL for a Slack body).")
-@click.option("--token", envvar="FORENSICS_TOKEN", default=None,
-              help="Bearer token for writes (and for everything on a non-loopback bind); env FORENSICS_TOKEN.")
-@click.option("--public-url", default=None, help="Base URL used in webhook links (default http://HOST:PORT).")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Analysis processes.")
-@click.option("--analysis-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds one analysis or report may take.")
-@click.option("--rescan", type=click.FloatRange(min=0.2), default=30.0, show_default=True,
-              help="Seconds between full rescans of the roots (network filesystems).")
-@click.option("--no-events", is_flag=True, help="Rescans only (no filesystem events).")
-@click.option("--unreadable-grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds a new run may stay unreadable before it is an incident.")
-@click.option("--settle", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="Seconds without a change after which a run's alerts are final (no onset confirmation).")
-def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[str, ...], token: str | None,
-          public_url: str | None, workers: int, analysis_timeout: float, rescan: float, no_events: bool,
-          unreadable_grace: float, settle: float) -> None:
-    """Watch ROOT... for runs, alert at the onset, keep every incident, serve API, UI and reports."""
-    with _errors(roots[0]):
-        import uvicorn
+main.add_command(serve)
+main.add_command(watch)
 
-        from forensics.service.app import create_app
-        from forensics.service.scheduler import ServiceConfig
-
-        cfg = ServiceConfig(roots=list(roots), host=host, port=port, db=db, webhooks=list(hooks), token=token,
-                            base_url=public_url, workers=workers, analysis_timeout_s=analysis_timeout,
-                            rescan_s=rescan, events=not no_events, unreadable_grace_s=unreadable_grace,
-                            settle_s=settle)
-        if not cfg.loopback and token is None:
-            _fail(f"{host}: a non-loopback bind needs --token (or FORENSICS_TOKEN)")
-        app = create_app(cfg)
-        click.echo(f"forensics serve: {', '.join(str(r) for r in cfg.roots)} on {cfg.base_url} (db {db})", err=True)
-        if cfg.token_generated:
-            click.echo(f"write token (this start only): {cfg.token}  UI login: {cfg.base_url}/login", err=True)
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-
-
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between looks at the logs.")
-@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=300.0, show_default=True,
-              help="The run has ended when no new record arrived for this long.")
-@click.option("--final-step", type=click.IntRange(min=1), default=None,
-              help="The run has ended at this step (default: from its config: max_steps, steps, ...).")
-@click.option("--webhook", "hooks", multiple=True, help="POST each alert here (slack:URL for a Slack body).")
-def watch(run_dir: Path, interval: float, idle_timeout: float, final_step: int | None, hooks: tuple[str, ...]) -> None:
-    """Follow one live run: print the first alert with its onset; exit 1 on an anomaly, 0 when it ends healthy."""
-    with _errors(run_dir):
-        from forensics.service.live import watch as follow
-
-        if not run_dir.is_dir():
-            _fail(f"{run_dir}: not a directory (give the run folder)")
-        code = follow(run_dir, interval_s=interval, idle_timeout_s=idle_timeout, final_step=final_step,
-                      hooks=hooks, echo=lambda s: click.echo(s, err=not s.startswith("ALERT")))
-    sys.exit(code)
+if __name__ == "__main__":
+    main()

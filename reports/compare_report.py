@@ -15,6 +15,7 @@ from markupsafe import Markup
 
 import forensics
 from reports._common import compact, dispatch, environment, fmt_conf, md_cell, plain
+from reports.escape import md_code, md_name, md_text, terminal_line
 
 if TYPE_CHECKING:
     from forensics.model import RunData
@@ -30,20 +31,24 @@ def render_json(result: dict[str, Any]) -> str:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
-    """A ticket-ready Markdown summary: departure, differences, explanations, trial."""
+    """A ticket-ready Markdown summary: departure, differences, explanations, trial.
+
+    Every text from the runs (paths, metric and setting names, values, sentences built from them) goes
+    through :mod:`reports.escape` (paths as code spans, names through ``md_name``, prose through ``md_text``).
+    """
     dep = result.get("departure")
-    lines = [f"# compare: `{result['proxy']}` (proxy) vs `{result['target']}` (target)", ""]
+    lines = [f"# compare: {md_code(result['proxy'])} (proxy) vs {md_code(result['target'])} (target)", ""]
     if dep:
         gap = dep.get("gap")
         extra = (f" (gap {gap:.3g}" + (f", target x{dep['ratio']:.3g} the proxy" if dep.get("ratio") else " nats")
                  + (f", at {dep['tokens']:.4g} tokens" if dep.get("tokens") is not None else "") + ")"
                  ) if isinstance(gap, float) else ""
-        lines.append(f"**Departure:** {dep['signal']} at step {dep['step']}{extra}")
+        lines.append(f"**Departure:** {md_name(dep['signal'])} at step {dep['step']}{extra}")
     else:
         lines.append("**Departure:** none (the target stays inside the proxy's band on every aligned signal)")
     per = result.get("departures") or {}
     if per:
-        lines.append("Per signal: " + ", ".join(f"{k} {'step ' + str(v['step']) if v else '-'}"
+        lines.append("Per signal: " + ", ".join(f"{md_name(k)} {'step ' + str(v['step']) if v else '-'}"
                                                  for k, v in per.items()) + f" (aligned by {result.get('alignment')}).")
     lines += ["", "## Differences", ""]
     if result["differences"]:
@@ -56,41 +61,49 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("No configuration difference found in the settings both runs record.")
     lines += ["", "## Explanations (ranked)", ""]
     for i, e in enumerate(result["explanations"][:6], 1):
-        lines.append(f"{i}. **{e['setting'] or '(no recorded setting)'}** - {e['mechanism']}, "
-                     f"confidence {fmt_conf(e['confidence'])}")
+        setting = md_name(e["setting"]) if e["setting"] else "(no recorded setting)"
+        lines.append(f"{i}. **{setting}** - {md_name(e['mechanism'])}, confidence {fmt_conf(e['confidence'])}")
         lines += [f"   - for: {md_cell(x)}" for x in e["for"][:4]]
         lines += [f"   - against: {md_cell(x)}" for x in e["against"][:3]]
         if e.get("decided_by"):
             lines.append(f"   - decided by: {md_cell('; '.join(e['decided_by']))}")
     if not result["explanations"]:
         lines.append("None: no difference that matters and no finding in the target.")
+    return "\n".join(lines + _markdown_tail(result)) + "\n"
+
+
+def _markdown_tail(result: dict[str, Any]) -> list[str]:
+    """Markdown after the explanations: peak lr or warm-up, the muP check, the trial, the target's analysis."""
+    lines: list[str] = []
     ev = result.get("lr_evidence")
     if ev:
         lines += ["", "## Peak lr or warm-up", "",
-                  f"{ev['why']}. Points at: `{ev['decides']}` (from the {ev['source']})."]
+                  f"{md_text(ev['why'])}. Points at: `{ev['decides']}` (from the {ev['source']})."]
         if ev.get("separate"):
-            lines.append(f"What would separate them: {ev['separate']}.")
+            lines.append(f"What would separate them: {md_text(ev['separate'])}.")
     mc = result.get("mup_check")
     if mc:
-        lines += ["", "## muP check", "", f"{mc['verdict']}.", "", "| check | status | detail |", "|---|---|---|"]
-        lines += [f"| {md_cell(c['what'])} | {c['status']} | {md_cell(c['detail'])} |" for c in mc["checks"]]
+        lines += ["", "## muP check", "", f"{md_text(mc['verdict'])}.", "", "| check | status | detail |",
+                  "|---|---|---|"]
+        lines += [f"| {md_cell(c['what'])} | {md_cell(c['status'])} | {md_cell(c['detail'])} |" for c in mc["checks"]]
         lines += ["", "Not verifiable from configs and logs: "
-                  + "; ".join(mc["not_verifiable"] + mc["also_not_verifiable"]) + "."]
+                  + md_text("; ".join(mc["not_verifiable"] + mc["also_not_verifiable"])) + "."]
     t = result.get("trial")
     lines += ["", "## Trial", ""]
     if t:
-        lines += [f"**{t['name']}** ({t['steps']} steps): {t['change']}.", f"Control: {t['control']}."]
-        lines += [f"- success: {c}" for c in t["success_criteria"]]
+        lines += [f"**{md_text(t['name'])}** ({t['steps']} steps): {md_text(t['change'])}.",
+                  f"Control: {md_text(t['control'])}."]
+        lines += [f"- success: {md_text(c)}" for c in t["success_criteria"]]
     else:
         lines.append("No trial: no explanation names a setting to restore.")
     ta = result.get("target_analysis")
     if ta:
-        lines += ["", f"Target's own analysis: {ta['summary']}"]
-    return "\n".join(lines) + "\n"
+        lines += ["", f"Target's own analysis: {md_text(ta['summary'])}"]
+    return lines
 
 
 def render_text(result: dict[str, Any]) -> str:
-    """The terminal summary: departure, the top explanations, the trial (plain lines)."""
+    """The terminal summary: departure, the top explanations, the trial (plain lines, no control character)."""
     dep = result.get("departure")
     rows = [("proxy", str(result["proxy"])), ("target", str(result["target"])),
             ("departure", f"{dep['signal']} at step {dep['step']}" if dep else
@@ -112,17 +125,7 @@ def render_text(result: dict[str, Any]) -> str:
     if ta:
         rows.append(("target alone", str(ta["summary"])))
     width = max(len(k) for k, _ in rows) + 1
-    return "".join(f"{(k + ':') if k else '':<{width}} {' '.join(str(v).split())}\n" for k, v in rows)
-
-
-def _load(path: str) -> RunData | None:
-    from forensics.api import load
-    from forensics.errors import ForensicsError
-
-    try:
-        return load(path)
-    except ForensicsError:
-        return None
+    return "".join(f"{(k + ':') if k else '':<{width}} {terminal_line(' '.join(str(v).split()))}\n" for k, v in rows)
 
 
 def overlay_charts(result: dict[str, Any], proxy: RunData, target: RunData) -> list[Chart]:
@@ -178,9 +181,14 @@ def overlay_charts(result: dict[str, Any], proxy: RunData, target: RunData) -> l
 
 def render_html(result: dict[str, Any], proxy: RunData | None = None, target: RunData | None = None,
                 *, generated_at: datetime | None = None) -> str:
-    """The self-contained HTML report (charts need the runs: loaded from the result's paths when not given)."""
-    proxy = proxy if proxy is not None else _load(result["proxy"])
-    target = target if target is not None else _load(result["target"])
+    """The self-contained HTML report; the overlay charts are drawn only when the caller passes both runs.
+
+    Args:
+        result: :func:`forensics.compare.compare`'s output.
+        proxy: The proxy run (its series are drawn); ``None``: no charts.
+        target: The target run; ``None``: no charts.
+        generated_at: The time written in the footer (default: now).
+    """
     charts = []
     if proxy is not None and target is not None:
         charts = [{"id": c.id, "title": c.title, "caption": c.caption, "svg": Markup(c.svg)}
@@ -192,11 +200,19 @@ def render_html(result: dict[str, Any], proxy: RunData | None = None, target: Ru
     return environment(True).get_template("compare.html.j2").render(**view)
 
 
-def render(result: dict[str, Any], fmt: str) -> str:
+def render(result: dict[str, Any], fmt: str, proxy: RunData | None = None, target: RunData | None = None) -> str:
     """Render a compare result as ``html``, ``json``, ``markdown`` or ``text``.
+
+    Args:
+        result: :func:`forensics.compare.compare`'s output.
+        fmt: The format.
+        proxy: The proxy run, for the HTML report's charts (the renderer reads nothing itself).
+        target: The target run, likewise.
 
     Raises:
         ValueError: an unknown format.
     """
+    if fmt == "html":
+        return render_html(result, proxy, target)
     return dispatch(result, fmt, {"html": render_html, "json": render_json, "markdown": render_markdown,
                                   "text": render_text})

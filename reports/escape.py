@@ -6,7 +6,8 @@ output has exactly one function here, applied at its render boundary:
 - HTML (:func:`html_text`, the Jinja ``finalize`` of the HTML environment before autoescape):
   bidirectional controls (U+202E reverses the run name in a header) and other invisible format
   characters are shown as ``<U+202E>``; control characters as ``\xNN``; autoescape does the rest.
-- Markdown (:func:`md_text` for prose, :func:`md_code` for a code span): every ASCII punctuation
+- Markdown (:func:`md_text` for prose, :func:`md_code` for a code span, :func:`md_name` for a metric or
+  setting name inside prose): every ASCII punctuation
   character with a meaning in CommonMark or GFM is backslash-escaped, so no raw HTML (``<script>``,
   ``<img onerror>``), no link or image (``javascript:``, remote images) and no emphasis can come
   from a name; a code span is fenced with one backtick more than the longest run inside it, so a
@@ -98,6 +99,21 @@ def md_code(text: str) -> str:
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_]*[A-Za-z0-9])?"
+_MD_NAME = re.compile(rf"(?!www\.)(?=[A-Za-z]){_PART}(?:[./-]{_PART})*")
+
+
+def md_name(text: str) -> str:
+    """A metric or setting name in Markdown prose: as is when it cannot mean anything there, else a code span.
+
+    As is: ASCII letters, digits and ``_``, parts joined by ``.``, ``/`` or ``-``, starting with a letter and
+    ending with a letter or digit (``attn_logit_max``, ``train/loss``): an intraword ``_`` opens no emphasis
+    in CommonMark. Anything else (markup, backticks, controls, a leading ``_``) goes through :func:`md_code`.
+    """
+    text = str(text)
+    return text if _MD_NAME.fullmatch(text) else md_code(text)
 
 
 def md_cell(text: str) -> str:

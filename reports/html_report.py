@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from markupsafe import Markup
 
 import forensics
-from forensics.model import Analysis
+from forensics.model import Analysis, Severity
 from reports._common import environment, flatten, key_evidence, pretty_json
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ MAX_EXTRA_METRICS = 12
 MAX_LAYER_GROUPS = 8
 """Per-layer metric groups charted at most."""
 
-_SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+_SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}  # Severity is declared lowest first
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -78,8 +78,8 @@ def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], 
         the findings reference), every series a finding on the causal chain used (loss first; see
         :func:`reports.interactive.chain_metrics`), and per-layer groups ``{base: [base/layer0, ...]}``.
     """
+    from reports.chart_data import chain_metrics
     from reports.charts import DEFAULT_METRICS
-    from reports.interactive import chain_metrics
 
     names = run.metric_names
     refs = referenced_metrics(analysis, names)
@@ -114,7 +114,7 @@ def build_charts(analysis: Analysis, run: RunData) -> ChartSet:
 
 def analysis_chain_extra(analysis: Analysis, run: RunData) -> list[str]:
     """Chain series without a full-run panel yet (a step-time finding gets a step-time panel)."""
-    from reports.interactive import chain_metrics
+    from reports.chart_data import chain_metrics
 
     return [m for m in chain_metrics(analysis, run) if "/" not in m]
 
@@ -156,73 +156,16 @@ def _plan_view(analysis: Analysis, run: RunData | None, cons: Consistent) -> dic
 
 
 def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> dict[str, Any]:
-    from reports._plain import certainty, consistent, glossary, headline, launch_blocks
-    from reports.interactive import config_json
+    from reports._plain import certainty, consistent, glossary, headline
 
     cons = consistent(analysis, run)
     onset = dict(analysis.onset) if analysis.onset else None
-    onset_findings = [
-        f for f in analysis.findings if onset is not None and f.step == onset.get("step")
-    ]
-    chartset = None
-    if run is not None and run.metrics.height > 0:
-        chartset = build_charts(analysis, run)
-    names = run.metric_names if run is not None and run.metrics.height else []
-    panels = {p.metric: p.id for p in chartset.main} if chartset else {}
-    zpanels = {p.metric: p.id for p in chartset.zoom} if chartset else {}
-    span = 1
-    if run is not None and run.metrics.height:
-        col = run.metrics.get_column("step")
-        span = max(1, int(col.max()) - int(col.min()))  # type: ignore[arg-type]
-    half = max(20, span // 50)
-    if chartset is not None and chartset.window:
-        half = max(10, (chartset.window[1] - chartset.window[0]) // 2)
-    findings = [
-        {
-            "code": f.code, "name": f.name, "step": f.step, "segment": f.segment, "cause": f.cause,
-            "mechanism": f.mechanism, "confidence": f.confidence, "severity": f.severity,
-            "severity_rank": _SEVERITY_RANK.get(f.severity, 0), "message": f.message,
-            "key_evidence": key_evidence(f.evidence), "evidence_json": pretty_json(f.evidence),
-            "against": list(f.against), "at_onset": f in onset_findings,
-            "chart": _target(f, names, panels, zpanels) if chartset and f.step is not None else None,
-            "half": half,
-        }
-        for f in analysis.findings
-    ]
-    rec = analysis.recovery
-    recovery = None
-    if rec is not None:
-        rf = dict(rec.resume_from)
-        recovery = {
-            "checkpoint": rf.get("checkpoint"), "step": rf.get("step"), "why": rf.get("why", ""),
-            "resume_extra": {k: v for k, v in rf.items() if k not in ("checkpoint", "step", "why")},
-            "restore": list(rec.restore),
-            "trials": [{"name": t.name, "change": t.change, "steps": t.steps, "settings": dict(t.settings),
-                        "blocks": [b.__dict__ for b in launch_blocks(t.settings, rf)]}
-                       for t in rec.trials],
-            "success_criteria": list(cons.success_criteria), "do_not": list(rec.do_not),
-        }
+    onset_findings = [f for f in analysis.findings if onset is not None and f.step == onset.get("step")]
+    chartset = build_charts(analysis, run) if run is not None and run.metrics.height > 0 else None
     config: Mapping[str, Any] = analysis.meta
     config_from = "analysis"
     if not config and run is not None and run.meta:
         config, config_from = run.meta, "run"
-    charts: dict[str, Any] = {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [],
-                              "window": None, "resources": "", "script": "", "config": "{}", "chain": [],
-                              "overlay_names": []}
-    if chartset is not None:
-        def panel(p: Any) -> dict[str, Any]:
-            return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
-                    "kind": p.kind, "log": p.log}
-
-        charts = {
-            "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],
-            "layers": [panel(p) for p in chartset.layers], "constant": chartset.constant,
-            "zoom_constant": chartset.zoom_constant, "window": chartset.window,
-            # BokehJS and Bokeh's document script: library output (Bokeh escapes the JSON it embeds)
-            "resources": Markup(chartset.resources), "script": Markup(chartset.script),
-            "config": config_json(chartset.config), "chain": chartset.chain,
-            "overlay_names": list(chartset.config.get("overlay", [])),
-        }
     hyps = cons.hypotheses
     return {
         "run": str(analysis.run),
@@ -241,23 +184,92 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
         "removed": [r.__dict__ for r in cons.removed],
         "onset": onset,
         "onset_findings": [{"code": f.code, "name": f.name, "message": f.message} for f in onset_findings],
-        "findings": findings,
+        "findings": _findings_view(analysis, run, chartset, onset_findings),
         "hypotheses": [
             {"cause": h.cause, "mechanism": h.mechanism, "confidence": h.confidence,
              "support": list(h.support), "against": list(h.against)}
             for h in hyps
         ],
-        "recovery": recovery,
+        "recovery": _recovery_view(analysis, cons),
         "sources": [{"path": s.path, "format": s.format, "records": s.records, "segments": s.segments}
                     for s in analysis.sources],
         "skipped": [{"what": s.what, "reason": s.reason} for s in analysis.skipped],
         "config": flatten(config),
         "config_from": config_from,
-        "charts": charts,
+        "charts": _charts_view(chartset),
         "has_run": run is not None,
         "generated_at": generated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "version": forensics.__version__,
         "schema_version": forensics.SCHEMA_VERSION,
+    }
+
+
+def _findings_view(analysis: Analysis, run: RunData | None, chartset: Any,
+                   onset_findings: list[Finding]) -> list[dict[str, Any]]:
+    """Every finding as the template shows it, with the chart panel and half-window its link zooms to."""
+    names = run.metric_names if run is not None and run.metrics.height else []
+    panels = {p.metric: p.id for p in chartset.main} if chartset else {}
+    zpanels = {p.metric: p.id for p in chartset.zoom} if chartset else {}
+    span = 1
+    if run is not None and run.metrics.height:
+        col = run.metrics.get_column("step")
+        span = max(1, int(col.max()) - int(col.min()))  # type: ignore[arg-type]
+    half = max(20, span // 50)
+    if chartset is not None and chartset.window:
+        half = max(10, (chartset.window[1] - chartset.window[0]) // 2)
+    return [
+        {
+            "code": f.code, "name": f.name, "step": f.step, "segment": f.segment, "cause": f.cause,
+            "mechanism": f.mechanism, "confidence": f.confidence, "severity": f.severity,
+            "severity_rank": _SEVERITY_RANK.get(f.severity, 0), "message": f.message,
+            "key_evidence": key_evidence(f.evidence), "evidence_json": pretty_json(f.evidence),
+            "against": list(f.against), "at_onset": f in onset_findings,
+            "chart": _target(f, names, panels, zpanels) if chartset and f.step is not None else None,
+            "half": half,
+        }
+        for f in analysis.findings
+    ]
+
+
+def _recovery_view(analysis: Analysis, cons: Any) -> dict[str, Any] | None:
+    """The recovery plan as the template shows it: resume point, restores, trials with launch blocks."""
+    from reports._plain import launch_blocks
+
+    rec = analysis.recovery
+    if rec is None:
+        return None
+    rf = dict(rec.resume_from)
+    return {
+        "checkpoint": rf.get("checkpoint"), "step": rf.get("step"), "why": rf.get("why", ""),
+        "resume_extra": {k: v for k, v in rf.items() if k not in ("checkpoint", "step", "why")},
+        "restore": list(rec.restore),
+        "trials": [{"name": t.name, "change": t.change, "steps": t.steps, "settings": dict(t.settings),
+                    "blocks": [b.__dict__ for b in launch_blocks(t.settings, rf)]}
+                   for t in rec.trials],
+        "success_criteria": list(cons.success_criteria), "do_not": list(rec.do_not),
+    }
+
+
+def _charts_view(chartset: Any) -> dict[str, Any]:
+    """The interactive charts' panels, BokehJS and document script (empty without a run)."""
+    from reports.interactive import config_json
+
+    if chartset is None:
+        return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
+                "resources": "", "script": "", "config": "{}", "chain": [], "overlay_names": []}
+
+    def panel(p: Any) -> dict[str, Any]:
+        return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
+                "kind": p.kind, "log": p.log}
+
+    return {
+        "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],
+        "layers": [panel(p) for p in chartset.layers], "constant": chartset.constant,
+        "zoom_constant": chartset.zoom_constant, "window": chartset.window,
+        # BokehJS and Bokeh's document script: library output (Bokeh escapes the JSON it embeds)
+        "resources": Markup(chartset.resources), "script": Markup(chartset.script),
+        "config": config_json(chartset.config), "chain": chartset.chain,
+        "overlay_names": list(chartset.config.get("overlay", [])),
     }
 
 

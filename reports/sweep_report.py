@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 import forensics
 from reports._common import dispatch, environment, fmt_num, md_cell, plain
+from reports.escape import md_code, md_name, md_text, terminal_line
 
 FORMATS = ("html", "json", "markdown", "text")
 _COLORS = ("#1f5fa8", "#c62828", "#2e7d32", "#8e44ad", "#b9770e", "#00838f", "#ad1457", "#5d4037")
@@ -34,15 +35,15 @@ def render_json(result: dict[str, Any]) -> str:
 
 def render_markdown(result: dict[str, Any]) -> str:
     """Markdown: one summary table of the groups, one table of runs per group, the size trends."""
-    lines = [f"# sweep: `{result['root']}`", "", "| group | LR sensitivity | best lr | largest stable lr | runs |",
-             "|---|---|---|---|---|"]
+    lines = [f"# sweep: {md_code(result['root'])}", "",
+             "| group | LR sensitivity | best lr | largest stable lr | runs |", "|---|---|---|---|---|"]
     for g in result["groups"]:
         lines.append(f"| {md_cell(group_label(g['key']))} | {fmt_num(g['lr_sensitivity'])} | {fmt_num(g['best_lr'])} "
                      f"| {fmt_num(g['largest_stable_lr'])} | {len(g['runs'])} |")
     lines += ["", "LR sensitivity = E_lr[min(L(lr), L0)] - min_lr L(lr) (Wortsman et al. 2023, arXiv 2309.14322, "
               "s2.2); L0 = loss at initialisation. Lower is flatter."]
     for g in result["groups"]:
-        lines += ["", f"## {group_label(g['key'])}", "", "| lr | final loss | diverged | divergence step | "
+        lines += ["", f"## {md_text(group_label(g['key']))}", "", "| lr | final loss | diverged | divergence step | "
                   "attn logit max (end) | log Z drift |", "|---|---|---|---|---|---|"]
         for r in g["runs"]:
             s = r["signatures"]
@@ -50,7 +51,8 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{fmt_num(r['divergence_step'])} | {fmt_num(s.get('attn_logit_max_end'))} | "
                          f"{fmt_num(s.get('log_z_drift'))} |")
     if result.get("nesting"):
-        lines += ["", "Grouped by: " + " > ".join(result["nesting"]) + " (as the folders nest them)."]
+        nest = " > ".join(md_name(k) for k in result["nesting"])
+        lines += ["", f"Grouped by: {nest} (as the folders nest them)."]
     if result.get("size_trends"):
         lines += ["", "## Size trends (log max of the signal vs log size, at a fixed lr)", "",
                   "| group | size | lr | signal | points | slope | predicted at target |",
@@ -60,7 +62,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             pred = (f"{fmt_num(t['predicted'])} at {t.get('size_key', 'd_model')} {fmt_num(t.get('target_size'))}"
                     if t["predicted"] is not None else "-")
             lines.append(f"| {md_cell(group_label(t['key']))} | {t.get('size_key', 'd_model')} | {fmt_num(t['lr'])} | "
-                         f"{t['signal']} | {pts} | {fmt_num(t['slope'])} | {pred} |")
+                         f"{md_cell(t['signal'])} | {pts} | {fmt_num(t['slope'])} | {pred} |")
     for p in result.get("size_predictions", []):
         meas = ", ".join(f"{k}: {fmt_num(v)}" for k, v in p["measured"].items())
         lines += ["", f"## Largest stable lr at {p['size_key']} {fmt_num(p['target_size'])} "
@@ -69,17 +71,17 @@ def render_markdown(result: dict[str, Any]) -> str:
                   + (f" (range {fmt_num(p['interval'][0])} - {fmt_num(p['interval'][1])})" if p.get("interval") else "")
                   + f", method {p['method'] or '-'}."]
         if p.get("signal"):
-            lines.append(p["signal"]["why"] + ".")
-        lines += [f"- {n}" for n in p["notes"]]
+            lines.append(md_text(p["signal"]["why"]) + ".")
+        lines += [f"- {md_text(n)}" for n in p["notes"]]
     for n in result.get("notes", []):
-        lines += ["", f"Note: {n}"]
+        lines += ["", f"Note: {md_text(n)}"]
     for s in result.get("skipped", []):
-        lines += [f"Skipped `{s['what']}`: {s['reason']}"]
+        lines += [f"Skipped {md_code(s['what'])}: {md_text(s['reason'])}"]
     return "\n".join(lines) + "\n"
 
 
 def render_text(result: dict[str, Any]) -> str:
-    """The terminal summary: one line per group, then one line per run (plain text)."""
+    """The terminal summary: one line per group, then one line per run (plain text, no control character)."""
     lines = [f"sweep: {result['root']}"]
     for g in result["groups"]:
         lines.append(f"{group_label(g['key'])}: LR sensitivity {fmt_num(g['lr_sensitivity'])}, best lr "
@@ -96,7 +98,7 @@ def render_text(result: dict[str, Any]) -> str:
                      f"{fmt_num(t['slope'])}{pred}")
     lines += [f"note: {n}" for n in result.get("notes", [])]
     lines += [f"skipped {s['what']}: {s['reason']}" for s in result.get("skipped", [])]
-    return "\n".join(" ".join(ln.split()) if not ln.startswith("  ") else "  " + " ".join(ln.split())
+    return "\n".join(terminal_line(" ".join(ln.split()) if not ln.startswith("  ") else "  " + " ".join(ln.split()))
                      for ln in lines) + "\n"
 
 

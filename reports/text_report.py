@@ -12,7 +12,7 @@ from __future__ import annotations
 from io import StringIO
 from typing import TYPE_CHECKING
 
-from forensics.model import Analysis
+from forensics.model import Analysis, Verdict
 from reports._common import fmt_conf, oneline, onset_label
 from reports._plain import consistent, explain, headline, launch_blocks, proof
 from reports.escape import terminal
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 TOP_FINDINGS = 3
 TOP_SKIPPED = 1
 _VERDICT_STYLE = {
-    "anomaly": "bold white on red", "transient": "bold black on yellow", "healthy": "bold white on green",
-    "inconclusive": "bold black on white",
+    Verdict.ANOMALY: "bold white on red", Verdict.TRANSIENT: "bold black on yellow",
+    Verdict.HEALTHY: "bold white on green", Verdict.INCONCLUSIVE: "bold black on white",
 }
 
 
@@ -54,7 +54,7 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
         where = f"step {step}" if step is not None else "start"
         where += f" ({ckpt})" if ckpt else " (no checkpoint)"
         why = rec.resume_from.get("why")
-        label = "keep training" if a.verdict == "transient" and not ckpt else "resume from"
+        label = "keep training" if a.verdict == Verdict.TRANSIENT and not ckpt else "resume from"
         rows.append((label, where + (f": {oneline(why)}" if why else ""), "bold"))
         if rec.trials:
             t = rec.trials[0]

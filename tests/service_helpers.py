@@ -128,3 +128,10 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self._fh.close()
+
+
+def hold_memory(mib: int, seconds: float) -> int:
+    """Hold ``mib`` MiB (touched, so resident) for ``seconds``; a job for the worker-pool memory-limit test."""
+    block = bytearray(b"\x01") * (mib << 20)
+    time.sleep(seconds)
+    return len(block)

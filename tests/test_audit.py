@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from forensics import audit as audit_mod
+from forensics import audit_execute
 from forensics.audit import COLUMNS, audit, find_runs
 from forensics.cli import main
 
@@ -143,13 +144,13 @@ def test_second_audit_is_served_from_the_cache(root: Path, tmp_path: Path, monke
     out = tmp_path / "out"
     first = audit(root, out, formats=("json",), progress=False)
     calls: list[str] = []
-    real = audit_mod.work
+    real = audit_execute.work
 
     def counting(task):  # noqa: ANN001, ANN202
         calls.append(task.run)
         return real(task)
 
-    monkeypatch.setattr(audit_mod, "work", counting)
+    monkeypatch.setattr(audit_execute, "work", counting)
     second = audit(root, out, formats=("json",), progress=False)
     assert calls == [] and second.analysed == 0 and second.cached == len(first.rows)
     assert all(r["cached"] for r in second.rows) and _stable(second.rows) == _stable(first.rows)
@@ -299,3 +300,39 @@ def test_dask_cluster_over_s3_gives_the_local_rows(s3: list[Path], local_audit, 
                        formats=("json",), progress=False)
     names = [d.name for d in s3]
     assert _stable(remote.rows) == _stable([r for r in local_audit.rows if r["run"] in names])
+
+
+def test_cli_audit_passes_the_run_limits(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forensics audit`` always analyses under per-run limits (the API's default is none).
+
+    900 s and 8 GiB unless told otherwise; ``--run-timeout``/``--run-memory`` set them; a malformed size is a
+    usage error.
+    """
+    seen: list[dict] = []
+
+    def recording(root_arg, out_dir, **kwargs):  # noqa: ANN001, ANN202
+        seen.append(kwargs)
+        return audit_mod.AuditResult(root=str(root_arg), out_dir=Path(out_dir))
+
+    monkeypatch.setattr(audit_mod, "audit", recording)
+    assert CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "a")]).exit_code == 0
+    assert CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "b"), "--run-timeout", "5",
+                                     "--run-memory", "512MiB"]).exit_code == 0
+    assert [(k["run_timeout"], k["run_memory"]) for k in seen] == [(900.0, 8 << 30), (5.0, 512 << 20)]
+    bad = CliRunner().invoke(main, ["audit", str(root), "-o", str(tmp_path / "c"), "--run-memory", "lots"])
+    assert bad.exit_code == 2 and "not a size" in bad.output
+
+
+def test_cli_audit_run_over_its_memory_budget_is_an_error_row(root: Path, tmp_path: Path) -> None:
+    """A run whose analysis holds more than ``--run-memory`` is stopped: an error row, the audit completes."""
+    from forensics.run_limits import rss_bytes
+
+    if rss_bytes(os.getpid()) is None:
+        pytest.skip("no /proc/<pid>/statm: resident memory is not sampled here")
+    small = _copy(sorted(root.iterdir())[:2], tmp_path / "small")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["audit", str(small), "-o", str(out), "--no-cache", "--run-memory", "40MiB"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))["rows"]
+    assert len(rows) == 2 and all("over budget" in (r["error"] or "") for r in rows), rows
+    assert (out / "index.html").stat().st_size > 0

@@ -87,3 +87,18 @@ def test_md_alias_and_dash_means_stdout(tmp_path: Path, monkeypatch: pytest.Monk
     res = _run("analyze", str(SAMPLES / "healthy"), "-f", "md", "-o", "-")
     assert res.exit_code == 0 and res.stdout.startswith("# train-forensics")
     assert not (tmp_path / "-").exists()
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    """``python -m forensics.cli`` is the same command line (every command listed, serve and watch included)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-m", "forensics.cli", "--help"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for command in ("analyze", "audit", "compare", "sweep", "serve", "watch", "ingest", "detectors"):
+        assert f"  {command} " in res.stdout

@@ -184,8 +184,11 @@ def test_compare_json_contract(pair_result: dict) -> None:
 
 
 def test_compare_html_and_markdown(pair_result: dict) -> None:
-    """HTML is self-contained with overlay charts; Markdown names the departure."""
-    html = render_compare(pair_result, "html")
+    """HTML is self-contained with overlay charts of the runs it is given; Markdown names the departure."""
+    from forensics.api import load
+
+    assert render_compare(pair_result, "html").count("<svg") == 0  # the renderer reads no run itself
+    html = render_compare(pair_result, "html", load(PAIR / "proxy"), load(PAIR / "target"))
     assert html.count("<svg") >= 3 and "departs" in html and "qk_layernorm" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
     md = render_compare(pair_result, "markdown")

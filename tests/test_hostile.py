@@ -272,3 +272,52 @@ def test_cli_follow_symlinks_flag(tmp_path: Path) -> None:
     assert {"data", "config.yaml"} <= {s["what"] for s in a["skipped"]}
     assert "data/train.log" not in json.dumps(a["sources"]) and "data/train.log" in json.dumps(b["sources"])
     assert "FORENSICS_FOLLOW_SYMLINKS" not in os.environ
+
+
+def _hostile_sweep(base: Path) -> Path:
+    """A sweep root whose runs sit in a folder named with escapes, markup, bidi and a non-UTF-8 byte.
+
+    Four runs of the committed sweep, beside a run folder so named that holds nothing readable (a skipped
+    entry).
+    """
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "sample_logs" / "sweep"
+    root = base / "sweep"
+    evil = os.fsencode("sw" + hg.INJECT + "\u202e<img src=x onerror=alert(2)>`x`") + b"\xff"
+    parent = os.path.join(os.fsencode(root), evil)
+    runs = sorted(p for p in src.iterdir() if p.name.startswith("d64_qkln-off"))[:4]
+    if len(runs) < 2:
+        pytest.skip("the committed sweep sample is missing")
+    for run in runs:
+        shutil.copytree(run, os.fsdecode(os.path.join(parent, os.fsencode(run.name))))
+    junk = os.path.join(os.fsencode(root), evil + b"_junk")
+    os.mkdir(junk)
+    with open(os.path.join(junk, b"metrics.jsonl"), "w") as fh:
+        fh.write('{"step": 1, "acc": 0.5}\n')  # a run without a loss or a peak lr: skipped
+    return root
+
+
+@pytest.mark.parametrize("command", ["sweep", "compare"])
+def test_compare_and_sweep_reports_escape_hostile_names(command: str, tmp_path: Path) -> None:
+    """Sweep and compare reports of runs in hostile folders: every format written and escaped.
+
+    Markdown inert, HTML without a raw script or bidi override, text and stderr without a control
+    sequence, JSON valid UTF-8 with the non-UTF-8 byte escaped.
+    """
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    root = _hostile_sweep(tmp_path / "runs")
+    runs = sorted(p for p in next(p for p in root.iterdir() if not p.name.endswith("_junk")).iterdir())
+    args = [command, str(root)] if command == "sweep" else [command, str(runs[0]), str(runs[-1])]
+    out = tmp_path / "out"
+    for fmt, ext in (("json", "json"), ("html", "html"), ("markdown", "md"), ("text", "txt")):
+        res = CliRunner().invoke(main, [*args, "-f", fmt, "-o", str(out / f"r.{ext}"), "--summary"])
+        assert res.exit_code == 0, res.output[-2000:]
+        assert "\x1b" not in res.output and "\x07" not in res.output
+    assert sorted(p.name for p in out.iterdir()) == ["r.html", "r.json", "r.md", "r.txt"]
+    assert hg.problems(out) == []
+    report = json.loads((out / "r.json").read_text(encoding="utf-8"))  # valid UTF-8 JSON, names escaped
+    assert "\\xff" in json.dumps(report) or "\\udcff" in json.dumps(report)

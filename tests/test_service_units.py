@@ -241,3 +241,94 @@ def test_worker_time_limit_kills_and_replaces_the_worker() -> None:
         assert pool.run("run", os.getpid) != first
     finally:
         pool.close()
+
+
+def test_worker_memory_limit_kills_and_replaces_the_worker() -> None:
+    """A job whose worker holds more than the memory limit is a JobError ("over budget"); a fresh worker follows."""
+    import time
+
+    from service_helpers import hold_memory
+
+    from forensics.run_limits import rss_bytes
+    from forensics.service.worker import JobError, WorkerPool
+
+    if rss_bytes(os.getpid()) is None:
+        pytest.skip("no /proc/<pid>/statm: resident memory is not sampled here")
+    pool = WorkerPool(1, timeout_s=60, memory=400 << 20)
+    try:
+        first = pool.run("run", os.getpid)
+        assert pool.run("run", hold_memory, 8, 0.0) == 8 << 20  # under the limit: answered
+        t0 = time.monotonic()
+        with pytest.raises(JobError, match="over budget"):
+            pool.run("run", hold_memory, 800, 30.0)
+        assert time.monotonic() - t0 < 20
+        assert pool.run("run", os.getpid) != first
+    finally:
+        pool.close()
+
+
+
+def test_ui_pages_show_hostile_run_names_inert(tmp_path: Path) -> None:
+    r"""A run named with a bidi override, markup and an escape sequence: the UI pages keep it inert.
+
+    The name is autoescaped and its controls shown (``<U+202E>``, ``\x1b``), never the raw characters.
+    """
+    import asyncio
+
+    import httpx
+
+    from forensics.service.app import create_app
+    from forensics.service.scheduler import ServiceConfig
+
+    app = create_app(ServiceConfig(roots=[tmp_path], db=tmp_path / "s.db", token="t0ken"))
+    name = "run\u202eTNEM<script>alert(1)</script>\x1b]0;t\x07"
+    svc = app.state.service
+    rid = svc.db.upsert_run(str(tmp_path), str(tmp_path / "r"), name)
+    svc.db.store_error(rid, f"{name}: cannot be read")
+
+    async def go() -> list[str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            return [(await c.get(u)).text for u in ("/runs", f"/runs/{rid}", "/compare")]
+
+    for page in asyncio.run(go()):
+        assert "\u202e" not in page and "\x1b" not in page and "<script>alert" not in page
+    assert "run&lt;U+202E&gt;TNEM&lt;script&gt;" in asyncio.run(go())[0]
+    svc.db.close()
+
+
+def test_run_named_with_a_non_utf8_byte_is_analysed_and_served(tmp_path: Path) -> None:
+    r"""A run folder whose name is not UTF-8: stored escaped (``run\xff``), analysed, its report and page served."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from forensics.service.app import create_app
+    from forensics.service.scheduler import ServiceConfig
+
+    root = (tmp_path / "root").resolve()
+    root.mkdir()
+    bad = os.path.join(os.fsencode(root), b"run\xff")
+    os.mkdir(bad)
+    with open(os.path.join(bad, b"metrics.jsonl"), "w") as fh:
+        fh.writelines(json.dumps({"step": s, "loss": 2.0 - s * 0.01}) + "\n" for s in range(50))
+    app = create_app(ServiceConfig(roots=[root], db=tmp_path / "s.db", token="t0ken", workers=1, events=False,
+                                   rescan_s=3600, unreadable_grace_s=0))
+    svc = app.state.service
+
+    async def go() -> tuple[dict, int, str, str]:
+        await svc.start()
+        try:
+            row = await svc.analyze(str(root), os.fsdecode(bad))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+                runs = (await c.get("/api/runs")).json()
+                report = await c.get(f"/api/runs/{row['id']}/report.html")
+                page = (await c.get(f"/runs/{row['id']}")).text
+            return runs, report.status_code, report.text, page
+        finally:
+            await svc.stop()
+
+    runs, status, report, page = asyncio.run(go())
+    assert [r["name"] for r in runs] == ["root/run\\xff"] and runs[0]["verdict"] and not runs[0]["error"]
+    assert status == 200 and "<html" in report.lower()
+    assert "run\\xff" in page

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from forensics.model import Cause, Severity, Verdict
 from forensics.service.db import Database
 
 PRECURSOR_CONFIDENCE = 0.5
@@ -102,7 +103,7 @@ def _find(obj: Any, keys: tuple[str, ...], depth: int = 0) -> str | None:
 def alerts_of(body: dict[str, Any]) -> list[Alert]:
     """The alerts one analysis (the JSON contract as a dict) raises (module docstring)."""
     findings = body.get("findings") or []
-    if body.get("verdict") == "anomaly":
+    if body.get("verdict") == Verdict.ANOMALY:
         onset = body.get("onset") or {}
         mine = [f for f in findings if f.get("cause") == body.get("cause")]
         return [Alert("anomaly", body.get("cause"), body.get("mechanism"), onset.get("step"), onset.get("segment"),
@@ -110,12 +111,13 @@ def alerts_of(body: dict[str, Any]) -> list[Alert]:
                       node=_find(mine, _NODE_KEYS), shard=_find(mine, _SHARD_KEYS))]
     early = [f for f in findings
              if f.get("step") is not None
-             and ((f.get("cause") == "update_scale_growth" and float(f.get("confidence") or 0) >= PRECURSOR_CONFIDENCE)
+             and ((f.get("cause") == Cause.UPDATE_SCALE_GROWTH
+                   and float(f.get("confidence") or 0) >= PRECURSOR_CONFIDENCE)
                   or f.get("code") in EARLY_CODES)]
     if not early:
         return []
     f = min(early, key=lambda f: f["step"])
-    cause = f.get("cause") or ("overflow" if f.get("code") == "OV01" else None)
+    cause = f.get("cause") or (Cause.OVERFLOW if f.get("code") == "OV01" else None)
     msg = f"early warning: {f.get('code')} {f.get('name')} at step {f['step']}: {f.get('message', '')}".strip()
     return [Alert("early_warning", cause, f.get("mechanism"), int(f["step"]), f.get("segment"), msg[:500],
                   node=_find(f, _NODE_KEYS), shard=_find(f, _SHARD_KEYS))]
@@ -139,7 +141,7 @@ class Confirmer:
             last_step: The last step read.
             final: The run has stopped changing: every alert stands as it is.
         """
-        critical = final or any(f.get("severity") == "critical" for f in body.get("findings") or [])
+        critical = final or any(f.get("severity") == Severity.CRITICAL for f in body.get("findings") or [])
         out, live = [], set()
         for a in alerts:
             key = (run, a.cause or a.kind)

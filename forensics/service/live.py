@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forensics.model import Verdict
 from forensics.service import incidents as inc
 from forensics.service import webhooks
 
@@ -76,7 +77,7 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
                     ended = f"the run reached its final step {end}"
                 _alert(confirmer.update(str(run_dir), inc.alerts_of(body), body, last_step, final=ended is not None),
                        seen, body, run_dir, last_step, hooks, echo)
-                if body.get("verdict") == "anomaly" and seen:
+                if body.get("verdict") == Verdict.ANOMALY and seen:
                     echo(body.get("summary", "anomaly"))
                     return 1
             elif time.monotonic() - last_change > idle_timeout_s:
@@ -86,7 +87,7 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, idle_timeout_s: float = 300
             if ended is not None:
                 verdict = (body or {}).get("verdict")
                 echo(f"{ended}: {(body or {}).get('summary', verdict)}")
-                return 1 if verdict == "anomaly" else 0
+                return 1 if verdict == Verdict.ANOMALY else 0
             time.sleep(interval_s)
     finally:
         reader.close()

@@ -42,6 +42,9 @@ class ServiceConfig:
         base_url: The URL links in webhook bodies start with (default ``http://host:port``).
         workers: Worker processes for analyses.
         analysis_timeout_s: Time limit of one analysis or report.
+        analysis_memory: Resident bytes one worker may hold during an analysis or report (``None``: no
+            limit); past it the worker is killed and the run becomes an ``unreadable`` incident, as a run
+            over the time limit does.
         rescan_s: Seconds between full rescans of the roots.
         events: Use filesystem events as well as rescans.
         debounce_s: Quiet time after a change before a run is analysed.
@@ -62,6 +65,7 @@ class ServiceConfig:
     base_url: str | None = None
     workers: int = 2
     analysis_timeout_s: float = 120.0
+    analysis_memory: int | None = 8 << 30
     rescan_s: float = 30.0
     events: bool = True
     debounce_s: float = 0.3
@@ -108,13 +112,15 @@ class Service:
         self._sem: asyncio.Semaphore | None = None
         self.analyses_done = 0
         self.confirmer = inc.Confirmer()
+        self._real: dict[str, str] = {}  # path as stored (escaped) -> the real path, for a name that is not UTF-8
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the workers, the watcher, the scheduler and the delivery loop."""
         self._loop = asyncio.get_running_loop()
         self._sem = asyncio.Semaphore(max(2, 2 * self.cfg.workers))
-        self.pool = await asyncio.to_thread(WorkerPool, self.cfg.workers, self.cfg.analysis_timeout_s)
+        self.pool = await asyncio.to_thread(WorkerPool, self.cfg.workers, self.cfg.analysis_timeout_s,
+                                            self.cfg.analysis_memory)
         self.watcher = Watcher(self.cfg.roots, self.mark_dirty, rescan_s=self.cfg.rescan_s, events=self.cfg.events,
                                exclude=(self.cfg.db.resolve(),))
         await asyncio.to_thread(self.watcher.start)
@@ -204,10 +210,31 @@ class Service:
         self._deliver_wake.set()
         return row
 
+    def stored(self, path: str) -> str:
+        r"""``path`` as the database keeps it: valid UTF-8 (bytes that are not UTF-8 escaped as ``\xNN``).
+
+        The real path of an escaped one is remembered for :meth:`real_path` (the watcher finds it again
+        after a restart).
+        """
+        from parsers.file_policy import display
+
+        shown = display(path)
+        if shown != path:
+            self._real[shown] = path
+        return shown
+
+    def real_path(self, stored: str) -> str:
+        """The real path of a path as the database keeps it (the same string unless it was escaped)."""
+        return self._real.get(stored, stored)
+
     def _record(self, root: str, path: str, result: dict[str, Any], elapsed: float,
                 changed_at: float | None) -> dict[str, Any]:
         name = Path(path).relative_to(Path(root).parent).as_posix() if Path(path) != Path(root) else Path(path).name
-        run_id = self.db.upsert_run(root, path, name)
+        run_id = self.db.upsert_run(self.stored(root), self.stored(path), self.stored(name))
+        if not result.get("ok"):  # the message names the path: escaped like it
+            from parsers.file_policy import display
+
+            result = dict(result, error=display(str(result.get("error"))))
         self.metrics.analysis_seconds.observe(elapsed)
         self.metrics.analyses.labels("ok" if result.get("ok") else "error").inc()
         self.analyses_done += 1
@@ -244,5 +271,5 @@ class Service:
             if incident is not None and self.cfg.webhooks:
                 webhooks.enqueue(conn, incident, body, self.cfg.base_url or "", self.cfg.webhooks)
 
-        inc.record(self.db, run_id, path, alerts, aid, result.get("last_step"), on_open=outbox)
+        inc.record(self.db, run_id, self.stored(path), alerts, aid, result.get("last_step"), on_open=outbox)
         return self.db.one("SELECT * FROM runs WHERE id = ?", (run_id,)) or {}

@@ -5,9 +5,10 @@ Analyses never run in the web process. :class:`WorkerPool` holds ``n`` single-pr
 job for one run to the same one (the run's path hashed), so each worker keeps that run's
 :class:`parsers.incremental.IncrementalReader` state and its last loaded tables: an update costs the
 appended records, and a report request renders from tables already in memory. A job that runs past
-its time limit, or a worker that dies (a parser crash), is ended by killing that worker's process;
-the executor is replaced and the job reports an error, which the service turns into an
-``unreadable`` incident.
+its time limit, whose worker's resident memory goes past the memory limit (sampled every
+:data:`forensics.run_limits.POLL_S` seconds, as ``audit`` does), or a worker that dies (a parser crash),
+is ended by killing that worker's process; the executor is replaced and the job reports an error
+("over budget: ..."), which the service turns into an ``unreadable`` incident.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ analysed beyond these are forgotten and read in full at their next change (memor
 
 
 class JobError(Exception):
-    """A job that did not finish: time limit, dead worker, or an error inside it (``str`` says which)."""
+    """A job that did not finish: time or memory limit, dead worker, or an error inside it (``str`` says which)."""
+
+
+class _OverMemory(Exception):
+    def __init__(self, rss: int) -> None:
+        super().__init__(rss)
+        self.rss = rss
 
 
 def _reader() -> Any:
@@ -141,7 +148,9 @@ def compare_job(proxy: str, proxy_root: str, target: str, target_root: str) -> s
         for p in Path(run).rglob("*"):
             if p.is_symlink() and not p.resolve().is_relative_to(real_root):
                 raise InputError(p, "symlink out of the watched root: not compared")
-    return render_html(compare(proxy, target))
+    from forensics.api import load
+
+    return render_html(compare(proxy, target), load(proxy), load(target))
 
 
 def _warm() -> int:
@@ -157,11 +166,13 @@ class WorkerPool:
     Args:
         n: Worker processes.
         timeout_s: Time limit of one job (analysis or render), seconds.
+        memory: Resident bytes one worker may hold while it runs a job (``None``: no limit).
     """
 
-    def __init__(self, n: int = 2, timeout_s: float = 120.0) -> None:
+    def __init__(self, n: int = 2, timeout_s: float = 120.0, memory: int | None = None) -> None:
         self.n = max(1, n)
         self.timeout_s = timeout_s
+        self.memory = memory
         self._ctx = mp.get_context("spawn")
         self._slots = [self._new() for _ in range(self.n)]
         self._locks = [threading.Lock() for _ in range(self.n)]
@@ -173,14 +184,14 @@ class WorkerPool:
 
     def slot(self, key: str) -> int:
         """The worker index for a run path (stable)."""
-        return zlib.crc32(key.encode()) % self.n
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n  # a name that is not UTF-8 too
 
     def run(self, key: str, fn: Any, *args: Any, timeout_s: float | None = None) -> Any:
         """Run ``fn(*args)`` on the run's worker and wait (call from a thread, never the event loop).
 
         Raises:
-            JobError: The time limit passed (the worker is killed and replaced), the worker died, or
-                ``fn`` raised (its message kept).
+            JobError: The time or memory limit passed (the worker is killed and replaced), the worker
+                died, or ``fn`` raised (its message kept).
         """
         i = self.slot(key)
         limit = self.timeout_s if timeout_s is None else timeout_s
@@ -192,15 +203,42 @@ class WorkerPool:
             fut = self._slots[i].submit(fn, *args)
             ex = self._slots[i]
         try:
-            return fut.result(timeout=limit)
+            return self._wait(fut, ex, limit)
         except cf.TimeoutError:
             self._replace(i, ex, kill=True)
             raise JobError(f"{key}: analysis stopped after {limit:g} s (time limit)") from None
+        except _OverMemory as exc:
+            self._replace(i, ex, kill=True)
+            raise JobError(f"{key}: over budget: the analysis held {exc.rss / 2**20:.0f} MiB (limit "
+                           f"{self.memory / 2**20:.0f} MiB) and was stopped") from None
         except cf.BrokenExecutor:
             self._replace(i, ex)
             raise JobError(f"{key}: the worker process died while reading this run") from None
         except Exception as exc:  # noqa: BLE001 - the job's own error, one line
             raise JobError(f"{key}: {type(exc).__name__}: {exc}") from None
+
+    def _wait(self, fut: cf.Future, ex: cf.ProcessPoolExecutor, limit: float) -> Any:
+        """The job's result; its worker's memory sampled while it runs (when a limit is set).
+
+        Raises:
+            concurrent.futures.TimeoutError: ``limit`` seconds passed.
+            _OverMemory: The worker held more than :attr:`memory` bytes.
+        """
+        if not self.memory:
+            return fut.result(timeout=limit)
+        from forensics.run_limits import POLL_S, rss_bytes
+
+        end = time.monotonic() + limit
+        while True:
+            try:
+                return fut.result(timeout=max(0.0, min(POLL_S, end - time.monotonic())))
+            except cf.TimeoutError:
+                if time.monotonic() >= end:
+                    raise
+            for pid in list(getattr(ex, "_processes", {})):
+                rss = rss_bytes(int(pid))
+                if rss is not None and rss > self.memory:
+                    raise _OverMemory(rss)
 
     def _replace(self, i: int, old: cf.ProcessPoolExecutor, kill: bool = False) -> None:
         with self._locks[i]:
