@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.engine import decide
-from forensics.model import Analysis, RunData
+from forensics.model import Analysis, Cause, RunData, Verdict
 from forensics.recovery import plan
 from parsers.file_policy import display
 
@@ -89,6 +89,16 @@ def _step_axis(run: RunData) -> dict[str, object] | None:
     return {"column": meta.get("step_key") or meta.get("step_source") or "step", "kind": kind, "source": s.source}
 
 
+SKIPPED_INPUT_WEIGHT = 0.03
+"""Each skipped or damaged input lowers a healthy verdict's confidence by this (our choice)..."""
+SKIPPED_INPUTS_CAP = 0.15
+"""...by at most this in all."""
+SKIPPED_DETECTOR_WEIGHT = 0.02
+"""Each detector that could not run lowers it by this (our choice)..."""
+SKIPPED_DETECTORS_CAP = 0.2
+"""...by at most this in all."""
+
+
 def _coverage(run: RunData, skipped_detectors: int) -> tuple[float, list[str]]:
     """How much the verdict's confidence is lowered by what was not read or not evaluated, and why.
 
@@ -97,7 +107,8 @@ def _coverage(run: RunData, skipped_detectors: int) -> tuple[float, list[str]]:
     choice (no published calibration), stated here so that a report can say them.
     """
     inputs = len(run.skipped)
-    factor = 1.0 - min(0.15, 0.03 * inputs) - min(0.2, 0.02 * skipped_detectors)
+    factor = (1.0 - min(SKIPPED_INPUTS_CAP, SKIPPED_INPUT_WEIGHT * inputs)
+              - min(SKIPPED_DETECTORS_CAP, SKIPPED_DETECTOR_WEIGHT * skipped_detectors))
     notes = []
     if inputs:
         notes.append(f"{inputs} input(s) skipped or damaged")
@@ -116,31 +127,22 @@ def analyze_run(run: RunData) -> Analysis:
     if "objective" not in run.meta:
         _resolve_objective(run, {})
     d = decide(run)
-    main_ev: dict[str, object] = {}
-    if d.cause and d.cause != "unknown":
-        fs = [f for f in d.findings if f.cause == d.cause]
-        if fs:
-            main_ev = dict(max(fs, key=lambda f: f.confidence).evidence)
-        growth = [f for f in d.findings if f.cause == "update_scale_growth" and f.confidence >= 0.5]
-        if d.cause != "update_scale_growth" and growth:
-            main_ev["growth_precursor"] = {"code": growth[0].code, "mechanism": growth[0].mechanism,
-                                           "step": growth[0].step}
     recovery = None
-    if d.verdict in ("anomaly", "transient"):
-        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, main_ev,
-                        transient=d.verdict == "transient")
+    if d.verdict in (Verdict.ANOMALY, Verdict.TRANSIENT):
+        recovery = plan(run, d.cause, d.mechanism, d.onset["step"] if d.onset else None, dict(d.main_evidence),
+                        transient=d.verdict == Verdict.TRANSIENT, facts=d.facts, findings=d.findings)
     verdict, confidence = d.verdict, d.confidence
     factor, notes = _coverage(run, len(d.skipped))
-    inconclusive = verdict == "healthy" and not run.meta.get("objective")
-    if verdict in ("healthy",):
+    inconclusive = verdict == Verdict.HEALTHY and not run.meta.get("objective")
+    if verdict == Verdict.HEALTHY:
         confidence = confidence * factor
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
     if inconclusive:
         from forensics.objective import how_to_map
 
-        verdict, confidence = "inconclusive", 0.0
+        verdict, confidence = Verdict.INCONCLUSIVE, 0.0
         summary = "inconclusive: " + how_to_map(run.metrics) + "."
-    elif notes and verdict == "healthy":
+    elif notes and verdict == Verdict.HEALTHY:
         summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
     meta["coverage"] = {"factor": factor, "why": notes or ["everything found was read and every detector ran"],
@@ -169,9 +171,9 @@ def analyze(path: str | Path) -> Analysis:
 
 def _summary(verdict: str, cause: str | None, mech: str | None, conf: float, onset: dict[str, int] | None,
              failure: int | None) -> str:
-    if verdict == "healthy":
+    if verdict == Verdict.HEALTHY:
         return "healthy: no anomalous step found."
-    what = cause or "unknown"
+    what = cause or Cause.UNKNOWN
     if mech:
         what += f" ({mech})"
     s = f"{verdict}: {what}, confidence {conf:.2f}"

@@ -338,7 +338,9 @@ class RunData:
         """Canonical metric names present, sorted."""
         if self.metrics.height == 0:
             return []
-        return sorted(self.metrics.get_column("metric").unique().to_list())
+        if "__metric_names__" not in self._cache:  # one pass over the long table per run (cleared with the cache)
+            self._cache["__metric_names__"] = sorted(self.metrics.get_column("metric").unique().to_list())  # type: ignore[assignment]
+        return list(self._cache["__metric_names__"])  # type: ignore[arg-type]
 
     def has(self, metric: str) -> bool:
         """True when the metric has at least one row."""
@@ -354,7 +356,10 @@ class RunData:
 
     def raw(self, metric: str) -> pl.DataFrame:
         """Every row of one metric, all sources and segments, in read order."""
-        return self.metrics.filter(pl.col("metric") == metric)
+        if "__by_metric__" not in self._cache:  # one pass over the long table per run, not one filter per metric
+            self._cache["__by_metric__"] = self.metrics.partition_by("metric", as_dict=True)  # type: ignore[assignment]
+        part = self._cache["__by_metric__"].get((metric,))  # type: ignore[union-attr]
+        return part if part is not None else self.metrics.clear()
 
     def series(self, metric: str) -> Series | None:
         """The effective timeline of one metric (see :class:`Series`), or ``None`` if absent.

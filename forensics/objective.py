@@ -76,6 +76,10 @@ def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.D
 def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None, dict[str, Any]]:
     """Find the objective; returns the metrics (maybe with added ``loss`` rows), the objective, and the names.
 
+    In this order: the training loss read directly (a constant-zero placeholder demoted, a loss logged as an
+    interval statistic taken by its mean), the sum of its logged components, a promoted loss-function name,
+    then an evaluation objective.
+
     Returns:
         ``(metrics, objective, names)``: ``objective`` is ``{"metric", "tags", "kind", "why"}`` or ``None``;
         ``names`` maps each raw tag to ``{"metric", "why"}`` (only tags whose name changed, plus demotions).
@@ -84,74 +88,15 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     if metrics.height == 0:
         return metrics, None, names
     metrics = _single_eval_part(metrics, names)
-    pairs = metrics.select("tag", "metric").unique().sort("tag").iter_rows()
-    for tag, metric in pairs:
-        if tag != metric:
-            canon, why = explain_metric(tag)
-            if canon != metric:
-                why = "named by its reader (a format-specific rule)"
-            names[tag] = {"metric": metric, "why": why}
-    loss = metrics.filter(pl.col("metric") == "loss")
-    if loss.height and _constant_zero(loss):
-        tags = sorted(set(loss.get_column("tag").to_list()))
-        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
-                                       .otherwise(pl.col("metric")).alias("metric"))
-        for t in tags:
-            names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}
-        loss = metrics.filter(pl.col("metric") == "loss")
-    if not loss.height:  # the loss logged as a statistic over the interval: ``Loss/loss`` {mean, std, num}
-        for cand in ("loss/mean", "loss/loss", "loss/loss/mean"):
-            df = metrics.filter(pl.col("metric") == cand)
-            if df.height and not _constant_zero(df):
-                metrics = metrics.with_columns(pl.when(pl.col("metric") == cand).then(pl.lit("loss"))
-                                               .otherwise(pl.col("metric")).alias("metric"))
-                for t in sorted(set(df.get_column("tag").to_list())):
-                    names[t] = {"metric": "loss", "why": f"{cand}: the loss (its mean over each logging interval)"}
-                loss = metrics.filter(pl.col("metric") == "loss")
-                break
+    _reader_names(metrics, names)
+    metrics, loss = _direct_loss(metrics, names)
     if loss.height:
         tags = sorted(set(loss.get_column("tag").to_list()))
         return metrics, {"metric": "loss", "tags": tags, "kind": "training",
                          "why": "the training objective, read directly: " + ", ".join(tags)}, names
-    parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
-    if parts.height:
-        # a part logged as statistics (``loss/G/loss/mean``, ``/std``, ``/num``): its mean is the part
-        plain = set(parts.get_column("metric").unique().to_list())
-        parts = parts.with_columns(
-            pl.when(pl.col("metric").str.ends_with("/mean")
-                    & ~pl.col("metric").str.replace(r"/mean$", "").is_in(list(plain)))
-            .then(pl.col("metric").str.replace(r"/mean$", "")).otherwise(pl.col("metric")).alias("metric"))
-        parts = parts.filter(~pl.col("metric").str.contains(_STAT))
-        keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
-        keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
-        zero = sorted(set(parts.get_column("metric").unique().to_list()) - set(keep))
-        if keep:
-            sub = parts.filter(pl.col("metric").is_in(keep))
-            # per (source, segment, step): the sum over the parts, only where every part was logged
-            agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
-                   .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
-                   .filter(pl.col("n") == len(keep)))
-            if agg.height:
-                tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
-                rows = agg.select(
-                    "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
-                    pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
-                    pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
-                metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-                why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
-                       f"{agg.height} steps where all were logged (the objective of detection and RLHF "
-                       f"trainers is their sum)")
-                if zero:
-                    why += f"; constant-zero component(s) left out: {', '.join(zero)}"
-                return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)",
-                                 "why": why}, names
-            top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
-            rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
-            metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-            why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
-                   f"same steps; the most logged one, {top}, is taken")
-            return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
-                             "kind": "training (one component)", "why": why}, names
+    summed = _loss_parts(metrics)
+    if summed is not None:
+        return summed[0], summed[1], names
     promoted = _promote(metrics)
     if promoted is not None:
         tag, kind, why = promoted
@@ -167,6 +112,85 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                              "why": f"no training loss was logged; the evaluation objective {m} ({', '.join(tags)}) "
                                     "is the only objective read"}, names
     return metrics, None, names
+
+
+def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
+    """Record in ``names`` why each raw tag got the canonical name its reader gave it."""
+    for tag, metric in metrics.select("tag", "metric").unique().sort("tag").iter_rows():
+        if tag != metric:
+            canon, why = explain_metric(tag)
+            if canon != metric:
+                why = "named by its reader (a format-specific rule)"
+            names[tag] = {"metric": metric, "why": why}
+
+
+def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
+    loss = metrics.filter(pl.col("metric") == "loss")
+    if loss.height and _constant_zero(loss):
+        tags = sorted(set(loss.get_column("tag").to_list()))
+        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
+                                       .otherwise(pl.col("metric")).alias("metric"))
+        for t in tags:
+            names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}
+        loss = metrics.filter(pl.col("metric") == "loss")
+    if loss.height:
+        return metrics, loss
+    for cand in ("loss/mean", "loss/loss", "loss/loss/mean"):  # ``Loss/loss`` {mean, std, num} per interval
+        df = metrics.filter(pl.col("metric") == cand)
+        if df.height and not _constant_zero(df):
+            metrics = metrics.with_columns(pl.when(pl.col("metric") == cand).then(pl.lit("loss"))
+                                           .otherwise(pl.col("metric")).alias("metric"))
+            for t in sorted(set(df.get_column("tag").to_list())):
+                names[t] = {"metric": "loss", "why": f"{cand}: the loss (its mean over each logging interval)"}
+            return metrics, metrics.filter(pl.col("metric") == "loss")
+    return metrics, loss
+
+
+def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | None:
+    """(metrics with ``loss`` rows added, objective) from the loss's logged components, or None without any.
+
+    The components (``loss/<part>``, or their ``/mean`` statistic) are summed per (source, segment, step) where
+    every one was logged; when they never share a step, the most logged one is taken.
+    """
+    parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
+    if not parts.height:
+        return None
+    plain = set(parts.get_column("metric").unique().to_list())
+    parts = parts.with_columns(
+        pl.when(pl.col("metric").str.ends_with("/mean")
+                & ~pl.col("metric").str.replace(r"/mean$", "").is_in(list(plain)))
+        .then(pl.col("metric").str.replace(r"/mean$", "")).otherwise(pl.col("metric")).alias("metric"))
+    parts = parts.filter(~pl.col("metric").str.contains(_STAT))
+    keep = [m for m, g in parts.group_by("metric") if not _constant_zero(g)]
+    keep = sorted(k[0] if isinstance(k, tuple) else k for k in keep)
+    zero = sorted(set(parts.get_column("metric").unique().to_list()) - set(keep))
+    if not keep:
+        return None
+    sub = parts.filter(pl.col("metric").is_in(keep))
+    agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
+           .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
+           .filter(pl.col("n") == len(keep)))
+    if agg.height:
+        tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
+        rows = agg.select(
+            "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
+            pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
+            pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
+        metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+        why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
+               f"{agg.height} steps where all were logged (the objective of detection and RLHF "
+               f"trainers is their sum)")
+        if zero:
+            why += f"; constant-zero component(s) left out: {', '.join(zero)}"
+        return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)", "why": why}
+    top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
+    rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
+    metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+    why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
+           f"same steps; the most logged one, {top}, is taken")
+    return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
+                     "kind": "training (one component)", "why": why}
 
 
 _STAT = r"/(?:mean|num|std|min|max|count|sum)$"

@@ -8,6 +8,8 @@ computed on a log scale for positive, multiplicative series (loss, grad norm, up
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
@@ -115,3 +117,212 @@ def backtrack_onset(z: np.ndarray, index: int, threshold: float = 3.0) -> int:
     while i - 1 >= 0 and np.isfinite(z[i - 1]) and z[i - 1] >= threshold:
         i -= 1
     return i
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A sustained rise of a series above the trend of its own early part.
+
+    Attributes:
+        onset_step: first step of the sustained excursion above the baseline trend.
+        onset_index: its position.
+        baseline: value the baseline trend predicts at the onset (linear units).
+        last: last finite value; ``growth`` = last / value at onset (linear units).
+        sigma: robust noise of the baseline residuals (log units when ``log``).
+        slope_after: Theil-Sen slope after the onset (log units per step when ``log``).
+    """
+
+    onset_step: int
+    onset_index: int
+    baseline: float
+    last: float
+    growth: float
+    sigma: float
+    slope_after: float
+
+
+def mad_sigma(x: np.ndarray) -> float:
+    """Robust standard deviation: :data:`MAD_TO_SIGMA` * median(|x - median(x)|); NaN for an empty array.
+
+    Args:
+        x: float array of any shape (flattened); it must be finite (use ``np.nanmedian`` callers otherwise).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return float("nan")
+    return MAD_TO_SIGMA * float(np.median(np.abs(x - np.median(x))))
+
+
+def sustained_rise(
+    steps: np.ndarray,
+    values: np.ndarray,
+    *,
+    log: bool = True,
+    baseline_frac: float = 0.25,
+    min_baseline: int = 8,
+    k_sigma: float = 4.0,
+    min_rel: float = 0.05,
+    min_run: int = 5,
+    hold_frac: float = 0.8,
+) -> Drift | None:
+    """Find where a series leaves the robust linear trend of its early part for good.
+
+    The baseline trend is a Huber robust linear fit (:func:`robust_trend`) over the first
+    ``baseline_frac`` of the points (at least ``min_baseline``); the noise is 1.4826 * MAD of its
+    residuals. The onset is the first point from which the residual exceeds
+    max(k_sigma * sigma, log(1 + min_rel)) for ``min_run`` consecutive points and for at least
+    ``hold_frac`` of all the remaining points (a drift that stays, not a spike).
+
+    Args:
+        steps: int array (n,), increasing.
+        values: float array (n,); non-finite points are ignored.
+        log: work on log values (positive series).
+        baseline_frac: share of points used to fit the baseline.
+        min_baseline: minimum number of baseline points.
+        k_sigma: residual threshold in robust sigmas.
+        min_rel: minimum relative excursion (guards perfectly smooth series).
+        min_run: consecutive points above the threshold needed at the onset.
+        hold_frac: share of the remaining points that must stay above.
+
+    Returns:
+        A :class:`Drift`, or None when there is no sustained rise.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    st = np.asarray(steps, dtype=np.float64)
+    ok = np.isfinite(v) & ((v > 0) if log else True)
+    return sustained_rise_many(st[ok], v[ok][None, :], np.flatnonzero(ok), log=log, baseline_frac=baseline_frac,
+                               min_baseline=min_baseline, k_sigma=k_sigma, min_rel=min_rel, min_run=min_run,
+                               hold_frac=hold_frac)[0]
+
+
+def sustained_rise_many(
+    steps: np.ndarray, values: np.ndarray, index: np.ndarray | None = None, *, log: bool = True,
+    baseline_frac: float = 0.25, min_baseline: int = 8, k_sigma: float = 4.0, min_rel: float = 0.05,
+    min_run: int = 5, hold_frac: float = 0.8,
+) -> list[Drift | None]:
+    """:func:`sustained_rise` of several series on one step axis at once (per-layer metrics as one frame).
+
+    Args:
+        steps: float or int array (n,), increasing, shared by every row.
+        values: float array (L, n), every value finite (and positive when ``log``).
+        index: position of each column in the caller's series (``Drift.onset_index``); default 0..n-1.
+        log: work on log values.
+        baseline_frac: share of points used to fit the baseline.
+        min_baseline: minimum number of baseline points.
+        k_sigma: residual threshold in robust sigmas.
+        min_rel: minimum relative excursion.
+        min_run: consecutive points above the threshold needed at the onset.
+        hold_frac: share of the remaining points that must stay above.
+
+    Returns:
+        One :class:`Drift` or None per row.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    st = np.asarray(steps, dtype=np.float64)
+    rows, n = v.shape
+    idx_map = np.arange(n) if index is None else np.asarray(index)
+    nb = max(min_baseline, int(n * baseline_frac))
+    if n < min_baseline + min_run or n - nb < min_run:
+        return [None] * rows
+    y = np.log(v) if log else v
+    fit = _fit_points(nb)
+    trend = robust_trend_many(st[:nb][fit], y[:, :nb][:, fit], st)
+    resid = y - trend
+    rb = resid[:, :nb]
+    sigma = MAD_TO_SIGMA * np.median(np.abs(rb - np.median(rb, axis=1, keepdims=True)), axis=1)
+    floor = np.log1p(min_rel) if log else min_rel * np.maximum(np.abs(np.median(y[:, :nb], axis=1)), 1e-12)
+    thr = np.maximum(k_sigma * sigma, floor)
+    # first i >= nb with min_run points above from i on, and hold_frac of all the points from i on above
+    c = np.concatenate([np.zeros((rows, 1)), np.cumsum(resid > thr[:, None], axis=1)], axis=1)
+    i_all = np.arange(nb, n - min_run + 1)
+    hit = ((c[:, i_all + min_run] - c[:, i_all]) == min_run) & ((c[:, [n]] - c[:, i_all]) >= hold_frac * (n - i_all))
+    out: list[Drift | None] = [None] * rows
+    for r in np.flatnonzero(hit.any(axis=1)).tolist():
+        i = int(i_all[np.argmax(hit[r])])
+        after = _theil_slope(y[r, i:], st[i:]) if n - i >= 3 else float("nan")
+        vr = v[r]
+        out[r] = Drift(
+            onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=float(np.exp(trend[r, i]) if log else
+                                                                                trend[r, i]),
+            last=float(vr[-1]), growth=float(vr[-1] / vr[i]) if vr[i] != 0 else float("inf"),
+            sigma=float(sigma[r]), slope_after=float(after),
+        )
+    return out
+
+
+FIT_POINTS = 2048
+"""Most points a trend fit uses (budget by design, docs/detectors.md#budget): a longer baseline is fitted on
+this many evenly spaced points; residuals, noise and onsets still use every point."""
+HUBER_EPSILON = 1.35
+"""Huber's threshold in robust sigmas: 95% efficiency under Gaussian noise (Huber 1964; scikit-learn's default)."""
+
+
+def _fit_points(n: int) -> np.ndarray | slice:
+    """Positions of at most :data:`FIT_POINTS` evenly spaced points among ``n`` (all of them when fewer)."""
+    if n <= FIT_POINTS:
+        return slice(None)
+    return np.unique(np.linspace(0, n - 1, FIT_POINTS).round().astype(np.int64))
+
+
+def _theil_slope(y: np.ndarray, x: np.ndarray) -> float:
+    """Theil-Sen slope of ``y`` on ``x`` over at most :data:`FIT_POINTS` evenly spaced points (O(m^2) pairs)."""
+    from scipy.stats import theilslopes
+
+    pick = _fit_points(y.shape[0])
+    return float(theilslopes(y[pick], x[pick]).slope)
+
+
+def robust_trend(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A robust straight-line trend of ``y`` on ``x``, evaluated at ``at`` (:func:`robust_trend_many`, one row).
+
+    Args:
+        x: baseline steps, shape (m,).
+        y: baseline values, shape (m,) (finite).
+        at: steps to evaluate the trend at, shape (k,).
+
+    Returns:
+        The trend values, shape (k,).
+    """
+    return robust_trend_many(x, np.asarray(y, dtype=np.float64)[None, :], at)[0]
+
+
+def robust_trend_many(x: np.ndarray, y: np.ndarray, at: np.ndarray, iterations: int = 50) -> np.ndarray:
+    """Huber robust straight lines of every row of ``y`` on ``x``, evaluated at ``at``.
+
+    Iteratively re-weighted least squares (Huber 1964; Holland & Welsch 1977): weights
+    min(1, epsilon / |r / s|) with :data:`HUBER_EPSILON` and the scale ``s`` re-estimated at each iteration as
+    :data:`MAD_TO_SIGMA` * MAD of the residuals, so a few spikes in the baseline do not tilt the line. Every row
+    is solved at once (closed-form weighted least squares per row), x standardised.
+
+    Args:
+        x: baseline steps, shape (m,).
+        y: baseline values, shape (L, m) (finite).
+        at: steps to evaluate the trends at, shape (k,).
+        iterations: most IRLS iterations (stops earlier once every line moves by less than 1e-12).
+
+    Returns:
+        The trend values, shape (L, k).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mu, sd = float(np.mean(x)), float(np.std(x)) or 1.0
+    xs = (x - mu) / sd
+    w = np.ones_like(y)
+    a = b = np.zeros(y.shape[0])
+    for _ in range(iterations):
+        sw, sx, sxx = w.sum(1), (w * xs).sum(1), (w * xs * xs).sum(1)
+        sy, sxy = (w * y).sum(1), (w * xs * y).sum(1)
+        det = sw * sxx - sx * sx
+        with np.errstate(all="ignore"):
+            b_new = np.where(det > 0, (sw * sxy - sx * sy) / det, 0.0)
+            a_new = (sy - b_new * sx) / sw
+        done = np.all(np.abs(a_new - a) < 1e-12) and np.all(np.abs(b_new - b) < 1e-12)
+        a, b = a_new, b_new
+        if done:
+            break
+        r = y - a[:, None] - b[:, None] * xs
+        s = MAD_TO_SIGMA * np.median(np.abs(r - np.median(r, axis=1, keepdims=True)), axis=1)
+        with np.errstate(all="ignore"):
+            u = np.abs(r) / s[:, None]
+            w = np.where((s[:, None] > 0) & (u > HUBER_EPSILON), HUBER_EPSILON / u, 1.0)
+    ats = (np.asarray(at, dtype=np.float64) - mu) / sd
+    return a[:, None] + b[:, None] * ats[None, :]

@@ -106,9 +106,10 @@ def test_no_code_cites_notes_outside_the_repository():
 
 def _detector_codes() -> set[str]:
     from forensics.detectors import DETECTORS
+    from forensics.engine.codes import ENGINE_FINDINGS
 
-    codes = {d.code for d in DETECTORS}
-    # findings made outside the registry (the engine's INT02) carry their code as a literal
+    codes = {d.code for d in DETECTORS} | set(ENGINE_FINDINGS)  # the engine's own findings (ENG01, INT02, DV02)
+    # findings made outside the registry carry their code as a literal
     for path in (ROOT / "forensics").rglob("*.py"):
         codes.update(re.findall(r"\bcode\s*=\s*[\"']([A-Z]{2,4}\d{2})[\"']", path.read_text(encoding="utf-8")))
     return codes

@@ -16,9 +16,16 @@ import polars as pl
 import pytest
 
 from forensics.api import analyze
-from forensics.detectors.activation_overflow import infer_fp16_from_metrics, is_fp16
+from forensics.facts import infer_fp16_from_metrics, precision
 from forensics.model import RunData
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
+
+
+def is_fp16(run: RunData) -> bool | None:
+    """The run's fp16-ness as :func:`forensics.facts.precision` infers it (its reason must be stated)."""
+    fp16, why = precision(run)
+    assert why
+    return fp16
 
 OVERFLOW = Path(__file__).resolve().parents[1] / "sample_logs" / "overflow"
 

@@ -1,9 +1,13 @@
 """The detector registry: one module per detector, listed in one explicit tuple.
 
-Validated at import (unique codes and names), like sqlfluff's and bandit's registries.
+Validated at import (:func:`_validate`: code and dotted-name patterns, unique codes and names, a module
+docstring with a Rule and a Source section), like sqlfluff's and bandit's registries.
 """
 
 from __future__ import annotations
+
+import re
+import sys
 
 from forensics.detectors.activation_overflow import ActivationOverflow
 from forensics.detectors.attention_logits import AttentionLogitGrowth
@@ -57,11 +61,29 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
+CODE = re.compile(r"^[A-Z]{2,3}[0-9]{2}$")
+"""A detector code: two or three capitals and two digits (``SP01``, ``INT01``)."""
+DOTTED = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+"""A dotted name: ``family.what`` in lower case (``loss.spike``)."""
+
+
 def _validate(detectors: tuple[Detector, ...]) -> None:
+    """Raise ``RuntimeError`` unless every detector has a well-formed, unique code and name and documents itself.
+
+    The module docstring of each detector starts with ``CODE name:`` and has a ``Rule`` and a ``Source:``
+    section (the citation of docs/detectors.md, where its thresholds and their origins are).
+    """
     codes = [d.code for d in detectors]
     names = [d.name for d in detectors]
     if len(set(codes)) != len(codes) or len(set(names)) != len(names):
         raise RuntimeError(f"duplicate detector codes or names: {codes} {names}")
+    for d in detectors:
+        if not CODE.match(d.code) or not DOTTED.match(d.name):
+            raise RuntimeError(f"detector {type(d).__name__}: code {d.code!r} or name {d.name!r} is malformed")
+        doc = sys.modules[type(d).__module__].__doc__ or ""
+        if not doc.startswith(f"{d.code} {d.name}:") or "Rule" not in doc or "Source:" not in doc:
+            raise RuntimeError(f"detector {d.code}: its module docstring must start with '{d.code} {d.name}:' "
+                               "and have a Rule and a Source: section")
 
 
 _validate(DETECTORS)

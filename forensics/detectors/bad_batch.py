@@ -7,6 +7,8 @@ in the ``lead_steps`` (5) steps before it (grad norm leads the loss by 1-4 steps
 The batch is named when ``batch_index`` is logged. A finite blow-up that never recovers while the lr is
 still warming up is left to the warm-up rule (WU01): the step size, not a batch. A spike that
 recovers by itself is reported with ``recovered_step`` (the engine calls the run transient if nothing else fires).
+
+Source: docs/detectors.md#db01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forensics.detectors.activation_overflow import is_fp16
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import SPIKE_Z, departures, scaler_skips, zscores
-from forensics.model import Finding, RunData
+from forensics.facts import RunFacts, run_facts
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import SPIKE_Z, departures, scaler_skips, zscores
 
 
 @dataclass(frozen=True)
@@ -27,41 +29,27 @@ class BadBatch(Detector):
 
     code = "DB01"
     name = "data.bad_batch"
+    uses_facts = True
     requires = ("loss",)
     window: int = 128
     max_rise_steps: int = 2
     precursor_z: float = 3.0
     lead_steps: int = 5
 
-    def detect(self, run: RunData) -> list[Finding]:
+    def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """One finding per precursor-free loss departure (at most three)."""
         s = run.series("loss")
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
-        fp16 = bool(is_fp16(run))
-        resumes = {int(s.steps[i]) for i in range(1, len(s)) if s.segments[i] != s.segments[i - 1]} if s else set()
+        fp16 = bool((facts or run_facts(run)).fp16)
+        resumes = set(s.steps[np.flatnonzero(np.diff(s.segments) != 0) + 1].tolist()) if s else set()
         for d in departures(run, "loss", limit=5):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
             if d.onset_step in resumes:
                 continue  # a jump at the first step of a resumed process is the resume's (RS01, LR01 judge it)
-            against: list[str] = []
             pre_lo = d.onset_step - self.window
-            if g is not None:
-                gs, _, gz, _ = g
-                m = (gs.steps >= pre_lo) & (gs.steps < d.onset_step)
-                gzm = np.where(np.isfinite(gz[m]), gz[m], -np.inf)
-                near = (gs.steps[m] >= d.onset_step - self.lead_steps)
-                hit = (gzm >= SPIKE_Z) | (near & (gzm >= self.precursor_z))
-                if hit.any():
-                    k = int(np.flatnonzero(hit)[0])
-                    against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
-                gv = gs.values[m]
-                sk = scaler_skips(run, gs)
-                if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
-                    gv = gv[~sk[m]]
-                if gv.size and not np.all(np.isfinite(gv)):
-                    against.append("non-finite grad norms before the spike")
+            against = self._precursors(run, g, d.onset_step)
             if d.nonfinite and fp16:
                 if run.has("loss_scale") or g is None:
                     continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
@@ -90,8 +78,9 @@ class BadBatch(Detector):
                                 "suspect",)
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
             out.append(self.finding(
-                cause="data_batch", mechanism="bad_batch", step=d.onset_step, segment=segment_at(s, d.onset_step),
-                confidence=conf, severity="high",
+                cause=Cause.DATA_BATCH, mechanism=Mechanism.BAD_BATCH, step=d.onset_step,
+                segment=segment_at(s, d.onset_step),
+                confidence=conf, severity=Severity.HIGH,
                 message=f"abrupt {what} at step {d.step} with no precursor in the previous {self.window} steps{named}.",
                 evidence=ev,
                 against=warm_against + (() if g is not None else
@@ -100,6 +89,27 @@ class BadBatch(Detector):
             if len(out) >= 3:
                 break
         return out
+
+    def _precursors(self, run: RunData, g: tuple | None, onset: int) -> list[str]:
+        """What in the grad norm before ``onset`` is a precursor (a departure, non-finite values); [] if none."""
+        against: list[str] = []
+        if g is None:
+            return against
+        gs, _, gz, _ = g
+        m = (gs.steps >= onset - self.window) & (gs.steps < onset)
+        gzm = np.where(np.isfinite(gz[m]), gz[m], -np.inf)
+        near = (gs.steps[m] >= onset - self.lead_steps)
+        hit = (gzm >= SPIKE_Z) | (near & (gzm >= self.precursor_z))
+        if hit.any():
+            k = int(np.flatnonzero(hit)[0])
+            against.append(f"grad norm already departed at step {int(gs.steps[m][k])} (a precursor)")
+        gv = gs.values[m]
+        sk = scaler_skips(run, gs)
+        if sk is not None:  # an fp16 scaler's overflow checks are not a precursor
+            gv = gv[~sk[m]]
+        if gv.size and not np.all(np.isfinite(gv)):
+            against.append("non-finite grad norms before the spike")
+        return against
 
     @staticmethod
     def _in_warmup(run: RunData, step: int) -> bool:

@@ -7,7 +7,7 @@ and ``detect(run) -> list[Finding]``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -24,14 +24,17 @@ class Detector(ABC):
         name: Dotted name, e.g. ``"loss.spike"``.
         requires: Canonical metrics of which at least one must be present (``requires_all``
             makes all of them mandatory). Events-only detectors set ``requires = ()``.
+        uses_facts: ``missing`` and ``detect`` take the run's :class:`forensics.facts.RunFacts` as a second
+            argument (computed once by the runner; ``None`` makes the detector compute them).
     """
 
     code: ClassVar[str]
     name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
     requires_all: ClassVar[bool] = False
+    uses_facts: ClassVar[bool] = False
 
-    def missing(self, run: RunData) -> str | None:
+    def missing(self, run: RunData, facts: object = None) -> str | None:
         """Why this detector cannot run on ``run`` (a skip reason), or ``None`` when it can."""
         if not self.requires:
             return None
@@ -41,6 +44,10 @@ class Detector(ABC):
         if not present:
             return "needs one of the metrics " + ", ".join(self.requires)
         return None
+
+    def defaults(self) -> dict[str, object]:
+        """Every threshold of this detector: its typed fields (``forensics detectors`` prints them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @abstractmethod
     def detect(self, run: RunData) -> list[Finding]:

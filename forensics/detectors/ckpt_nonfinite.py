@@ -5,9 +5,12 @@ Rule (DESIGN.md section 4, cause ``overflow`` / mechanism ``nonfinite_state``; d
 count a NaN or an inf, with the tensors and their roles (``param``, ``exp_avg``, ``exp_avg_sq``...).
 An inf in Adam's second moment freezes its coordinates silently (``m / sqrt(inf) = 0``) and a NaN in
 the first moment or a weight poisons the next step: either way every resume from that checkpoint
-carries it, so the recovery plan must start from an earlier one (recovery.py). When the logged loss or
-parameter norm was already non-finite at or before that checkpoint, the state is a consequence of a
-failure the logs show, and the finding only argues weakly for ``overflow`` (confidence 0.45 < 0.5).
+carries it, so the recovery plan must start from an earlier one (forensics/recovery/overflow.py).
+When the logged loss or parameter norm was already non-finite at or before that checkpoint, the
+state is a consequence of a failure the logs show,
+and the finding only argues weakly for ``overflow`` (confidence 0.45 < 0.5).
+
+Source: docs/detectors.md#ck01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 def checkpoint_segment(run: RunData, step: int) -> int:
@@ -79,8 +82,8 @@ class CheckpointNonFinite(Detector):
             against = (f"the logged {visible[1]} was already non-finite at step {visible[0]}, before this checkpoint: "
                        "the non-finite state is a consequence of a failure the logs show",)
         return [self.finding(
-            cause="overflow", mechanism="nonfinite_state", step=step, segment=checkpoint_segment(run, step),
-            confidence=conf, severity="critical",
+            cause=Cause.OVERFLOW, mechanism=Mechanism.NONFINITE_STATE, step=step, segment=checkpoint_segment(run, step),
+            confidence=conf, severity=Severity.CRITICAL,
             message=f"checkpoint {ckpt} (step {step}) holds non-finite values: {what}, e.g. {names}{since}; "
             "never resume from it.",
             evidence={"checkpoint": ckpt, "step": step, "previous_finite_checkpoint_step": prev, "roles": roles,

@@ -14,6 +14,8 @@ Optimizer counter off -> ``state_not_restored`` (optimizer moments rebuilt: BigS
 Adam moments with lr = 0 for 5/(1-beta2) steps); scheduler counter off while the optimizer's is
 right -> ``lr_schedule_reset`` / ``reset_to_initial``. The step is ``R + 1``, the first step after the
 resume; needs the checkpoint's step from its name or ``trainer_state.json``, not from the optimizer.
+
+Source: docs/detectors.md#ck03 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from forensics.detectors.base import Detector
 from forensics.detectors.ckpt_nonfinite import checkpoint_segment
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
 def _skipped_between(run: RunData, lo: int, hi: int) -> int:
@@ -91,14 +93,15 @@ class CheckpointStateMismatch(Detector):
         hit = opt or sch
         if hit is None:
             return []
-        cause, mech = ("state_not_restored", "optimizer_state") if opt else ("lr_schedule_reset", "reset_to_initial")
+        cause, mech = ((Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE) if opt
+                       else (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL))
         step = max(int(hit["rebuilt_at_step"]) + 1, 0)
         what = "optimizer step" if hit["counter"] == "optimizer" else "scheduler last_epoch"
         conf = 0.75 if hit["restart_logged_at"] is not None else 0.55
         also = f"; the scheduler's last_epoch is off too ({sch['value']})" if opt and sch else ""
         return [self.finding(
             cause=cause, mechanism=mech, step=step, segment=checkpoint_segment(run, step), confidence=conf,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"checkpoint {hit['checkpoint']} (step {hit['step']}) saved {what} {hit['value']}: the state was "
             f"rebuilt at step {hit['rebuilt_at_step']}"
             + (f" where the logs restart (step {hit['restart_logged_at']})" if hit["restart_logged_at"] is not None

@@ -27,6 +27,8 @@ Four rules, each at most one finding (cause ``update_scale_growth``), all from t
    param_groups): the update there is set by eps, not by the gradient (Wortsman et al. 2023 section
    3.4; Molybog et al. 2023, "A theory on Adam instability in large-scale ML") -> ``adam_epsilon``.
    Latent risk, not a fault by itself: confidence 0.4 unless the logged loss went non-finite.
+
+Source: docs/detectors.md#ck02 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ import polars as pl
 
 from forensics.detectors.base import Detector, fmt
 from forensics.detectors.ckpt_nonfinite import checkpoint_segment
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.model_parts import is_output_head_tensor
 
 _QKV = {"q_proj": "q", "q": "q", "query": "q", "wq": "q", "to_q": "q", "q_lin": "q",
         "k_proj": "k", "k": "k", "key": "k", "wk": "k", "to_k": "k", "k_lin": "k",
         "v_proj": "v", "v": "v", "value": "v", "wv": "v", "to_v": "v", "v_lin": "v"}
-_OUTPUT = {"lm_head", "output", "embed_out", "head", "output_layer"}
 
 
 def _norms(run: RunData) -> dict[str, list[tuple[int, float]]]:
@@ -170,8 +172,9 @@ class CheckpointUpdateGrowth(Detector):
         h = hits[0]
         strong = len(hits) >= 2 or any(x["layer"] == "*" for x in hits)
         return self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=h["step_from"],
-            segment=checkpoint_segment(run, h["step_from"]), confidence=0.55 if strong else 0.45, severity="medium",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=h["step_from"],
+            segment=checkpoint_segment(run, h["step_from"]), confidence=0.55 if strong else 0.45,
+            severity=Severity.MEDIUM,
             message=f"update ratio per step of {h['layer']} between checkpoints {h['step_from']} and {h['step_to']} is "
             f"{fmt(h['growth'])}x its value over checkpoints {h['baseline_pair'][0]}-{h['baseline_pair'][1]} "
             f"({len(hits)} layer(s) grow >= {self.min_ratio_growth:g}x) with no lr increase.",
@@ -216,16 +219,15 @@ class CheckpointUpdateGrowth(Detector):
             f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x" for x in rest[:3])
             + (f" and {len(rest) - 3} more" if len(rest) > 3 else "")) if rest else ""
         return self.finding(
-            cause="update_scale_growth", mechanism="attention_logit_growth", step=h["step"],
-            segment=checkpoint_segment(run, h["step"]), confidence=0.6, severity="high",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.ATTENTION_LOGIT_GROWTH, step=h["step"],
+            segment=checkpoint_segment(run, h["step"]), confidence=0.6, severity=Severity.HIGH,
             message=f"Q/K projection norms grew faster than V since checkpoint {h['since_step']} in {len(hits)} "
             f"layer(s): {per_layer}{more}: attention logits scale with |q||k|{others}.",
             evidence={"layers": hits[:12], "n_layers": len(hits), "all_layers": seen[:24]},
         )
 
     def _output(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
-        heads = [n for n in norms if n.split(".")[-1] == "weight" and len(n.split(".")) >= 2
-                 and n.split(".")[-2] in _OUTPUT and not any(p.isdigit() for p in n.split("."))]
+        heads = [n for n in norms if is_output_head_tensor(n)]
         if not heads:
             return None
         shapes = dict(run.tensors.filter(pl.col("role") == "param").select("tensor", "shape").unique("tensor").rows())
@@ -246,8 +248,8 @@ class CheckpointUpdateGrowth(Detector):
             return None
         i = int(ok[0])
         return self.finding(
-            cause="update_scale_growth", mechanism="output_logit_divergence", step=steps[i],
-            segment=checkpoint_segment(run, steps[i]), confidence=0.55, severity="medium",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.OUTPUT_LOGIT_DIVERGENCE, step=steps[i],
+            segment=checkpoint_segment(run, steps[i]), confidence=0.55, severity=Severity.MEDIUM,
             message=f"output layer {head} norm grew {fmt(float(g[i]))}x since checkpoint {steps[0]} (median of the "
             f"other matrices {fmt(float(medv[i]))}x) without slowing down ({fmt(float(g[-1]))}x at checkpoint "
             f"{steps[-1]}).",
@@ -270,8 +272,8 @@ class CheckpointUpdateGrowth(Detector):
         loss = run.series("loss")
         failed = loss is not None and bool((~np.isfinite(loss.values)).any())
         return self.finding(
-            cause="update_scale_growth", mechanism="adam_epsilon", step=h["step"],
-            segment=checkpoint_segment(run, h["step"]), confidence=0.6 if failed else 0.4, severity="low",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.ADAM_EPSILON, step=h["step"],
+            segment=checkpoint_segment(run, h["step"]), confidence=0.6 if failed else 0.4, severity=Severity.LOW,
             message=f"{fmt(100 * h['share'])}% of the coordinates of {h['tensor']} have sqrt(v) <= 10 eps "
             f"({fmt(h['eps_threshold'])}) at checkpoint {h['step']}: Adam's update there is set by eps, not by the "
             f"gradient ({len(hits)} tensor-checkpoint(s) above {self.eps_share:.0%}).",

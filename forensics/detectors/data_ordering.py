@@ -11,6 +11,8 @@ on each side), otherwise it cannot tell data from optimisation and stays silent.
 a local step (the median of the points just after t exceeds that just before by half the fitted shift
 and 3 noise sigmas: a smooth decay that the quadratic misses is not a shift) with an lr that does not
 rise around t (a cyclic schedule lifts the loss by itself).
+
+Source: docs/detectors.md#do01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import MAD_TO_SIGMA
 
 
 def level_shift(steps: np.ndarray, y: np.ndarray, t: float | None = None, min_side: int = 5
@@ -121,7 +124,7 @@ class OrderingShift(Detector):
         before, after = v_f[max(0, k0 - w):k0], v_f[k0:k0 + w]
         if before.size < 3 or after.size < 3:
             return []
-        noise = 1.4826 * float(np.median(np.abs(np.diff(v_f[max(0, k0 - 3 * w):k0 + 3 * w]))))
+        noise = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(v_f[max(0, k0 - 3 * w):k0 + 3 * w]))))
         local = float(np.median(after) - np.median(before))
         if local < max(0.5 * d, 3 * noise / np.sqrt(2)):
             return []
@@ -144,8 +147,9 @@ class OrderingShift(Detector):
         hints = [h for h in ("permutation", "shuffle", "sampler", "mixture") if h in cfg]
         conf = 0.65 + (0.1 if "permutation" in hints else 0.0)
         return [self.finding(
-            cause="data_batch", mechanism="ordering", step=step, segment=segment_at(s, step), confidence=conf,
-            severity="medium",
+            cause=Cause.DATA_BATCH, mechanism=Mechanism.ORDERING, step=step, segment=segment_at(s, step),
+            confidence=conf,
+            severity=Severity.MEDIUM,
             message=f"train loss steps up by {fmt(d)} ({100 * d / abs(med):.1f}%, t={tstat:.1f}) at step {step} and "
             f"stays there while {em} keeps its trend and the lr is smooth: the training stream changed, "
             "not the model" + (f" (the run config sets {', '.join(hints)})" if hints else "") + ".",

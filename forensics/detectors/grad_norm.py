@@ -4,6 +4,8 @@ Rule: robust z of log grad norm against the trailing 128 points >= 6, or a non-f
 norm; onset back-tracked while z >= 3. Grad norm typically leads the loss by 1-4 steps
 (BLOOM tr11 chronicles: grad-norm onset one iteration before the loss onset; OLMo 2,
 arXiv 2501.00656: grad-norm spikes precede loss spikes). The lead is reported as evidence.
+
+Source: docs/detectors.md#gn01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.signals import departures
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class GradNormDeparture(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.8, severity="medium",
+                    confidence=0.8, severity=Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}"
                     + (f"; leads the loss departure by {lead} steps." if lead is not None else "."),
                     evidence={

@@ -8,6 +8,8 @@ to the gradient-accumulation factor the loss was summed instead of averaged over
 (transformers 4.46-4.47 with ``num_items_in_batch``, huggingface/transformers#35663, fixed in
 4.48.1 by PR #35651). A sibling run in the same folder whose loss is exactly k times smaller at
 every step confirms it.
+
+Source: docs/detectors.md#gs01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 _GA = re.compile(r"gradient[ _]accumulation[ _]steps['\"]?\s*[=:]\s*['\"]?(\d+)", re.I)
 
@@ -93,6 +95,7 @@ class GradScalingFactor(Detector):
             msg += (f"; the factor matches the gradient-accumulation steps ({ga_steps}): the loss is summed over "
                     "micro-batches instead of averaged")
         return [self.finding(
-            cause="grad_scaling_bug", mechanism="ga_normalisation" if ga_match else None, step=first, segment=0,
-            confidence=min(conf, 0.95), severity="high", message=msg + ".", evidence=evidence,
+            cause=Cause.GRAD_SCALING_BUG, mechanism=Mechanism.GA_NORMALISATION if ga_match else None,
+            step=first, segment=0,
+            confidence=min(conf, 0.95), severity=Severity.HIGH, message=msg + ".", evidence=evidence,
         )]

@@ -6,6 +6,8 @@ points), the loss rises above that minimum by more than ``min_rise`` (relative, 
 ``k_sigma`` robust sigmas of its noise around the smoothed curve, and ends there. The onset is
 the first point after which the smoothed loss never again comes within one noise sigma of its
 minimum.
+
+Source: docs/detectors.md#dv01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.stats import MAD_TO_SIGMA
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class LossDivergence(Detector):
         if ok.sum() < 20:
             return []
         resid = (v - sm)[fin & ok]
-        noise = 1.4826 * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
+        noise = MAD_TO_SIGMA * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
         i_min = int(np.nanargmin(sm))
         # the raw turning point near the smoothed minimum (centred smoothing shifts a V's minimum)
         w = self.smooth
@@ -67,7 +70,7 @@ class LossDivergence(Detector):
         end = float(tail[last_ok[-1]])
         return [self.finding(
             cause=None, mechanism=None, step=step, segment=segment_at(s, step), confidence=0.7,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"loss rises from its minimum {fmt(lo)} (step {int(s.steps[i_min])}) to {fmt(end)} "
             f"and does not come back; the rise starts at step {step}.",
             evidence={"metric": "loss", "min_loss": lo, "min_step": int(s.steps[i_min]), "last_smoothed": end,

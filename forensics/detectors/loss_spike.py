@@ -4,6 +4,8 @@ Rule: robust z of log loss against the trailing 128 logged points >= 6, or a non
 loss (OLMo-core ``StabilityMonitorCallback``: 6 sigma over the last 128 values); the onset is
 back-tracked while z >= 3 (docs/detectors.md#conventions). A spike that returns inside its
 pre-spike band within the run is reported as recovered (the engine may call it transient).
+
+Source: docs/detectors.md#sp01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
+from forensics.signals import departures
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class LossSpike(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.9, severity="high" if d.recovered_step is None else "medium",
+                    confidence=0.9, severity=Severity.HIGH if d.recovered_step is None else Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}; "
                     f"excursion starts at step {d.onset_step}{rec}.",
                     evidence={

@@ -13,6 +13,14 @@ upward jump of more than ``rel_tol`` after the peak has passed is one too. Mecha
 - ``intentional_change``: the run folder shows a deliberate override (e.g. Megatron
   ``--override-opt_param-scheduler``/``--override-lr-scheduler`` set, a changed ``--lr`` in the
   launch arguments); reported with low confidence, not as a fault.
+
+Other thresholds (ours, tuned on sample_logs and the labelled corpus): two schedules under one name when at
+least ``two_schedules_share`` (50%) of (segment, step) pairs carry distinct values; a decay-rate change when
+the slopes differ by more than ``slope_tol`` (25%); the same linear decay shifted when they agree within
+``same_slope_tol`` (10%); an lr "equal" to an earlier one within ``match_tol`` (0.5%). The shapes compared
+with are in :mod:`forensics.lr_shapes`.
+
+Source: docs/detectors.md#lr01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.lr_shapes import constant_scale, extrapolate, horizons, replays
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 _OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "override-lr-scheduler")
 
@@ -70,6 +79,12 @@ class LRScheduleReset(Detector):
     name = "lr.schedule_reset"
     requires = ("lr",)
     rel_tol: float = 0.05
+    two_schedules_share: float = 0.5
+    cyclic_confidence: float = 0.15
+    scaled_confidence: float = 0.25
+    slope_tol: float = 0.25
+    same_slope_tol: float = 0.1
+    match_tol: float = 0.005
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per discontinuity (the first three)."""
@@ -79,18 +94,22 @@ class LRScheduleReset(Detector):
         # two schedules under one name (e.g. actor and critic lrs of an RLHF log): distinct values at the same
         # step in the same segment; comparing one with the other is not a discontinuity
         per = rows.group_by("segment", "step").agg(pl.col("value").n_unique().alias("k"))
-        if per.height and float((per.get_column("k") > 1).mean()) >= 0.5:
+        if per.height and float((per.get_column("k") > 1).mean()) >= self.two_schedules_share:
             return []
+        out, checked_steps, lr_initial = self._at_resumes(run, rows)
+        # upward jumps after the peak within the effective timeline (resume without a visible rewind)
+        within = self._jumps_within(run, out, checked_steps, lr_initial)
+        return self._cyclic(out, within)[:3]
+
+    def _at_resumes(self, run: RunData, rows: pl.DataFrame) -> tuple[list[Finding], set[int], float]:
+        """Findings at each resume (a new segment), the resume steps judged, and the run's initial lr."""
         out: list[Finding] = []
         segs = sorted(set(rows.get_column("segment").to_list()))
-        by_seg = {
-            g: rows.filter(pl.col("segment") == g).sort("step") for g in segs
-        }
+        by_seg = {g: rows.filter(pl.col("segment") == g).sort("step") for g in segs}
         all_first = by_seg[segs[0]].get_column("value").to_numpy()
         lr_initial = float(all_first[0])
         lr_peak_before: float = float(np.nanmax(all_first))
         checked_steps: set[int] = set()
-        within: list[Finding] = []
         first_seg = by_seg[segs[0]]
         for a, b in zip(segs, segs[1:], strict=False):
             prev, cur = by_seg[a], by_seg[b]
@@ -103,97 +122,110 @@ class LRScheduleReset(Detector):
                 exp = float(same.get_column("value")[-1])
                 how = "the earlier segment logged"
             else:
-                exp = self._extrapolate(prev, s0)
+                exp = extrapolate(prev, s0)
                 how = "extrapolated from the earlier segment"
                 pv_last = prev.get_column("value").to_numpy()[-4:].astype(float)
                 if pv_last.size >= 3 and bool(np.all(np.diff(pv_last) > 0)) and obs >= pv_last[-1]:
                     continue  # a warm-up that goes on rising across the boundary (a reset goes back down)
             checked_steps.add(s0)
             f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b,
-                            replay=self._replays(first_seg, cur))
+                            replay=replays(first_seg, cur))
             if f:
                 out.append(f)
             lr_peak_before = max(lr_peak_before, float(np.nanmax(cur.get_column("value").to_numpy())))
-        # upward jumps after the peak within the effective timeline (resume without a visible rewind)
-        s = run.series("lr")
-        assert s is not None
-        v, st = s.values, s.steps
-        if len(s) >= 4:
-            peak_i = 0
-            for i in range(1, len(v)):
-                if not (np.isfinite(v[i]) and np.isfinite(v[i - 1])) or v[i - 1] <= 0:
-                    continue
-                if v[i - 1] >= v[peak_i]:
-                    peak_i = i - 1
-                decayed = v[i - 1] < v[peak_i] * (1 - self.rel_tol) or (
-                    i - 1 > peak_i + 2 and v[i - 1] <= v[peak_i]
-                )
-                in_rewarm = any(
-                    0 < int(st[i]) - f.step <= 10_000
-                    and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
-                    for f in out if f.step is not None
-                )
-                # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
-                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
-                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
-                jump = v[i] > v[i - 1] * (1 + self.rel_tol) and not smooth
-                # a warm-up that starts again: a sharp drop followed by a rise (a step decay stays flat)
-                rewarm_start = (i + 2 < len(v) and v[i] < 0.5 * v[i - 1] and v[i + 1] > v[i] * (1 + self.rel_tol)
-                                and v[i + 2] > v[i + 1])
-                if (jump or rewarm_start) and decayed and int(st[i]) not in checked_steps and not in_rewarm:
-                    prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
-                    cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
-                    f = self._judge(
-                        run, cur, prev, int(st[i]), float(v[i]), self._extrapolate(prev, int(st[i])),
-                        "extrapolated from the preceding steps", lr_initial, float(v[peak_i]), int(s.segments[i]),
-                    )
-                    if f:
-                        out.append(f)
-                        within.append(f)
-                    if len(out) >= 6:
-                        break
-        # rises that recur inside one process are the schedule's own cycles (cyclic lr, warm restarts), not a
-        # lost scheduler state: a reset happens once, at a resume
+        return out, checked_steps, lr_initial
+
+    def _cyclic(self, out: list[Finding], within: list[Finding]) -> list[Finding]:
+        """``out`` with rises that recur inside one process replaced by one ``intentional_change`` finding.
+
+        Such rises are the schedule's own cycles (cyclic lr, warm restarts), not a lost scheduler state: a
+        reset happens once, at a resume.
+        """
         by_seg_within: dict[int, list[Finding]] = {}
         for f in within:
             by_seg_within.setdefault(int(f.segment or 0), []).append(f)
         cyclic = {id(f) for fs in by_seg_within.values() if len(fs) >= 2 for f in fs}
-        if cyclic:
-            first = next(f for f in within if id(f) in cyclic)
-            n = len(cyclic)
-            out = [f for f in out if id(f) not in cyclic]
-            out.append(self.finding(
-                cause="lr_schedule_reset", mechanism="intentional_change", step=first.step, segment=first.segment,
-                confidence=0.15, severity="info",
-                message=f"the lr rises again {n} times inside one process (first at step {first.step}): a cyclic "
-                "schedule or warm restarts, not a lost scheduler state.",
-                evidence={"rises": [f.step for f in within if id(f) in cyclic]},
-                against=("the rises recur within one process, with no resume between them",),
-            ))
-        return out[:3]
+        if not cyclic:
+            return out
+        first = next(f for f in within if id(f) in cyclic)
+        n = len(cyclic)
+        out = [f for f in out if id(f) not in cyclic]
+        out.append(self.finding(
+            cause=Cause.LR_SCHEDULE_RESET, mechanism=Mechanism.INTENTIONAL_CHANGE, step=first.step,
+            segment=first.segment, confidence=self.cyclic_confidence, severity=Severity.INFO,
+            message=f"the lr rises again {n} times inside one process (first at step {first.step}): a cyclic "
+            "schedule or warm restarts, not a lost scheduler state.",
+            evidence={"rises": [f.step for f in within if id(f) in cyclic]},
+            against=("the rises recur within one process, with no resume between them",),
+        ))
+        return out
 
-    @staticmethod
-    def _extrapolate(prev: pl.DataFrame, step: int) -> float:
-        """Expected lr at ``step`` continuing the last points of ``prev`` linearly (per step)."""
-        st = prev.get_column("step").to_numpy()[-6:].astype(float)
-        v = prev.get_column("value").to_numpy()[-6:].astype(float)
-        ok = np.isfinite(v)
-        st, v = st[ok], v[ok]
-        if v.size == 0:
-            return float("nan")
-        if v.size < 2 or st[-1] == st[0]:
-            return float(v[-1])
-        slope = (v[-1] - v[0]) / (st[-1] - st[0])
-        return float(max(v[-1] + slope * (step - st[-1]), 0.0))
+    def _jumps_within(self, run: RunData, out: list[Finding], checked_steps: set[int],
+                      lr_initial: float) -> list[Finding]:
+        """Upward jumps (or re-warm-up starts) after the peak inside the effective timeline, appended to ``out``.
+
+        The running peak, the decay test and the jump/re-warm tests are whole-column numpy; only the few
+        candidate points are judged one by one (in step order, as ``out`` grows).
+        """
+        s = run.series("lr")
+        assert s is not None
+        v, st = s.values, s.steps
+        n, tol = len(v), self.rel_tol
+        within: list[Finding] = []
+        if n < 4 or not np.isfinite(v[0]):
+            return within  # a non-finite first lr: no peak to decay from
+        with np.errstate(all="ignore"):
+            prev_v, cur_v = v[:-1], v[1:]  # pairs (i-1, i) for i = 1..n-1
+            valid = np.isfinite(prev_v) & np.isfinite(cur_v) & (prev_v > 0)
+            w = np.where(valid, prev_v, -np.inf)
+            w[0] = v[0]  # the running peak starts at the first point
+            run_max = np.maximum.accumulate(w)
+            pos = np.arange(n - 1)
+            peak = np.maximum.accumulate(np.where(valid & (w >= run_max), pos, 0))
+            vp = v[peak]
+            decayed = (prev_v < vp * (1 - tol)) | ((pos > peak + 2) & (prev_v <= vp))
+            jump_raw = cur_v > prev_v * (1 + tol)
+            nxt1 = np.concatenate([v[2:], [np.nan]])
+            nxt2 = np.concatenate([v[3:], [np.nan, np.nan]])
+            rewarm = (pos + 3 < n) & (cur_v < 0.5 * prev_v) & (nxt1 > cur_v * (1 + tol)) & (nxt2 > nxt1)
+            cand = np.flatnonzero(valid & decayed & (jump_raw | rewarm)) + 1
+        for i in cand.tolist():
+            if int(st[i]) in checked_steps:
+                continue
+            in_rewarm = any(
+                0 < int(st[i]) - f.step <= 10_000
+                and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
+                for f in out if f.step is not None
+            )
+            if in_rewarm:
+                continue
+            # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
+            with np.errstate(all="ignore"):
+                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
+                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
+            if not ((jump_raw[i - 1] and not smooth) or rewarm[i - 1]):
+                continue
+            prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
+            cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
+            f = self._judge(
+                run, cur, prev, int(st[i]), float(v[i]), extrapolate(prev, int(st[i])),
+                "extrapolated from the preceding steps", lr_initial, float(v[peak[i - 1]]), int(s.segments[i]),
+            )
+            if f:
+                out.append(f)
+                within.append(f)
+            if len(out) >= 6:
+                break
+        return within
 
     def _judge(
         self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
         lr_initial: float, lr_peak: float, segment: int, replay: bool = False,
     ) -> Finding | None:
+        """The finding for the lr ``obs`` at step ``s0`` where the schedule gives ``exp`` (None: it continues)."""
         if not (np.isfinite(obs) and np.isfinite(exp)):
             return None
         rel = abs(obs - exp) / max(abs(exp), 1e-30)
-        cur_v = cur.get_column("value").to_numpy().astype(float)
         ev: dict[str, object] = {
             "step": s0, "observed_lr": obs, "expected_lr": exp, "expected_from": how,
             "relative_difference": round(rel, 4), "initial_lr": lr_initial, "peak_lr_before": lr_peak,
@@ -201,157 +233,83 @@ class LRScheduleReset(Detector):
         if replay:
             ev["replays_schedule_from_start"] = True
         if rel <= self.rel_tol:
-            # the steps the resumed process re-logs carry the same lr: the schedule continues
-            j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
-            if j.height >= 2:
-                r = (j.get_column("value") / j.get_column("old")).to_numpy()
-                if np.all(np.isfinite(r)) and float(np.max(np.abs(r - 1))) <= self.rel_tol:
-                    return None
-            # same value now: a changed decay rate (horizon change) shows over the next points
-            if prev.height >= 3 and cur.height >= 4:
-                pv = prev.get_column("value").to_numpy()[-4:].astype(float)
-                ps = prev.get_column("step").to_numpy()[-4:].astype(float)
-                cs = cur.get_column("step").to_numpy()[:8].astype(float)
-                slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
-                slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
-                # a decay rate exists only where the lr decays smoothly (a step schedule is flat between drops)
-                smooth = bool(np.all(np.diff(pv) < 0))
-                if smooth and slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > 0.25):
-                    ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
-                    return self._finding(run, s0, segment, "horizon_change", 0.7, ev,
-                                         f"lr decay rate changed at the resume at step {s0}: "
-                                         f"{slope_prev:.3g}/step before, {slope_cur:.3g}/step after")
-            return None
-        scale = self._constant_scale(prev, cur)
+            return self._same_value(run, cur, prev, s0, segment, ev)
+        scale = constant_scale(prev, cur)
         if scale is not None:
             ev["lr_scale_factor"] = round(scale, 4)
             return self.finding(
-                cause="lr_schedule_reset", mechanism="intentional_change", step=s0, segment=segment,
-                confidence=0.25, severity="info",
+                cause=Cause.LR_SCHEDULE_RESET, mechanism=Mechanism.INTENTIONAL_CHANGE, step=s0, segment=segment,
+                confidence=self.scaled_confidence, severity=Severity.INFO,
                 message=f"from the resume at step {s0} the whole lr schedule is scaled by {scale:.3g} "
                 "(same shape, constant factor): a deliberate lr change, not a lost scheduler state.",
                 evidence=ev, against=("a constant factor over every overlapping step is a configuration change",),
             )
+        mech, conf, why = self._mechanism(cur, prev, s0, obs, exp, lr_initial, lr_peak, replay, ev)
+        return self._finding(run, s0, segment, mech, conf, ev,
+                             f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
+
+    def _same_value(self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, segment: int,
+                    ev: dict[str, object]) -> Finding | None:
+        """A resume whose first lr matches the schedule: a finding only when the decay rate changed."""
+        # the steps the resumed process re-logs carry the same lr: the schedule continues
+        j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
+        if j.height >= 2:
+            r = (j.get_column("value") / j.get_column("old")).to_numpy()
+            if np.all(np.isfinite(r)) and float(np.max(np.abs(r - 1))) <= self.rel_tol:
+                return None
+        # same value now: a changed decay rate (horizon change) shows over the next points
+        if prev.height < 3 or cur.height < 4:
+            return None
+        cur_v = cur.get_column("value").to_numpy().astype(float)
+        pv = prev.get_column("value").to_numpy()[-4:].astype(float)
+        ps = prev.get_column("step").to_numpy()[-4:].astype(float)
+        cs = cur.get_column("step").to_numpy()[:8].astype(float)
+        slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
+        slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
+        # a decay rate exists only where the lr decays smoothly (a step schedule is flat between drops)
+        smooth = bool(np.all(np.diff(pv) < 0))
+        if smooth and slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > self.slope_tol):
+            ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
+            return self._finding(run, s0, segment, Mechanism.HORIZON_CHANGE, 0.7, ev,
+                                 f"lr decay rate changed at the resume at step {s0}: "
+                                 f"{slope_prev:.3g}/step before, {slope_cur:.3g}/step after")
+        return None
+
+    def _mechanism(self, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, lr_initial: float,
+                   lr_peak: float, replay: bool, ev: dict[str, object]) -> tuple[Mechanism, float, str]:
+        """(mechanism, confidence, why) of a discontinuity at a resume; fills ``ev`` with what it measured."""
+        cur_v = cur.get_column("value").to_numpy().astype(float)
         rewarm = cur_v.size >= 3 and obs < exp and bool(np.all(np.diff(cur_v[: min(6, cur_v.size)]) > 0))
         near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, 1e-30) or (
             lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
         )
         if replay and obs != exp:
-            mech, conf = "reset_to_initial", 0.85
-            why = "the resumed lr replays the old schedule from its first step"
-        elif rewarm or near_initial:
-            mech = "reset_to_initial"
-            why = "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value"
-            conf = 0.85
-        elif (hz := self._horizons(prev, cur)) is not None:
+            return Mechanism.RESET_TO_INITIAL, 0.85, "the resumed lr replays the old schedule from its first step"
+        if rewarm or near_initial:
+            return (Mechanism.RESET_TO_INITIAL, 0.85,
+                    "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value")
+        if (hz := horizons(prev, cur)) is not None:
             t_prev, t_cur, slope_prev, slope_cur = hz
             ev.update({"decay_end_before": round(t_prev), "decay_end_after": round(t_cur),
                        "slope_before": slope_prev, "slope_after": slope_cur})
-            if abs(slope_cur / slope_prev - 1) <= 0.1:
-                mech, conf = "offset", 0.7
+            if abs(slope_cur / slope_prev - 1) <= self.same_slope_tol:
                 ev["offset_steps"] = round(t_cur - t_prev)
-                why = f"the same linear decay shifted by {ev['offset_steps']} steps"
-            else:
-                mech, conf = "horizon_change", 0.75
-                why = (f"the linear decay now ends at step ~{round(t_cur)} instead of ~{round(t_prev)} "
-                       "(total steps changed on resume)")
-        else:
-            pv = prev.get_column("value").to_numpy().astype(float)
-            psteps = prev.get_column("step").to_numpy()
-            match = np.flatnonzero(np.abs(pv - obs) <= 0.005 * max(abs(obs), 1e-30))
-            if match.size:
-                mech = "offset"
-                ev["offset_steps"] = int(s0 - psteps[match[-1]])
-                why = f"lr equals the old schedule's value {ev['offset_steps']} steps away"
-                conf = 0.7
-            else:
-                mech = "reset_to_initial" if obs > exp else "horizon_change"
-                why = "lr jumps up" if obs > exp else "lr drops below the schedule"
-                conf = 0.6
-        return self._finding(run, s0, segment, mech, conf, ev,
-                             f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
-
-    @staticmethod
-    def _replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float = 0.02) -> bool:
-        """True when ``cur``'s first lr values repeat the run's first segment from its beginning.
-
-        The k-th logged point after the resume is compared with the first segment's lr at the same distance
-        from its first step (within ``tol``, 2%); at least 3 of the first ``points`` must be compared and all
-        must agree, and the resumed lr must not equal the first segment's lr at the same steps (a resume that
-        simply continues a schedule is not a replay).
-        """
-        if first.height < 3 or cur.height < 3:
-            return False
-        fs = first.get_column("step").to_numpy()
-        fv = first.get_column("value").to_numpy().astype(float)
-        cs = cur.get_column("step").to_numpy()[:points]
-        cv = cur.get_column("value").to_numpy().astype(float)[:points]
-        s0 = int(cs[0])
-        same_step = np.flatnonzero(np.isin(fs, cs))
-        continues = same_step.size >= 2 and bool(np.allclose(fv[same_step], cv[np.isin(cs, fs)], rtol=tol))
-        if continues:
-            return False
-        # the resumed process may log its first schedule step or a later one (and another log phase): try
-        # offsets that put the resume's first logged point near the first segment's first steps, reading the
-        # first segment's lr by linear interpolation between its logged points
-        ok_f = np.isfinite(fv)
-        fs_f, fv_f = fs[ok_f].astype(float), fv[ok_f]
-        if fs_f.size < 3:
-            return False
-        for cand in range(int(fs_f[0]), int(fs_f[min(5, fs_f.size - 1)]) + 1):
-            off = s0 - cand
-            if off <= 0:
-                continue
-            at = cs.astype(float) - off
-            inside = (at >= fs_f[0]) & (at <= fs_f[-1]) & np.isfinite(cv)
-            if inside.sum() < 3:
-                continue
-            ref = np.interp(at[inside], fs_f, fv_f)
-            if bool(np.all(np.abs(cv[inside] - ref) <= tol * np.maximum(np.abs(ref), 1e-30))):
-                return True
-        return False
-
-    @staticmethod
-    def _constant_scale(prev: pl.DataFrame, cur: pl.DataFrame) -> float | None:
-        """The factor r when cur's lr is r x prev's lr at every overlapping step (>= 3), else None."""
-        j = cur.select("step", "value").join(prev.select("step", pl.col("value").alias("old")), on="step")
-        if j.height < 3:
-            return None
-        r = (j.get_column("value") / j.get_column("old")).to_numpy()
-        r = r[np.isfinite(r)]
-        if r.size < 3:
-            return None
-        m = float(np.median(r))
-        if abs(m - 1) > 0.05 and float(np.max(np.abs(r - m))) <= 0.01 * abs(m):
-            return m
-        return None
-
-    @staticmethod
-    def _horizons(prev: pl.DataFrame, cur: pl.DataFrame) -> tuple[float, float, float, float] | None:
-        """Where the linear decays of both sides reach zero, when both sides decay linearly.
-
-        Returns (end step before, end step after, slope before, slope after) or None.
-        """
-        fits = []
-        for df in (prev.tail(8), cur.head(8)):
-            st = df.get_column("step").to_numpy().astype(float)
-            v = df.get_column("value").to_numpy().astype(float)
-            ok = np.isfinite(v)
-            st, v = st[ok], v[ok]
-            if v.size < 3 or st[-1] == st[0]:
-                return None
-            slope, icpt = np.polyfit(st, v, 1)
-            resid = v - (slope * st + icpt)
-            if slope >= 0 or np.max(np.abs(resid)) > 0.02 * np.max(np.abs(v)):
-                return None
-            fits.append((-icpt / slope, slope))
-        (t_prev, s_prev), (t_cur, s_cur) = fits
-        if abs(t_cur - t_prev) <= 0.05 * abs(t_prev):
-            return None
-        return float(t_prev), float(t_cur), float(s_prev), float(s_cur)
+                return Mechanism.OFFSET, 0.7, f"the same linear decay shifted by {ev['offset_steps']} steps"
+            return (Mechanism.HORIZON_CHANGE, 0.75,
+                    f"the linear decay now ends at step ~{round(t_cur)} instead of ~{round(t_prev)} "
+                    "(total steps changed on resume)")
+        pv = prev.get_column("value").to_numpy().astype(float)
+        psteps = prev.get_column("step").to_numpy()
+        match = np.flatnonzero(np.abs(pv - obs) <= self.match_tol * max(abs(obs), 1e-30))
+        if match.size:
+            ev["offset_steps"] = int(s0 - psteps[match[-1]])
+            return Mechanism.OFFSET, 0.7, f"lr equals the old schedule's value {ev['offset_steps']} steps away"
+        if obs > exp:
+            return Mechanism.RESET_TO_INITIAL, 0.6, "lr jumps up"
+        return Mechanism.HORIZON_CHANGE, 0.6, "lr drops below the schedule"
 
     def _finding(
-        self, run: RunData, step: int, segment: int, mech: str, conf: float, ev: dict[str, object], msg: str
+        self, run: RunData, step: int, segment: int, mech: Mechanism, conf: float, ev: dict[str, object], msg: str
     ) -> Finding:
         override = _intentional(run)
         against: tuple[str, ...] = ()
@@ -363,10 +321,11 @@ class LRScheduleReset(Detector):
         elif override:
             ev["override"] = override
             against = (f"the run folder sets {override}: the lr change was deliberate",)
-            mech, conf = "intentional_change", 0.2
+            mech, conf = Mechanism.INTENTIONAL_CHANGE, 0.2
             msg += f"; the run sets {override}, so the change looks deliberate"
         return self.finding(
-            cause="lr_schedule_reset", mechanism=mech, step=step, segment=segment, confidence=conf,
-            severity="info" if mech == "intentional_change" else "high", message=msg + ".", evidence=ev,
+            cause=Cause.LR_SCHEDULE_RESET, mechanism=mech, step=step, segment=segment, confidence=conf,
+            severity=Severity.INFO if mech == Mechanism.INTENTIONAL_CHANGE else Severity.HIGH,
+            message=msg + ".", evidence=ev,
             against=against,
         )

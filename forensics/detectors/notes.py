@@ -7,6 +7,8 @@ diverged, same behaviour, did not help, went the wrong way) is a *failed remedy*
 evidence against the cause that remedy addresses (DESIGN.md section 4: "earlier attempts
 (skipped data did not help) recorded in the run folder"). Remedies named as open ideas
 (``Open ideas:``, ``next:``, ``todo``) are proposals the recovery plan picks up.
+
+Source: docs/detectors.md#nt01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 REMEDIES: dict[str, re.Pattern[str]] = {
     "skip_data": re.compile(r"skip[-_ ]train[-_ ]iteration|\bskip(ped|ping)?\b.{0,20}\b(data|batch|batches|"
@@ -112,7 +114,7 @@ class NotesAttempts(Detector):
         against = tuple(f"the notes record that {k.replace('_', ' ')} was tried and failed: {v[0]}"
                         for k, v in failed.items())
         return [self.finding(
-            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity="info",
+            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity=Severity.INFO,
             message="notes in the run folder: "
             + ("failed remedies: " + ", ".join(failed) if failed else "no failed remedy recorded")
             + ("; open ideas: " + ", ".join(ideas) if ideas else "") + ".",

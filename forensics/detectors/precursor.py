@@ -10,6 +10,8 @@ z-scores miss such ramps because the ramp inflates its own window's spread. Upda
 grad norms and grad norms lead the loss (DESIGN.md section 4; BLOOM tr11 chronicles; Takase et
 al. 2023, "Spike No More": spikes follow sudden grad-norm growth), so a precursor ramp puts the
 onset at its start and argues against a bad batch.
+
+Source: docs/detectors.md#pr01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -19,31 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import departures, sustained_rise
-from forensics.model import Finding, RunData
+from forensics.facts import RunFacts, run_facts
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import mad_sigma, sustained_rise
 
 _PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
-
-
-def failure_step(run: RunData) -> int | None:
-    """First step of a persistent failure: non-finite loss/grad norm for good, or an unrecovered loss departure."""
-    best: int | None = None
-    for m in ("loss", "grad_norm"):
-        s = run.series(m)
-        if s is None or len(s) == 0:
-            continue
-        bad = ~np.isfinite(s.values)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            tail = s.values[i:]
-            if np.mean(~np.isfinite(tail)) >= 0.5 or i >= len(s) - 3:
-                st = int(s.steps[i])
-                best = st if best is None else min(best, st)
-    for d in departures(run, "loss"):
-        if d.recovered_step is None:
-            best = d.step if best is None else min(best, d.step)
-            break
-    return best
 
 
 def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | None:
@@ -88,13 +70,12 @@ def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | N
     half = max(5, int(np.searchsorted(x, best_t)))
     fit = theilslopes(y[:half], x[:half])
     resid = y - (fit.intercept + fit.slope * x)
-    sigma = 1.4826 * float(np.median(np.abs(resid[:half] - np.median(resid[:half]))))
+    sigma = mad_sigma(resid[:half])
     k0, k1 = int(np.searchsorted(x, best_t)), int(np.searchsorted(x, detected, side="right"))
     above = resid > sigma
-    for k in range(k0, k1):
-        if above[k:k1].all():
-            return int(x[k])
-    return best_t
+    below = np.flatnonzero(~above[k0:k1])  # the onset: the first point from which all up to the detection are above
+    k = k0 + (int(below[-1]) + 1 if below.size else 0)
+    return int(x[k]) if k < k1 else best_t
 
 
 @dataclass(frozen=True)
@@ -103,14 +84,15 @@ class PrecursorDrift(Detector):
 
     code = "PR01"
     name = "precursor.drift"
+    uses_facts = True
     requires = _PRECURSORS
     lookback: int = 2000
     min_rise: float = 0.10
     min_growth: float = 1.5
 
-    def detect(self, run: RunData) -> list[Finding]:
+    def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """At most one finding: the earliest precursor ramp before the failure."""
-        fail = failure_step(run)
+        fail = (facts or run_facts(run)).failure_step
         if fail is None:
             return []
         best = None
@@ -133,8 +115,8 @@ class PrecursorDrift(Detector):
             return []
         step, m, d, s = best
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=step, segment=segment_at(s, step),
-            confidence=0.6, severity="high",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=step, segment=segment_at(s, step),
+            confidence=0.6, severity=Severity.HIGH,
             message=f"{m} ramps up from step {step} (trend {fmt(d.baseline)}, x{d.growth:.3g} by the failure at "
             f"step {fail}): the failure has a precursor.",
             evidence={"metric": m, "onset_step": step, "failure_step": fail, "trend_at_onset": d.baseline,

@@ -28,6 +28,9 @@ before the resume). Signatures (DESIGN.md section 4,
 
 Evidence against each is stated: a discontinuous lr (then the lr explains the change), identical values at
 re-logged steps (the state was restored), a jump inside the noise.
+
+Rule: as above; docs/detectors.md#rs01 has it with its thresholds.
+Source: docs/detectors.md#rs01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from scratch always lowers its loss within a few hundred steps; one that does no
 (lr of zero, frozen parameters, an optimizer that never steps, or a collapse to the uniform
 prediction at a far too high lr). Late excerpts of long runs (first step beyond
 ``max_first_step``) are not judged: their loss is meant to be nearly flat.
+
+Source: docs/detectors.md#st01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.model import Finding, RunData, Severity
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class NoProgress(Detector):
                     hint = "; the lr is zero throughout"
         return [self.finding(
             cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=0.7,
-            severity="high",
+            severity=Severity.HIGH,
             message=f"the loss does not go down: {fmt(head)} at the start, {fmt(tail)} at the end of "
             f"{v.size} points{hint}.",
             evidence=ev,

@@ -5,7 +5,12 @@ Rule (docs/detectors.md#up01; Marin #1368: 2x update-norm spikes precede loss sp
 at least ``min_growth`` (2x) above it. (Dividing by the lr is tempting because AdamW's update
 scales with it, but under a decaying schedule ratio/lr rises in healthy runs: measured on
 sample_logs/healthy.) Also a sustained rise of the
-parameter norm. Without logged ratios the checkpoint readers provide them.
+parameter norm. Without logged ratios the checkpoint readers provide them. The rises: ``ratio_k_sigma`` (4)
+robust sigmas and ``ratio_min_rel`` (50%) above the early trend for the ratio, ``norm_k_sigma`` (5) and
+``norm_min_rel`` (10%) for the norm; a loss that keeps improving (its late median below ``loss_better``, 95%,
+of its early one) lowers the confidence to ``confidence_loss_improves`` (all ours, tuned on the corpus).
+
+Source: docs/detectors.md#up01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
-from forensics.detectors.signals import loss_improves_after, sustained_rise
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.signals import loss_improves_after
+from forensics.stats import sustained_rise
 
 
 @dataclass(frozen=True)
@@ -27,14 +33,22 @@ class UpdateScaleGrowth(Detector):
     name = "update.scale_growth"
     requires = ("update_ratio", "param_norm")
     min_growth: float = 2.0
+    min_points: int = 12
+    ratio_k_sigma: float = 4.0
+    ratio_min_rel: float = 0.5
+    norm_k_sigma: float = 5.0
+    norm_min_rel: float = 0.1
+    loss_better: float = 0.95
+    confidence: float = 0.6
+    confidence_loss_improves: float = 0.35
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding for the earliest sustained growth."""
         found: list[tuple[int, str, dict[str, object], str]] = []
         ur = run.series("update_ratio")
-        if ur is not None and len(ur) >= 12:
+        if ur is not None and len(ur) >= self.min_points:
             vals, what = ur.values, "update ratio"
-            d = sustained_rise(ur.steps, vals, log=True, k_sigma=4.0, min_rel=0.5)
+            d = sustained_rise(ur.steps, vals, log=True, k_sigma=self.ratio_k_sigma, min_rel=self.ratio_min_rel)
             if d is not None and d.growth * (d.baseline and 1) >= 1.0 and (
                 float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, 1e-30) >= self.min_growth
             ):
@@ -42,8 +56,8 @@ class UpdateScaleGrowth(Detector):
                               "baseline_at_onset": d.baseline, "max_after": float(np.nanmax(vals[d.onset_index:])),
                               "onset_step": d.onset_step}, "update_ratio"))
         pn = run.series("param_norm")
-        if pn is not None and len(pn) >= 12:
-            d = sustained_rise(pn.steps, pn.values, log=True, k_sigma=5.0, min_rel=0.1)
+        if pn is not None and len(pn) >= self.min_points:
+            d = sustained_rise(pn.steps, pn.values, log=True, k_sigma=self.norm_k_sigma, min_rel=self.norm_min_rel)
             if d is not None and d.slope_after > 0:
                 found.append((d.onset_step, "parameter norm", {"metric": "param_norm", "baseline_at_onset": d.baseline,
                               "last": d.last, "onset_step": d.onset_step}, "param_norm"))
@@ -53,16 +67,17 @@ class UpdateScaleGrowth(Detector):
         s = run.series(metric)
         base = ev.get("baseline_at_onset", float("nan"))
         against: tuple[str, ...] = ()
-        conf = 0.6
+        conf = self.confidence
         better = loss_improves_after(run, step)
-        if better is not None and (all(f[3] == "param_norm" for f in found) or better[1] < 0.95 * better[0]):
+        only_norm = all(f[3] == "param_norm" for f in found)
+        if better is not None and (only_norm or better[1] < self.loss_better * better[0]):
             # a parameter norm (or update ratio) that grows while the loss keeps falling is training, not divergence
-            conf = 0.35
+            conf = self.confidence_loss_improves
             against = (f"the loss keeps improving after step {step} ({fmt(better[0])} -> {fmt(better[1])}): "
                        f"a growing {what} alone is not update-scale growth",)
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=step, against=against,
-            segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity="medium",
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=step, against=against,
+            segment=segment_at(s, step) if s is not None else 0, confidence=conf, severity=Severity.MEDIUM,
             message=f"{what} rises above the trend of its early part from step {step} (trend {fmt(base)})"
             + ("" if len(found) == 1 else "; the parameter norm rises too") + ".",
             evidence=ev,

@@ -10,6 +10,8 @@ can, because the early loss falls monotonically in a healthy run. The jump must 
 ``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
 logged points leave at once is reported with low confidence (one noisy point is not an lr too
 high). A peak lr too high for the model is the usual reason; the trial is a lower peak lr with a longer warm-up.
+
+Source: docs/detectors.md#wu01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.stats import mad_sigma
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class WarmupInstability(Detector):
     def _blow_up(self, run: RunData, loss, lr, lv: np.ndarray, i_peak: int, peak_step: int,  # noqa: ANN001
                  end: float) -> list[Finding]:
         """A loss departure during the warm-up that never recovers (the loss had no time to fall 25% first)."""
-        from forensics.detectors.signals import departures
+        from forensics.signals import departures
 
         for d in departures(run, "loss", limit=3):
             if d.onset_step > peak_step or d.onset_step > end or d.recovered_step is not None or d.nonfinite:
@@ -55,8 +58,8 @@ class WarmupInstability(Detector):
                 if j + 1 < len(loss) and int(loss.steps[j + 1]) < onset:
                     onset = int(loss.steps[j + 1])
             return [self.finding(
-                cause="update_scale_growth", mechanism="lr_too_high", step=onset,
-                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=0.65, severity="high",
+                cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=onset,
+                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=0.65, severity=Severity.HIGH,
                 message=f"the loss blows up to {fmt(d.value)} at step {d.step} and never recovers while the lr is "
                 f"still warming up ({100 * frac:.0f}% of its peak {fmt(float(lv[i_peak]))} at step {peak_step}): the "
                 "lr ramp reaches a step size the model cannot take.",
@@ -88,9 +91,10 @@ class WarmupInstability(Detector):
         # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
         lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], 1e-12, None))
         dl = np.diff(lg)
-        noise = 1.4826 * float(np.median(np.abs(dl - np.median(dl)))) / np.sqrt(2) if dl.size >= 8 else 0.0
+        noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= 8 else 0.0
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
-        spikes = [i for i in range(1, v.size) if fallen[i - 1] and np.log(v[i] / run_min[i - 1]) >= thr]
+        with np.errstate(all="ignore"):  # every point against the running minimum before it, whole column
+            spikes = (np.flatnonzero(fallen[:-1] & (np.log(v[1:] / run_min[:-1]) >= thr)) + 1).tolist()
         if len(spikes) < self.min_spikes:
             return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0 = spikes[0]
@@ -105,8 +109,10 @@ class WarmupInstability(Detector):
         against = (f"one point at step {int(st[i0])} that the next logged points leave at once: noise of a run "
                    "whose loss keeps falling, not a peak lr too high",) if isolated else ()
         return [self.finding(
-            cause="update_scale_growth", mechanism="lr_too_high", step=int(st[i0]), segment=int(loss.segments[sel][i0]),
-            confidence=0.35 if isolated else 0.6, severity="low" if isolated else "medium", against=against,
+            cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=int(st[i0]),
+            segment=int(loss.segments[sel][i0]),
+            confidence=0.35 if isolated else 0.6, severity=Severity.LOW if isolated else Severity.MEDIUM,
+            against=against,
             message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
             f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
             + (f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.model import RunData, Series
-from forensics.stats import backtrack_onset, to_log, trailing_robust_z
+from forensics.stats import MAD_TO_SIGMA, backtrack_onset, to_log, trailing_robust_z
 
 SPIKE_Z = 6.0
 """Spike threshold in robust sigmas (OLMo-core StabilityMonitorCallback, 6 sigma / 128 steps)."""
@@ -104,7 +104,7 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     noise_med = dser.rolling_median(window_size=WINDOW, min_samples=10).shift(2).fill_null(float("nan")).to_numpy()
     local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=8).shift(1) \
         .fill_null(float("nan")).to_numpy()
-    noise = np.maximum(1.4826 * noise_med / np.sqrt(2), 0.01)
+    noise = np.maximum(MAD_TO_SIGMA * noise_med / np.sqrt(2), 0.01)
     with np.errstate(all="ignore"):
         zt = (v - local) / noise
     out = z.copy()
@@ -123,166 +123,67 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
     s, lx, z, med = zs
     vals = s.values
     scaler = scaler_skips(run, s) if metric == "grad_norm" else None
+    with np.errstate(all="ignore"):
+        nonfinite = ~np.isfinite(vals) if scaler is None else ~np.isfinite(vals) & ~scaler
+        big = np.isfinite(z) & (z >= SPIKE_Z) & np.isfinite(med) & (vals > med * (1 + MIN_REL_JUMP))
+    cands = np.flatnonzero(nonfinite | big)
     out: list[Departure] = []
-    i, n = 0, len(s)
-    while i < n and len(out) < limit:
-        nonfinite = not np.isfinite(vals[i]) and not (scaler is not None and scaler[i])
-        big = (
-            np.isfinite(z[i]) and z[i] >= SPIKE_Z and np.isfinite(med[i])
-            and vals[i] > med[i] * (1 + MIN_REL_JUMP)
-        )
-        if not (nonfinite or big):
-            i += 1
-            continue
+    i = 0
+    while len(out) < limit:
+        nxt = cands[np.searchsorted(cands, i):][:1]
+        if nxt.size == 0:
+            break
+        i = int(nxt[0])
         onset_i = backtrack_onset(z, i, ONSET_Z)
-        # excursion end and recovery
-        j = i
-        peak = vals[i] if np.isfinite(vals[i]) else float("nan")
-        base_med, base_sig = med[onset_i], None
-        zi = z[onset_i]
-        if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
-            base_sig = (lx[onset_i] - np.log(base_med)) / zi
-        recovered = None
-        width = base_sig if base_sig and base_sig > 0 else 0.05
-        band = np.log(base_med) + 2 * width if np.isfinite(base_med) else None
-        k = i + 1
-        while k < n:
-            v = vals[k]
-            if np.isfinite(v) and (not np.isfinite(peak) or v > peak):
-                peak = v
-            if band is not None and np.isfinite(lx[k]) and lx[k] <= band:
-                window = lx[k:k + 10]
-                if window.shape[0] >= min(10, n - k) and np.all(np.isfinite(window)) and np.all(window <= band):
-                    recovered = int(s.steps[k])
-                    break
-            k += 1
-        j = k
+        k, peak = _recovery(vals, lx, z, med, i, onset_i)
         out.append(
             Departure(
                 metric=metric, index=i, step=int(s.steps[i]), onset_step=int(s.steps[onset_i]),
-                onset_index=onset_i, z=float("inf") if nonfinite else float(z[i]), value=float(vals[i]),
-                baseline=float(med[i]) if np.isfinite(med[i]) else float("nan"), peak=float(peak),
-                recovered_step=recovered, nonfinite=nonfinite,
+                onset_index=onset_i, z=float("inf") if nonfinite[i] else float(z[i]), value=float(vals[i]),
+                baseline=float(med[i]) if np.isfinite(med[i]) else float("nan"), peak=peak,
+                recovered_step=int(s.steps[k]) if k is not None else None, nonfinite=bool(nonfinite[i]),
             )
         )
-        if recovered is None:
+        if k is None:
             break
-        i = max(j, i + 1)
+        i = max(k, i + 1)
     return out
 
 
-@dataclass(frozen=True)
-class Drift:
-    """A sustained rise of a series above the trend of its own early part.
+RECOVERY_POINTS = 10
+"""Consecutive points back inside the band that make a recovery (our choice, docs/detectors.md#conventions)."""
 
-    Attributes:
-        onset_step: first step of the sustained excursion above the baseline trend.
-        onset_index: its position.
-        baseline: value the baseline trend predicts at the onset (linear units).
-        last: last finite value; ``growth`` = last / value at onset (linear units).
-        sigma: robust noise of the baseline residuals (log units when ``log``).
-        slope_after: Theil-Sen slope after the onset (log units per step when ``log``).
+
+def _recovery(vals: np.ndarray, lx: np.ndarray, z: np.ndarray, med: np.ndarray, i: int,
+              onset_i: int) -> tuple[int | None, float]:
+    """(index of the recovery after detection point ``i``, peak of the excursion up to it).
+
+    The band is the pre-spike trailing median (log) plus 2 robust sigmas, the sigma read back from the onset's
+    z (0.05 when it cannot be); the recovery is the first later point from which :data:`RECOVERY_POINTS`
+    points (or all the remaining ones) are finite and inside the band. The peak is the largest finite value
+    from ``i`` to the recovery (to the end when there is none; NaN when nothing there is finite).
     """
-
-    onset_step: int
-    onset_index: int
-    baseline: float
-    last: float
-    growth: float
-    sigma: float
-    slope_after: float
-
-
-def sustained_rise(
-    steps: np.ndarray,
-    values: np.ndarray,
-    *,
-    log: bool = True,
-    baseline_frac: float = 0.25,
-    min_baseline: int = 8,
-    k_sigma: float = 4.0,
-    min_rel: float = 0.05,
-    min_run: int = 5,
-    hold_frac: float = 0.8,
-) -> Drift | None:
-    """Find where a series leaves the robust linear trend of its early part for good.
-
-    The baseline trend is a Huber robust linear fit (:func:`robust_trend`) over the first
-    ``baseline_frac`` of the points (at least ``min_baseline``); the noise is 1.4826 * MAD of its
-    residuals. The onset is the first point from which the residual exceeds
-    max(k_sigma * sigma, log(1 + min_rel)) for ``min_run`` consecutive points and for at least
-    ``hold_frac`` of all the remaining points (a drift that stays, not a spike).
-
-    Args:
-        steps: int array (n,), increasing.
-        values: float array (n,); non-finite points are ignored.
-        log: work on log values (positive series).
-        baseline_frac: share of points used to fit the baseline.
-        min_baseline: minimum number of baseline points.
-        k_sigma: residual threshold in robust sigmas.
-        min_rel: minimum relative excursion (guards perfectly smooth series).
-        min_run: consecutive points above the threshold needed at the onset.
-        hold_frac: share of the remaining points that must stay above.
-
-    Returns:
-        A :class:`Drift`, or None when there is no sustained rise.
-    """
-    from scipy.stats import theilslopes
-
-    v = np.asarray(values, dtype=np.float64)
-    st = np.asarray(steps, dtype=np.float64)
-    ok = np.isfinite(v) & ((v > 0) if log else True)
-    v, st = v[ok], st[ok]
-    idx_map = np.flatnonzero(ok)
-    n = v.shape[0]
-    if n < min_baseline + min_run:
-        return None
-    y = np.log(v) if log else v
-    nb = max(min_baseline, int(n * baseline_frac))
-    if n - nb < min_run:
-        return None
-    trend = robust_trend(st[:nb], y[:nb], st)
-    resid = y - trend
-    sigma = 1.4826 * float(np.median(np.abs(resid[:nb] - np.median(resid[:nb]))))
-    thr = max(k_sigma * sigma, np.log1p(min_rel) if log else min_rel * max(abs(float(np.median(y[:nb]))), 1e-12))
-    above = resid > thr
-    for i in range(nb, n - min_run + 1):
-        if above[i:i + min_run].all() and above[i:].mean() >= hold_frac:
-            after = theilslopes(y[i:], st[i:]).slope if n - i >= 3 else float("nan")
-            base = float(np.exp(trend[i]) if log else trend[i])
-            return Drift(
-                onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=base, last=float(v[-1]),
-                growth=float(v[-1] / v[i]) if v[i] != 0 else float("inf"), sigma=sigma, slope_after=float(after),
-            )
-    return None
-
-
-def robust_trend(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """A robust straight-line trend of ``y`` on ``x``, evaluated at ``at``.
-
-    scikit-learn's ``HuberRegressor`` (Huber loss, epsilon 1.35: the usual 95%-efficiency
-    choice under Gaussian noise) so that a few spikes in the baseline do not tilt it; x is
-    standardised for the solver. Falls back to a Theil-Sen fit if the solver fails.
-
-    Args:
-        x: baseline steps, shape (m,).
-        y: baseline values, shape (m,) (finite).
-        at: steps to evaluate the trend at, shape (k,).
-
-    Returns:
-        The trend values, shape (k,).
-    """
-    from sklearn.linear_model import HuberRegressor
-
-    mu, sd = float(np.mean(x)), float(np.std(x)) or 1.0
-    try:
-        model = HuberRegressor(epsilon=1.35, alpha=0.0, max_iter=200).fit(((x - mu) / sd)[:, None], y)
-        return model.predict(((np.asarray(at, float) - mu) / sd)[:, None])
-    except (ValueError, ArithmeticError):
-        from scipy.stats import theilslopes
-
-        fit = theilslopes(y, x)
-        return fit.intercept + fit.slope * np.asarray(at, float)
+    n = vals.shape[0]
+    base_med, base_sig = med[onset_i], None
+    zi = z[onset_i]
+    if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
+        base_sig = (lx[onset_i] - np.log(base_med)) / zi
+    width = base_sig if base_sig and base_sig > 0 else 0.05
+    k: int | None = None
+    if np.isfinite(base_med) and i + 1 < n:
+        band = np.log(base_med) + 2 * width
+        with np.errstate(invalid="ignore"):
+            good = np.isfinite(lx[i + 1:]) & (lx[i + 1:] <= band)
+        c = np.concatenate([[0], np.cumsum(good)])
+        m = good.shape[0]
+        start = np.arange(m)
+        stop = np.minimum(start + RECOVERY_POINTS, m)
+        ok = good & ((c[stop] - c[start]) == (stop - start))
+        if ok.any():
+            k = i + 1 + int(np.argmax(ok))
+    span = vals[i:(k + 1 if k is not None else n)]
+    fin = span[np.isfinite(span)]
+    return k, float(fin.max()) if fin.size else float("nan")
 
 
 def loss_improves_after(run: RunData, step: int, min_points: int = 8) -> tuple[float, float] | None:
