@@ -3,15 +3,17 @@
 Input: dumps written by ``benchmarks/accuracy.py --varied-only --dump FILE`` with
 ``FORENSICS_RAW_CONFIDENCE=1`` (raw engine scores). Two maps are fitted on the tuning items only:
 
-* ``logistic``: scikit-learn ``LogisticRegression`` on [logit(raw), one indicator per answer kind]
-  (:func:`forensics.calibration.features`), L2 C=1;
+* ``logistic``: scikit-learn ``LogisticRegression`` on [logit(raw), the coverage share (share of the log
+  detectors evaluated), one indicator per answer kind] (:func:`forensics.calibration.features`), L2 C=1;
 * ``isotonic``: scikit-learn ``IsotonicRegression`` of right/wrong on the raw score, per answer kind with at
   least 20 tuning items, else one map over all.
 
-Each is scored by its expected calibration error (10 equal bins) on the tuning part and, when a validation
-dump is given, on the validation part; the one with the lower validation ECE is stored (the validation part
-only picks between the two finished fits; no rule or parameter is tuned on it). The stored file records the
-method, parameters, the corpus, the seeds and both ECEs.
+Both are scored as the product applies them: the map, then the coverage cap for a fault or a transient, then,
+for a healthy verdict, api.py's coverage factor (a raw dump's healthy score already carries that factor; it
+is divided out before fitting). Each is scored by its expected calibration error (10 equal bins) on the
+tuning part and, when a validation dump is given, on the validation part; the one with the lower validation
+ECE is stored (the validation part only picks between the two finished fits; no rule or parameter is tuned
+on it). The stored file records the method, parameters, the corpus, the seeds and both ECEs.
 
 Usage::
 
@@ -44,13 +46,24 @@ def _ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     return float(total)
 
 
-def _rows(items: list[dict]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+def _rows(items: list[dict]) -> dict[str, np.ndarray | list[str]]:
+    """Per item: the engine's raw score, right/wrong, answer kind, features, coverage share, cap and factor."""
     ok = [i for i in items if "error" not in i["found"]]
-    raw = np.array([float(i["found"]["confidence"]) for i in ok])
-    y = np.array([1.0 if i["right"] else 0.0 for i in ok])
-    groups = [group(i["found"]["verdict"], i["found"]["cause"]) for i in ok]
-    x = np.array([features(float(i["found"]["confidence"]), i["found"]["verdict"], i["found"]["cause"]) for i in ok])
-    return raw, y, groups, x
+    out: dict[str, list] = {k: [] for k in ("raw", "y", "groups", "x", "cap", "factor")}
+    for i in ok:
+        f = i["found"]
+        cov = f.get("coverage") or {}
+        factor = float(cov.get("factor", 1.0)) if f["verdict"] == "healthy" else 1.0
+        raw = float(f["confidence"]) / (factor or 1.0)
+        share = float(cov.get("share_evaluated", 1.0))
+        nocap = f["verdict"] in ("healthy", "inconclusive") or "cap" not in cov
+        out["raw"].append(raw)
+        out["y"].append(1.0 if i["right"] else 0.0)
+        out["groups"].append(group(f["verdict"], f["cause"]))
+        out["x"].append(features(raw, f["verdict"], f["cause"], share))
+        out["cap"].append(1.0 if nocap else float(cov["cap"]))
+        out["factor"].append(factor)
+    return {k: (v if k == "groups" else np.array(v)) for k, v in out.items()}
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray) -> dict:
@@ -59,7 +72,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray) -> dict:
 
     m = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
     return {"method": "logistic", "coef": [float(c) for c in m.coef_[0]], "intercept": float(m.intercept_[0]),
-            "features": ["logit(raw)"] + [f"group={g}" for g in GROUPS]}
+            "features": ["logit(raw)", "share_evaluated"] + [f"group={g}" for g in GROUPS]}
 
 
 def fit_isotonic(raw: np.ndarray, y: np.ndarray, groups: list[str], min_items: int = 20) -> dict:
@@ -77,16 +90,25 @@ def fit_isotonic(raw: np.ndarray, y: np.ndarray, groups: list[str], min_items: i
     return {"method": "isotonic", "tables": tables}
 
 
-def apply(params: dict, raw: np.ndarray, groups: list[str], x: np.ndarray) -> np.ndarray:
-    """Calibrated confidences of a fit (as forensics.calibration.calibrate computes them)."""
+def apply(params: dict | None, r: dict) -> np.ndarray:
+    """Final confidences of a fit as the product computes them (map, clip, cap, healthy factor); None: raw."""
+    if params is None:
+        p = np.clip(r["raw"], 0.0, 1.0)
+    else:
+        p = np.minimum(np.clip(_mapped_all(params, r), 0.02, 0.98), r["cap"])
+    return p * r["factor"]
+
+
+def _mapped_all(params: dict, r: dict) -> np.ndarray:
+    """The map of a fit at every item (as forensics.calibration.mapped computes it)."""
     if params["method"] == "logistic":
-        t = params["intercept"] + x @ np.array(params["coef"])
-        return np.clip(1 / (1 + np.exp(-t)), 0.02, 0.98)
+        t = params["intercept"] + r["x"] @ np.array(params["coef"])
+        return 1 / (1 + np.exp(-t))
     out = []
-    for r, g in zip(raw, groups, strict=True):
+    for raw, g in zip(r["raw"], r["groups"], strict=True):
         tab = params["tables"].get(g) or params["tables"]["all"]
-        out.append(float(np.interp(r, tab["x"], tab["y"])))
-    return np.clip(np.array(out), 0.02, 0.98)
+        out.append(float(np.interp(raw, tab["x"], tab["y"])))
+    return np.array(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,18 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     items = json.loads(a.dump.read_text())
     tun = [i for i in items if i["split"] == "tuning"]
     val = [i for i in items if i["split"] == "validation"]
-    rt, yt, gt, xt = _rows(tun)
-    fits = [fit_logistic(xt, yt), fit_isotonic(rt, yt, gt)]
+    rt = _rows(tun)
+    rv = _rows(val) if val else None
+    fits = [fit_logistic(rt["x"], rt["y"]), fit_isotonic(rt["raw"], rt["y"], rt["groups"])]
     report = []
     for f in fits:
-        e_t = _ece(apply(f, rt, gt, xt), yt)
-        e_v = None
-        if val:
-            rv, yv, gv, xv = _rows(val)
-            e_v = _ece(apply(f, rv, gv, xv), yv)
+        e_t = _ece(apply(f, rt), rt["y"])
+        e_v = None if rv is None else _ece(apply(f, rv), rv["y"])
         f["ece_tuning"], f["ece_validation"] = round(e_t, 4), None if e_v is None else round(e_v, 4)
         report.append(f"{f['method']:<10} ECE tuning {e_t:.3f}  validation {'-' if e_v is None else f'{e_v:.3f}'}")
-    raw_t = _ece(np.clip(rt, 0, 1), yt)
+    raw_t = _ece(apply(None, rt), rt["y"])
     report.append(f"{'raw':<10} ECE tuning {raw_t:.3f}")
     best = min(fits, key=lambda f: (f["ece_validation"] if f["ece_validation"] is not None else f["ece_tuning"]))
     best["provenance"] = {"script": "benchmarks/fit_calibration.py", "corpus": a.corpus,

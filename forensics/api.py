@@ -146,7 +146,8 @@ def analyze_run(run: RunData) -> Analysis:
     elif notes and verdict == Verdict.HEALTHY:
         summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
-    meta["coverage"] = {"factor": factor, "why": notes or ["everything found was read and every detector ran"]}
+    meta["coverage"] = {"factor": factor, "why": notes or ["everything found was read and every detector ran"],
+                        **(d.coverage or {})}  # share_evaluated, cap, capped, note: forensics.calibration.coverage
     return Analysis(
         run=display(str(run.run)), verdict=verdict, cause=d.cause, mechanism=d.mechanism,  # type: ignore[arg-type]
         confidence=confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,

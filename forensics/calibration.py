@@ -6,7 +6,18 @@ provenance, in ``forensics/calibration.json``; it is never fitted at run time on
 the raw confidence of the chosen answer and what the answer is (healthy, transient, a named cause, unknown):
 the raw scores of different rules do not mean the same thing, so each kind of answer gets its own slope.
 
-Set ``FORENSICS_RAW_CONFIDENCE=1`` to get the raw scores (used only to refit the map).
+Coverage. A verdict over part of the evidence is weaker than over all of it, and the tuning corpus holds only
+the causes its generator injects: with the loss alone, a NaN is "data_batch" on every tuning run, yet on a user's
+run it may be an lr blow-up or an fp16 overflow that no lr or loss-scale series was logged to show. So the
+calibrated confidence of a fault or a transient is CAPPED by the coverage (:func:`coverage`):
+``cap = 0.5 + 0.5 x share_evaluated - 0.03 x skipped inputs`` (at most 0.15 off), where ``share_evaluated`` is
+the share of the log detectors that ran (detectors that read checkpoints or notes do not count: the tuning runs
+have none, so their absence is already in the fit). The cap is our rule, not a fit; the logistic alternative in
+``benchmarks/fit_calibration.py`` also takes ``share_evaluated`` as a feature. A healthy verdict is lowered by
+the coverage factor of :func:`forensics.api._coverage` instead. The Decision carries the numbers
+(``Decision.coverage``) and the JSON shows them under ``meta.coverage``.
+
+Set ``FORENSICS_RAW_CONFIDENCE=1`` to get the raw scores, uncapped (used only to refit the map).
 """
 
 from __future__ import annotations
@@ -14,15 +25,48 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from forensics.model import Verdict
 
 PARAMS_PATH = Path(__file__).with_name("calibration.json")
 
 GROUPS = ("healthy", "transient", "lr_schedule_reset", "overflow", "data_batch", "update_scale_growth",
           "grad_scaling_bug", "state_not_restored", "hardware_or_distributed", "unknown")
 """Answer kinds with their own calibration offset (the verdict for healthy/transient, else the cause)."""
+
+
+ARTEFACT_PREFIXES = ("CK", "NT")
+"""Codes of detectors that read files beside the logs (checkpoints, notes): not counted in the coverage."""
+CAP_FLOOR = 0.5
+"""The cap with no log detector evaluated: a coin flip between the answer and the causes nothing ruled out."""
+CAP_PER_INPUT = 0.03
+CAP_INPUTS_MAX = 0.15
+"""Each skipped or damaged input lowers the cap by 0.03, at most 0.15 (as :func:`forensics.api._coverage`)."""
+
+
+def coverage(skipped: Iterable[Any], codes: Iterable[str], skipped_inputs: int = 0) -> dict[str, Any]:
+    """How much of the log evidence the verdict rests on, and the confidence cap that follows.
+
+    Args:
+        skipped: The decision's skips (``Skip.what`` starts with the detector code for a detector skip).
+        codes: The codes of every detector that was asked to run.
+        skipped_inputs: Input files (or parts) that were skipped or damaged.
+
+    Returns:
+        ``share_evaluated`` (0..1), ``detectors_evaluated``, ``detectors_total`` (log detectors only),
+        ``not_evaluated`` (codes), ``skipped_inputs`` and ``cap`` (0.5..0.98, see the module docstring).
+    """
+    logs = sorted({c for c in codes if not c.startswith(ARTEFACT_PREFIXES)})
+    not_run = sorted({str(getattr(s, "what", s)).split(" ")[0] for s in skipped} & set(logs))
+    share = (len(logs) - len(not_run)) / len(logs) if logs else 1.0
+    cap = CAP_FLOOR + (1 - CAP_FLOOR) * share - min(CAP_INPUTS_MAX, CAP_PER_INPUT * skipped_inputs)
+    return {"share_evaluated": round(share, 3), "detectors_evaluated": len(logs) - len(not_run),
+            "detectors_total": len(logs), "not_evaluated": not_run, "skipped_inputs": int(skipped_inputs),
+            "cap": round(min(0.98, cap), 3)}
 
 
 def group(verdict: str, cause: str | None) -> str:
@@ -36,11 +80,11 @@ def group(verdict: str, cause: str | None) -> str:
     return cause if cause in GROUPS else "unknown"
 
 
-def features(raw: float, verdict: str, cause: str | None) -> list[float]:
-    """Feature vector of one answer: logit of the raw score, then one indicator per group."""
+def features(raw: float, verdict: str, cause: str | None, share: float = 1.0) -> list[float]:
+    """Feature vector of one answer: logit of the raw score, the coverage share, one indicator per group."""
     p = min(max(float(raw), 1e-3), 1 - 1e-3)
     g = group(verdict, cause)
-    return [math.log(p / (1 - p))] + [1.0 if g == k else 0.0 for k in GROUPS]
+    return [math.log(p / (1 - p)), float(share)] + [1.0 if g == k else 0.0 for k in GROUPS]
 
 
 @lru_cache(maxsize=1)
@@ -50,23 +94,32 @@ def _params() -> dict[str, Any] | None:
     return json.loads(PARAMS_PATH.read_text())
 
 
-def calibrate(raw: float, verdict: str, cause: str | None) -> float:
-    """Calibrated confidence in [0.02, 0.98] of an answer with raw score ``raw``.
+def calibrate(raw: float, verdict: str, cause: str | None, cov: dict[str, Any] | None = None) -> float:
+    """Calibrated confidence in [0.02, 0.98] of an answer with raw score ``raw``, capped by the coverage.
 
     Args:
         raw: The engine's raw confidence (0..1) of the chosen answer.
         verdict: ``healthy``, ``anomaly``, ``transient`` or ``inconclusive``.
         cause: The chosen cause (None when healthy).
+        cov: :func:`coverage` of the decision (None: full coverage, no cap).
 
     Returns:
-        The probability that such an answer is right, from the stored fit; ``raw`` unchanged when no fit is
-        stored or ``FORENSICS_RAW_CONFIDENCE`` is set.
+        The probability that such an answer is right, from the stored fit, at most ``cov["cap"]`` for a fault or
+        a transient; ``raw`` unchanged when no fit is stored or ``FORENSICS_RAW_CONFIDENCE`` is set.
     """
     prm = _params()
     if prm is None or os.environ.get("FORENSICS_RAW_CONFIDENCE"):
         return float(raw)
+    p = mapped(prm, raw, verdict, cause, 1.0 if cov is None else float(cov["share_evaluated"]))
+    if cov is not None and verdict not in (Verdict.HEALTHY, Verdict.INCONCLUSIVE):
+        p = min(p, float(cov["cap"]))
+    return float(min(max(p, 0.02), 0.98))
+
+
+def mapped(prm: dict[str, Any], raw: float, verdict: str, cause: str | None, share: float = 1.0) -> float:
+    """The stored map (logistic or isotonic) at ``raw``, uncapped and unclipped."""
     if prm["method"] == "logistic":
-        x = features(raw, verdict, cause)
+        x = features(raw, verdict, cause, share)
         t = prm["intercept"] + sum(c * v for c, v in zip(prm["coef"], x, strict=True))
         p = 1.0 / (1.0 + math.exp(-t))
     else:  # isotonic: piecewise-linear through the fitted thresholds of the answer's group (or "all")
@@ -81,4 +134,26 @@ def calibrate(raw: float, verdict: str, cause: str | None) -> float:
             k = next(i for i in range(1, len(xs)) if xs[i] >= r)
             f = (r - xs[k - 1]) / ((xs[k] - xs[k - 1]) or 1.0)
             p = ys[k - 1] + f * (ys[k] - ys[k - 1])
-    return float(min(max(p, 0.02), 0.98))
+    return float(p)
+
+
+def calibrate_decision(raw: float, verdict: str, cause: str | None, skipped: Iterable[Any], codes: Iterable[str],
+                       skipped_inputs: int = 0) -> tuple[float, dict[str, Any]]:
+    """The calibrated, coverage-capped confidence of a decision, and its coverage (what the engine stores).
+
+    Returns:
+        (confidence, coverage): :func:`coverage` plus ``capped`` (the cap lowered the confidence) and ``note``
+        (one line for a report's header, e.g. "confidence capped at 0.76: 9 of 19 log detectors not evaluated").
+    """
+    cov = coverage(skipped, codes, skipped_inputs)
+    conf = calibrate(raw, verdict, cause, cov)
+    uncapped = calibrate(raw, verdict, cause, {**cov, "cap": 1.0})  # the same map and share, no cap
+    cov["capped"] = bool(conf < uncapped - 1e-9)
+    n_off = cov["detectors_total"] - cov["detectors_evaluated"]
+    why = [f"{n_off} of {cov['detectors_total']} log detectors not evaluated"] if n_off else []
+    if skipped_inputs:
+        why.append(f"{skipped_inputs} input(s) skipped or damaged")
+    cov["note"] = (f"confidence capped at {cov['cap']:.2f}: " + "; ".join(why) if cov["capped"]
+                   else "; ".join(why) or "every log detector was evaluated")
+    return conf, cov
+

@@ -53,7 +53,7 @@ def test_tensorboard_only_overflow_copy_is_an_activation_overflow(tmp_path: Path
         shutil.copy(f, tmp_path / f.name)
     a = analyze(tmp_path)
     assert (a.cause, a.mechanism) == ("overflow", "activation_overflow"), a.summary
-    assert a.confidence >= 0.9, a.summary
+    assert a.confidence >= 0.85, a.summary  # calibrated (forensics/calibration.json): the share right of such answers
 
 
 def test_constant_loss_scale_one_is_not_fp16() -> None:

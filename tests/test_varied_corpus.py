@@ -26,10 +26,11 @@ sys.path.insert(0, str(ROOT))
 VARIED = Path(os.environ.get("FORENSICS_VARIED_CORPUS", "/work/corpus15"))
 
 # Pinned on the validation part (measured with benchmarks/accuracy.py --varied-only; see README "Accuracy").
-# Measured 2026-12-01 on /work/corpus15 (328 runs of seeds 1-150, 361-470, 561-650; validation 139 runs):
-# cause 111/139 = 79.9 %, onset in window 59/84 = 70.2 %, false alarms 0/55, ECE 0.043. Pinned a little below.
-PIN_CAUSE = 0.78
-PIN_ONSET = 0.68
+# Measured 2026-12-01 (branch s4-diag) on /work/corpus15, 422 runs (validation 140): cause 121/140 = 86.4 %,
+# onset in window 65/85 = 76.5 %, false alarms 0/55, ECE 0.059 (logistic map + coverage cap). 14 of the 19
+# validation misses are Lightning-CSV resumes the reader does not join (version_N folders). Pinned a little below.
+PIN_CAUSE = 0.84
+PIN_ONSET = 0.74
 PIN_FALSE_ALARMS = 0.0
 PIN_ECE = 0.08
 
@@ -84,3 +85,70 @@ def test_validation_figures() -> None:
     assert fig["onset"] is not None and fig["onset"] >= 100 * PIN_ONSET, fig
     assert fig["false_alarm"] is not None and fig["false_alarm"] <= 100 * PIN_FALSE_ALARMS, fig
     assert fig["ece"] is not None and fig["ece"] <= PIN_ECE, fig
+
+
+# ------------------------------------------------------------------------------------ units of issue 15's rules
+
+
+def _jsonl_run(tmp: Path, jump_at: int | None, gap_at: int = 121, steps: int = 200) -> Path:
+    """A JSONL run with a restart at ``gap_at`` (a 300 s wall-clock gap; the steps go on, none re-logged).
+
+    The update ratio follows the lr; from ``jump_at`` it is 3x that for 20 steps (fresh Adam moments).
+    """
+    import json
+    import math
+    import random
+
+    r = random.Random(7)
+    out = tmp / "run"
+    out.mkdir(parents=True)
+    rows, wall = [], 1.7e9
+    for s in range(1, steps + 1):
+        wall += 0.5 * r.uniform(0.97, 1.03) + (300.0 if s == gap_at else 0.0)
+        lr = 3e-3 * (0.5 + 0.5 * math.cos(math.pi * s / steps))
+        ur = lr * 0.6 * math.exp(r.gauss(0, 0.03)) * (3.0 if jump_at and jump_at <= s < jump_at + 20 else 1.0)
+        rows.append({"step": s, "loss": 3.0 * math.exp(-s / 150) + 1.5 + r.gauss(0, 0.05), "lr": lr,
+                     "grad_norm": 0.6 * math.exp(r.gauss(0, 0.1)), "update_ratio": ur, "wall_time": wall})
+    (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return out
+
+
+def test_restart_without_relogged_steps_is_judged(tmp_path: Path) -> None:
+    """RS01 judges a wall-clock restart whose steps did not go back: an update-ratio jump is optimizer_state."""
+    from forensics.api import load
+    from forensics.detectors.resume_state import ResumeState
+
+    faulty = ResumeState().detect(load(_jsonl_run(tmp_path / "a", jump_at=121)))
+    assert [(f.cause, f.mechanism, f.step) for f in faulty] == [("state_not_restored", "optimizer_state", 121)]
+    assert faulty[0].evidence["restart"].startswith("wall-clock gap")
+    assert ResumeState().detect(load(_jsonl_run(tmp_path / "b", jump_at=None))) == []
+
+
+def test_coverage_cap() -> None:
+    """The cap follows the share of log detectors evaluated; checkpoint and notes detectors do not count."""
+    from forensics.calibration import calibrate, calibrate_decision, coverage
+    from forensics.model import Skip
+
+    codes = ["SP01", "GN01", "LR01", "OV01", "CK01", "NT01"]
+    skips = [Skip("GN01 grad_norm.departure", "not evaluated"), Skip("CK01 checkpoint.nonfinite_state", "no ckpt")]
+    cov = coverage(skips, codes, skipped_inputs=1)
+    assert (cov["detectors_total"], cov["detectors_evaluated"], cov["not_evaluated"]) == (4, 3, ["GN01"])
+    assert cov["cap"] == round(0.5 + 0.5 * 0.75 - 0.03, 3)
+    conf, cov = calibrate_decision(0.99, "anomaly", "data_batch", skips, codes, 1)
+    assert conf <= cov["cap"] and cov["capped"] and cov["note"].startswith("confidence capped at")
+    healthy, hcov = calibrate_decision(0.99, "healthy", None, skips, codes, 1)
+    # no cap on a healthy verdict (api.py's coverage factor lowers it instead): even a cap of 0 leaves it alone
+    assert not hcov["capped"] and healthy == calibrate(0.99, "healthy", None, {**hcov, "cap": 0.0}) > 0.5
+
+
+def test_realrun_loss_only_nan_is_capped() -> None:
+    """The shared nanoGPT NaN run logs the loss only: its confidence is capped and the JSON says why."""
+    run = ROOT.parent / "shared" / "realruns" / "nanogpt" / "termux_shakespeare_char_nan"
+    if not run.is_dir():
+        pytest.skip(f"shared realruns not found at {run}")
+    from forensics.api import analyze
+
+    a = analyze(run)
+    cov = a.meta["coverage"]
+    assert cov["capped"] and a.confidence <= cov["cap"] < 0.9, cov
+    assert "log detectors not evaluated" in cov["note"]

@@ -1,17 +1,24 @@
 """RS01 resume.state: what the loss, grad norm and update scale say about each resume.
 
-At every resume (a new segment) whose lr continues the earlier schedule (LR01 judges the lr), the first
-logged points of the new process are compared with the earlier process at and before the checkpoint it
-resumed from (the steps it re-logs, else its last points before the resume). Signatures (DESIGN.md section 4,
+At every resume (a new segment, or a wall-clock restart inside one: ``RESTART_GAP_S``) whose lr continues the
+earlier schedule (LR01 judges the lr), the first logged points of the new process are compared with the
+earlier process at and before the checkpoint it resumed from (the steps it re-logs, else its last points
+before the resume). Signatures (DESIGN.md section 4,
 ``state_not_restored`` and ``grad_scaling_bug``; Lightning #5400/#12274, HF transformers #7198, torchtitan
 #1202, fairseq #3313 on state that was not reloaded):
 
 - ``weights``: the loss is back near its initial level (at least ``back_frac``, 50%, of the way from the
-  pre-resume loss to the first logged loss) with a continuous lr: the weights were not loaded;
-- ``optimizer_state``: a grad-norm or update-ratio spike (z >= 6 against the pre-resume band) in the first
-  points after the resume that fades within ``fade_points`` points, or a loss jump short of the initial level:
-  Adam's moments restart from zero (the first updates are lr x sign(g)) or the optimizer state was not loaded;
-- ``data_sampler``: the loss after the resume sits BELOW the earlier process's loss at the same steps by more
+  pre-resume loss to the first logged loss) with a continuous lr, or the parameter norm at the first step both
+  processes logged differs by more than the updates in between can move it: the weights were not loaded;
+- ``optimizer_state``: the update scale (``update_ratio``) is ``min_update_factor`` (1.5x) or more above the
+  earlier process's, by at least 6 of its point-to-point noise sigmas, at the steps it re-logs (else against its
+  last points before the resume, per unit lr), with the grad norm NOT up by a constant factor: Adam's moments
+  restart from zero, so its first updates are lr x sign(g) per element (Kingma & Ba 2015, section 2: the
+  bias-corrected step is about lr when m and v hold one gradient), whether the jump then fades or stays; or a
+  grad-norm or update-ratio spike (z >= 6 against the pre-resume band) that fades within ``fade_points``
+  points; or a loss jump short of the initial level;
+- ``data_sampler``: the logged batch index does not continue the earlier process's, or the loss after the
+  resume sits BELOW the earlier process's loss at the same steps by more
   than 4 robust sigmas (the data position went back and the model sees data it has already learned), or the
   re-logged steps differ from the earlier process's by as much as one batch differs from the next (rms of
   the log ratio >= half the loss's point-to-point noise): other batches at the same steps;
@@ -28,34 +35,34 @@ Source: docs/detectors.md#rs01 (the thresholds, where each comes from, the publi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
-from forensics.model import Finding, RunData
+from forensics.detectors.resume_rows import VSEG, restarts_of, sigma_log
+from forensics.detectors.resume_rows import rows as _rows
+from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 
-def _rows(run: RunData, metric: str) -> pl.DataFrame:
-    """Rows of ``metric`` from the source its effective series comes from (all segments), sorted by segment, step."""
-    s = run.series(metric)
-    if s is None:
-        return pl.DataFrame()
-    raw = run.raw(metric).filter(pl.col("value").is_not_null())
-    groups = run.meta.get("source_groups", {})
-    group = groups.get(s.source)
-    members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return raw.filter(pl.col("source").is_in(members)).sort(["segment", "step"], maintain_order=True)
+@dataclass
+class _Resume:
+    """What one resume looks like in the loss (levels are loss values; ``sig``, ``jump``, ``thr`` in log)."""
 
-
-def _sigma_log(v: np.ndarray) -> float:
-    """Robust point-to-point noise of log values (1.4826 MAD of first differences / sqrt 2)."""
-    v = v[np.isfinite(v) & (v > 0)]
-    if v.size < 6:
-        return 0.05
-    d = np.diff(np.log(v))
-    return max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), 1e-3)
+    s0: int
+    seg: int
+    sig: float
+    l_pre: float
+    l_post: float
+    l_init: float
+    jump: float
+    thr: float
+    ratio: float | None
+    rms: float | None
+    ev: dict[str, object]
+    restarts: list[tuple[int, int]] = field(default_factory=list)
+    against: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -69,17 +76,20 @@ class ResumeState(Detector):
     spike_z: float = 6.0
     fade_points: int = 20
     min_factor: float = 2.0
+    min_update_factor: float = 1.5
+    param_break_x: float = 10.0
     lr_tol: float = 0.05
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per resume."""
-        loss = _rows(run, "loss")
+        restarts = restarts_of(run)
+        loss = _rows(run, "loss", restarts)
         if loss.height < 10:
             return []
         segs = sorted(set(loss.get_column("segment").to_list()))
         if len(segs) < 2:
             return []
-        lr = _rows(run, "lr")
+        lr = _rows(run, "lr", restarts)
         first = loss.filter(pl.col("segment") == segs[0])
         fv = first.get_column("value").to_numpy().astype(float)
         fv = fv[np.isfinite(fv)]
@@ -93,7 +103,7 @@ class ResumeState(Detector):
             if cur.height < 3 or prev.height < 6:
                 continue
             s0 = int(cur.get_column("step")[0])
-            f = self._judge(run, prev, cur, s0, b, l_init, lr)
+            f = self._judge(run, prev, cur, s0, b, l_init, lr, restarts)
             if f is not None:
                 out.append(f)
         return out
@@ -120,93 +130,179 @@ class ResumeState(Detector):
         return abs(obs - exp) <= self.lr_tol * max(abs(exp), 1e-30)
 
     def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
-               lr: pl.DataFrame) -> Finding | None:
-        pre = prev.filter(pl.col("step") < s0)
-        pv = pre.get_column("value").to_numpy().astype(float)[-30:]
+               lr: pl.DataFrame, restarts: list[tuple[int, int]]) -> Finding | None:
+        """The first signature that the resume at ``s0`` shows, in the order weights, gradients, data, loss."""
+        if self._lr_continuous(lr, prev, s0, seg) is False:
+            return None  # the lr changed at the resume: LR01 judges it, and it explains a loss change
+        c = self._context(prev, cur, s0, seg, l_init, lr)
+        if c is None:
+            return None
+        c.restarts = restarts
+        if seg % VSEG:
+            c.ev["restart"] = "wall-clock gap (the first logged step did not go back)"
+        return (self._weights(c) or self._param_break(run, c) or self._gradients(run, lr, c)
+                or self._batch_position(run, c) or self._data(c) or self._loss_jump(c))
+
+    def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
+                 lr: pl.DataFrame) -> _Resume | None:
+        """Loss levels before and after the resume, its noise, and the comparison at re-logged steps."""
+        pv = prev.filter(pl.col("step") < s0).get_column("value").to_numpy().astype(float)[-30:]
         pv = pv[np.isfinite(pv)]
-        cv_all = cur.get_column("value").to_numpy().astype(float)
-        cv = cv_all[np.isfinite(cv_all)]
+        cv = cur.get_column("value").to_numpy().astype(float)
+        cv = cv[np.isfinite(cv)]
         if pv.size < 4 or cv.size < 3:
             return None
-        sig = _sigma_log(pv)
-        l_pre = float(np.median(pv[-5:]))
-        k = min(3, cv.size)
-        l_post = float(np.median(cv[:k]))
+        sig = sigma_log(pv)
+        l_pre, l_post = float(np.median(pv[-5:])), float(np.median(cv[:3]))
         jump = float(np.log(l_post / l_pre)) if l_pre > 0 and l_post > 0 else 0.0
-        cont = self._lr_continuous(lr, prev, s0, seg)
-        ev: dict[str, object] = {"resume_step": s0, "segment": seg, "loss_before": l_pre, "loss_after": l_post,
-                                 "initial_loss": l_init, "loss_noise_log": round(sig, 4), "lr_continuous": cont}
-        against: list[str] = []
-        if cont is False:
-            return None  # the lr changed at the resume: LR01 judges it, and it explains a loss change
+        ev: dict[str, object] = {"resume_step": s0, "segment": seg // VSEG, "loss_before": l_pre, "loss_after": l_post,
+                                 "initial_loss": l_init, "loss_noise_log": round(sig, 4),
+                                 "lr_continuous": self._lr_continuous(lr, prev, s0, seg)}
         # the re-logged steps: identical values say the state was restored
-        overlap = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")),
-                                                          on="step")
-        ratio = None
-        rms = None
+        overlap = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
+        ratio = rms = None
         if overlap.height >= 2:
             r = np.log(overlap.get_column("new").to_numpy() / overlap.get_column("value").to_numpy())
             r = r[np.isfinite(r)]
             if r.size >= 2:
-                ratio = float(np.median(r))
-                rms = float(np.sqrt(np.mean(r * r)))
-                ev["relogged_steps"] = int(overlap.height)
-                ev["relogged_log_ratio"] = round(ratio, 4)
-                ev["relogged_rms_log_diff"] = round(rms, 4)
-        thr = max(6 * sig, float(np.log(1.15)))
-        # 1. weights: back near the initial loss
-        if jump > thr and l_init > l_pre and (l_post - l_pre) >= self.back_frac * (l_init - l_pre):
-            return self._f(seg, s0, "state_not_restored", "weights", 0.85, ev,
-                           f"at the resume at step {s0} the loss is back at {fmt(l_post)} (before {fmt(l_pre)}, "
-                           f"first logged {fmt(l_init)}) while the lr continues: the weights were not loaded",
-                           against)
-        # 2. grad norm: a constant factor that stays (scaling) or a spike that fades (optimizer moments)
-        gn = self._jump(run, "grad_norm", s0, seg)
-        up = self._jump(run, "update_ratio", s0, seg)
+                ratio, rms = float(np.median(r)), float(np.sqrt(np.mean(r * r)))
+                ev.update(relogged_steps=int(overlap.height), relogged_log_ratio=round(ratio, 4),
+                          relogged_rms_log_diff=round(rms, 4))
+        return _Resume(s0, seg, sig, l_pre, l_post, l_init, jump, max(6 * sig, float(np.log(1.15))), ratio, rms, ev)
+
+    def _weights(self, c: _Resume) -> Finding | None:
+        """1. weights: the loss is back near its initial level."""
+        if c.jump > c.thr and c.l_init > c.l_pre and (c.l_post - c.l_pre) >= self.back_frac * (c.l_init - c.l_pre):
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, 0.85,
+                           f"at the resume at step {c.s0} the loss is back at {fmt(c.l_post)} (before {fmt(c.l_pre)}, "
+                           f"first logged {fmt(c.l_init)}) while the lr continues: the weights were not loaded")
+        return None
+
+    def _param_break(self, run: RunData, c: _Resume) -> Finding | None:
+        """1b. weights: the parameter norm at the first re-logged step is not the earlier process's.
+
+        From a restored checkpoint both processes move the norm by about its usual per-step change, so at the
+        first re-logged step, ``k`` steps after the last point before the resume, the norms agree to within a
+        few ``k x delta`` (``delta`` the median per-step change of log norm over the last 10 points; fresh Adam
+        moments, 2-8x). A difference beyond ``param_break_x`` (10) ``k x delta`` and 1% says other weights.
+        """
+        pn = _rows(run, "param_norm", c.restarts)
+        if pn.height < 8:
+            return None
+        prev, cur = pn.filter(pl.col("segment") < c.seg), pn.filter(pl.col("segment") == c.seg)
+        before = prev.filter(pl.col("step") < c.s0).tail(11)
+        ov = prev.filter(pl.col("step") >= c.s0).join(cur.select("step", pl.col("value").alias("new")),
+                                                       on="step").sort("step")
+        if ov.height == 0 or before.height < 6:
+            return None
+        st, old, new = int(ov.get_column("step")[0]), float(ov.get_column("value")[0]), float(ov.get_column("new")[0])
+        bv, bs = before.get_column("value").to_numpy().astype(float), before.get_column("step").to_numpy()
+        if not (old > 0 and new > 0 and np.all(bv > 0)):
+            return None
+        d = abs(float(np.log(new / old)))
+        k = max(1, st - int(bs[-1]))
+        delta = float(np.median(np.abs(np.diff(np.log(bv))) / np.maximum(np.diff(bs), 1)))
+        if d < max(0.01, self.param_break_x * k * delta):
+            return None
+        c.ev["param_norm_at_relogged_step"] = {"step": st, "before": old, "after": new,
+                                               "per_step_change_log": round(delta, 6)}
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, 0.8,
+                       f"at step {st}, which both processes logged, the parameter norm is {fmt(new)} after the "
+                       f"resume against {fmt(old)} before ({100 * d:.1f}%, {d / (k * delta):.0f}x what {k} "
+                       "step(s) of training move it): the weights were not loaded")
+
+    def _gradients(self, run: RunData, lr: pl.DataFrame, c: _Resume) -> Finding | None:
+        """2. grad norm and update scale: a constant factor (scaling), an update jump or a fading spike (moments)."""
+        gn = self._jump(run, "grad_norm", c.s0, c.seg, c.restarts)
+        up = self._jump(run, "update_ratio", c.s0, c.seg, c.restarts)
         if gn is not None:
-            ev["grad_norm_jump"] = gn
+            c.ev["grad_norm_jump"] = gn
         if up is not None:
-            ev["update_ratio_jump"] = up
-        if gn is not None and gn["stays"] and gn["factor"] >= self.min_factor and abs(jump) <= thr:
-            return self._f(seg, s0, "grad_scaling_bug", "accumulation_scaling", 0.75, ev,
-                           f"from the resume at step {s0} the grad norm is {gn['factor']:.3g}x its earlier level and "
-                           f"stays there while the loss continues its trend ({fmt(l_pre)} -> {fmt(l_post)}): the "
+            c.ev["update_ratio_jump"] = up
+        gn_const = gn is not None and gn["stays"] and gn["factor"] >= self.min_factor
+        if gn_const and abs(c.jump) <= c.thr:
+            return self._f(c, Cause.GRAD_SCALING_BUG, Mechanism.ACCUMULATION_SCALING, 0.75,
+                           f"from the resume at step {c.s0} the grad norm is {gn['factor']:.3g}x its earlier level and "
+                           f"stays there while the loss continues its trend ({fmt(c.l_pre)} -> {fmt(c.l_post)}): the "
                            "gradients are scaled by a constant (loss summed over micro-batches, or the accumulation "
-                           "factor changed)", against)
+                           "factor changed)")
+        us = self._update_scale(run, lr, c.s0, c.seg, c.restarts)
+        if us is not None:
+            c.ev["update_scale_jump"] = us
+            if us["factor"] >= self.min_update_factor and us["z"] >= self.spike_z and not gn_const:
+                where = "at the steps it re-logs" if us["relogged"] else "per unit lr, against its last points"
+                return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.75,
+                               f"from the resume at step {c.s0} the update ratio is {us['factor']:.3g}x the earlier "
+                               f"process's {where} ({us['z']:.0f} noise sigmas), with a continuous lr and no constant "
+                               "change of the grad norm: the optimizer moments restarted from zero (fresh Adam "
+                               "moments step by about lr x sign(g)): optimizer state not restored")
         spikes = [(m, j) for m, j in (("grad_norm", gn), ("update_ratio", up))
                   if j is not None and j["z"] >= self.spike_z and not j["stays"]]
         if spikes:
             m, j = spikes[0]
-            return self._f(seg, s0, "state_not_restored", "optimizer_state", 0.7 if jump > 0 else 0.6, ev,
-                           f"right after the resume at step {s0} the {m} spikes to {j['factor']:.3g}x its earlier "
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.7 if c.jump > 0 else 0.6,
+                           f"right after the resume at step {c.s0} the {m} spikes to {j['factor']:.3g}x its earlier "
                            f"level (z={j['z']:.1f}) and fades, with a continuous lr: the optimizer moments restarted "
-                           "(state not restored)", against)
-        # 3. the loss too good: replayed data
-        # (only at re-logged steps: without them a falling loss looks "better" after any resume)
-        low = ratio if ratio is not None else 0.0
-        if low < -max(4 * sig, float(np.log(1.03))):
-            return self._f(seg, s0, "state_not_restored", "data_sampler", 0.6, ev,
-                           f"after the resume at step {s0} the loss is {fmt(100 * (1 - np.exp(low)))}% lower than the "
-                           "earlier process at the same steps: the data position went back and the model sees "
-                           "data it has already learned (sampler state not restored)", against)
-        # 3b. the re-logged steps disagree by as much as one batch differs from the next: the resumed process
-        # sees other batches at the same steps (the data position was not restored); a restored state re-logs
-        # the same values up to kernel non-determinism
-        if rms is not None and ratio is not None and abs(ratio) <= thr and rms >= max(0.5 * sig * np.sqrt(2), 0.01):
-            return self._f(seg, s0, "state_not_restored", "data_sampler", 0.6, ev,
-                           f"the steps the resumed process re-logs from step {s0} differ from the earlier process's "
-                           f"by {100 * rms:.1f}% (rms), as much as one batch differs from the next, with a continuous "
-                           "lr: it sees other batches at the same steps (data-sampler state not restored)", against)
-        # 4. a loss jump short of the initial level
-        if jump > thr and (ratio is None or ratio > thr):
-            return self._f(seg, s0, "state_not_restored", "optimizer_state", 0.6, ev,
-                           f"at the resume at step {s0} the loss jumps from {fmt(l_pre)} to {fmt(l_post)} "
-                           f"({jump / sig:.0f} noise sigmas) with a continuous lr: part of the training state was not "
-                           "restored", against)
+                           "(state not restored)")
         return None
 
-    def _jump(self, run: RunData, metric: str, s0: int, seg: int) -> dict[str, float | bool] | None:
-        rows = _rows(run, metric)
+    def _batch_position(self, run: RunData, c: _Resume) -> Finding | None:
+        """3a. the data position, when the batch index is logged: the resumed process does not continue it.
+
+        At a re-logged step the index must equal the earlier process's; else the first point after the resume
+        must be the last one before it plus the steps in between (one batch per step).
+        """
+        bi = _rows(run, "batch_index", c.restarts)
+        if bi.height < 6:
+            return None
+        prev, cur = bi.filter(pl.col("segment") < c.seg), bi.filter(pl.col("segment") == c.seg)
+        before = prev.filter(pl.col("step") < c.s0)
+        if cur.height == 0 or before.height < 2:
+            return None
+        st, got = int(cur.get_column("step")[0]), float(cur.get_column("value")[0])
+        same = prev.filter(pl.col("step") == st)
+        if same.height:
+            exp = float(same.get_column("value")[-1])
+        else:
+            exp = float(before.get_column("value")[-1]) + st - int(before.get_column("step")[-1])
+        if abs(got - exp) < 1:
+            return None
+        c.ev["batch_index_after_resume"] = {"step": st, "logged": got, "expected": exp}
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.8,
+                       f"at step {st} the resumed process logs batch index {got:.0f} where the earlier process's "
+                       f"position gives {exp:.0f}: the data position was not restored (data-sampler state)")
+
+    def _data(self, c: _Resume) -> Finding | None:
+        """3. the data position: a loss too good, or other batches, at the re-logged steps."""
+        # (only at re-logged steps: without them a falling loss looks "better" after any resume)
+        low = c.ratio if c.ratio is not None else 0.0
+        if low < -max(4 * c.sig, float(np.log(1.03))):
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.6,
+                           f"after the resume at step {c.s0} the loss is {fmt(100 * (1 - np.exp(low)))}% lower than "
+                           "the earlier process at the same steps: the data position went back and the model sees "
+                           "data it has already learned (sampler state not restored)")
+        # the re-logged steps disagree by as much as one batch differs from the next: the resumed process sees
+        # other batches at the same steps; a restored state re-logs the same values up to kernel non-determinism
+        if (c.rms is not None and c.ratio is not None and abs(c.ratio) <= c.thr
+                and c.rms >= max(0.5 * c.sig * np.sqrt(2), 0.01)):
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.6,
+                           f"the steps the resumed process re-logs from step {c.s0} differ from the earlier process's "
+                           f"by {100 * c.rms:.1f}% (rms), as much as one batch differs from the next, with a "
+                           "continuous lr: it sees other batches at the same steps (data-sampler state not restored)")
+        return None
+
+    def _loss_jump(self, c: _Resume) -> Finding | None:
+        """4. a loss jump short of the initial level."""
+        if c.jump > c.thr and (c.ratio is None or c.ratio > c.thr):
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.6,
+                           f"at the resume at step {c.s0} the loss jumps from {fmt(c.l_pre)} to {fmt(c.l_post)} "
+                           f"({c.jump / c.sig:.0f} noise sigmas) with a continuous lr: part of the training state was "
+                           "not restored")
+        return None
+
+    def _jump(self, run: RunData, metric: str, s0: int, seg: int,
+              restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
+        rows = _rows(run, metric, restarts)
         if rows.height < 8:
             return None
         pre = rows.filter((pl.col("segment") < seg) & (pl.col("step") < s0)).get_column("value").to_numpy()
@@ -228,7 +324,49 @@ class ResumeState(Detector):
         return {"z": round(z, 2), "factor": round(float(np.exp(head.max() - med)) if not stays else factor, 3),
                 "stays": stays}
 
-    def _f(self, seg: int, s0: int, cause: str, mech: str, conf: float, ev: dict[str, object], msg: str,
-           against: list[str]) -> Finding:
-        return self.finding(cause=cause, mechanism=mech, step=s0, segment=seg, confidence=conf, severity="high",
-                            message=msg + ".", evidence=ev, against=tuple(against))
+    def _update_scale(self, run: RunData, lr: pl.DataFrame, s0: int, seg: int,
+                      restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
+        """The update ratio's jump at the resume: log ratio to the earlier process, in its noise sigmas.
+
+        At re-logged steps (the same steps, the same lr) the values are compared directly (the largest log ratio
+        of the first 3, when their median is at least half of it); without them the first 3 points after the
+        resume are compared with the last 5 before it, each divided by its lr.
+        """
+        rows = _rows(run, "update_ratio", restarts)
+        if rows.height < 8:
+            return None
+        prev = rows.filter(pl.col("segment") < seg)
+        cur = rows.filter(pl.col("segment") == seg)
+        pre = prev.filter(pl.col("step") < s0)
+        pv = pre.get_column("value").to_numpy().astype(float)[-30:]
+        if np.sum(np.isfinite(pv) & (pv > 0)) < 6 or cur.height < 2:
+            return None
+        sig = sigma_log(pv)
+        ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
+        r = np.array([])
+        if ov.height:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.log(ov.get_column("new").to_numpy() / ov.get_column("value").to_numpy())
+        r = r[np.isfinite(r)][:3]
+        relogged = r.size >= 1
+        if relogged:  # fresh moments move most at the first step: the largest of the first 3, if they agree
+            level = float(np.max(r)) if float(np.median(r)) >= 0.5 * float(np.max(r)) else float(np.median(r))
+        else:
+            lrs = lr.select("segment", "step", pl.col("value").alias("lr")) if lr.height else None
+            if lrs is None:
+                return None
+            a = pre.tail(5).join(lrs, on=["segment", "step"])
+            b = cur.head(3).join(lrs, on=["segment", "step"])
+            if a.height < 3 or b.height < 2:
+                return None
+            na = (a.get_column("value") / a.get_column("lr")).to_numpy()
+            nb = (b.get_column("value") / b.get_column("lr")).to_numpy()
+            if not (np.all(na > 0) and np.all(nb > 0)):
+                return None
+            level = float(np.median(np.log(nb)) - np.median(np.log(na)))
+        return {"factor": round(float(np.exp(level)), 3), "z": round(level / sig, 1), "relogged": relogged,
+                "noise_log": round(sig, 4)}
+
+    def _f(self, c: _Resume, cause: Cause, mech: Mechanism, conf: float, msg: str) -> Finding:
+        return self.finding(cause=cause, mechanism=mech, step=c.s0, segment=c.seg // VSEG, confidence=conf,
+                            severity=Severity.HIGH, message=msg + ".", evidence=c.ev, against=tuple(c.against))

@@ -59,6 +59,7 @@ class Decision:
     failure_step: int | None
     main_evidence: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     facts: RunFacts | None = None
+    coverage: dict[str, object] | None = None  # forensics.calibration.coverage: share evaluated, cap, note
 
 
 def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS,
@@ -104,13 +105,15 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
     """Decide on the whole run (:func:`decide_attempts`), with the confidence calibrated.
 
     The raw score of the chosen answer is mapped by :func:`forensics.calibration.calibrate` (a fit on the
-    tuning part of the varied corpus, stored in ``forensics/calibration.json``).
+    tuning part of the varied corpus, stored in ``forensics/calibration.json``) and capped by the coverage
+    (``Decision.coverage``: the share of log detectors evaluated, skipped inputs, the cap).
     """
-    from forensics.calibration import calibrate  # noqa: PLC0415 - reads its JSON on first use
+    from forensics.calibration import calibrate_decision  # noqa: PLC0415 - reads its JSON on first use
 
     d = decide_attempts(run, detectors)
-    return dataclasses.replace(d, confidence=calibrate(d.confidence, d.verdict, d.cause),
-                               main_evidence=main_evidence(d.cause, d.findings))
+    conf, cov = calibrate_decision(d.confidence, d.verdict, d.cause, d.skipped, [x.code for x in detectors],
+                                   len(run.skipped))
+    return dataclasses.replace(d, confidence=conf, coverage=cov, main_evidence=main_evidence(d.cause, d.findings))
 
 
 def _failed_attempts(views: list[tuple[int, Decision]]) -> list[tuple[int, Decision]]:

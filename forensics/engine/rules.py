@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from forensics.detectors.spike_shape import confined_to_batch
 from forensics.engine import codes, keys
 from forensics.engine.evidence import Evidence, recovered
 from forensics.engine.weights import WEIGHTS
@@ -54,7 +55,9 @@ def _data_batch_score(ev: Evidence, fs: tuple[Finding, ...], score: float, again
     if all(recovered(f) for f in fs) and not ev.failed:
         # a spike that recovered by itself: the verdict is transient, the cause still named (DESIGN.md)
         # when the grad norm rules out a precursor; without it the cause stays open
-        if any(f.evidence.get(keys.GRAD_NORM_LOGGED) is False for f in fs):
+        # (or when the loss is back within a few steps: high on its batch only, detectors/spike_shape.py)
+        if any(f.evidence.get(keys.GRAD_NORM_LOGGED) is False for f in fs) and not all(
+                confined_to_batch(f) for f in fs):
             score *= W.unlogged_grad_norm
         against.append("every spike recovered by itself")
     earlier = _precursors_of(ev, first)
