@@ -1,8 +1,8 @@
 """The code's shape (issue 14): module and function sizes, no import cycle, what ``reports/`` imports.
 
-Runs ``.ci/check_shape.py`` on the whole project. It is a non-strict xfail while the other halves of the
-split land (the lead makes it strict after the merge); :func:`test_surface_files_pass` holds the files
-already brought under the limits to them now, and the unit tests check that the script can fail.
+Runs ``.ci/check_shape.py`` on the whole project (every rule must hold);
+:func:`test_surface_files_pass` checks the ``--paths`` mode, and the unit tests check that the script
+can fail.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ def _run(*args: str, root: Path = REPO) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=False, reason="other engineers' files are being split in parallel (issue 14); strict after the merge"
-)
 def test_whole_project_has_the_shape() -> None:
     """Every rule holds over the whole project."""
     result = _run("--top", "20")
