@@ -7,13 +7,16 @@ new segment even when its steps continue (with a ``restart`` event naming the fi
 TensorBoard files of the whole run form chains of files that follow one another in time
 (``version_0``, ``version_1``, ... of one job; writers running at the same time, like Keras
 ``train/`` and ``validation/``, are separate chains); W&B transaction logs are grouped by run id (each
-``offline-run-*`` folder of the run, a resume, is a new segment); other formats are grouped by
-(format, folder). Each group numbers its segments from 0.
+``offline-run-*`` folder of the run, a resume, is a new segment); a file in a Lightning logger folder
+(``version_0/metrics.csv``, ``version_1/metrics.csv``, ... of one ``lightning_logs/NAME``: one folder per
+launch) is grouped with its namesakes in the sibling version folders, and each is a new segment, like
+a text log; other formats are grouped by (format, folder). Each group numbers its segments from 0.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pyarrow.compute as pc
@@ -40,6 +43,22 @@ def bounds(pr: ParseResult) -> dict[str, Any]:
             "one_step": len(set(pc.min_max(step).as_py().values())) == 1}  # one step only (no hash of 50M rows)
 
 
+_VERSION_DIR = re.compile(r"version_\d+")
+"""A Lightning logger's folder of one launch (``CSVLogger``/``TensorBoardLogger``: ``version_{n}``)."""
+
+LAUNCHES = "launches:"
+"""Group-key prefix of files of which each is one launch (a later one is a new segment)."""
+
+
+def _plain_group(fmt: str, rel: str) -> str:
+    """Group key of a non-TensorBoard, non-W&B file: its folder, or its chain of version folders."""
+    parent, _, name = rel.rpartition("/")
+    above, _, leaf = parent.rpartition("/")
+    if _VERSION_DIR.fullmatch(leaf):
+        return f"{LAUNCHES}{fmt}:{above or '.'}/version_*/{name}"
+    return f"{fmt}:{parent or '.'}"
+
+
 def _order_key(item: tuple[str, ParseResult, dict]) -> tuple:
     rel, _, b = item
     wall = b.get("first_wall")
@@ -59,7 +78,7 @@ def groups_of(items: list[tuple[str, ParseResult, dict]]) -> dict[str, str]:
             out[rel] = f"mlflow:{rel}"  # one file per metric key of a run: a sibling file is no resume
             continue
         if pr.format != "tensorboard":
-            out[rel] = f"{pr.format}:{parent or '.'}"
+            out[rel] = _plain_group(pr.format, rel)
             continue
         if b["rows"] == 0 or b.get("first_wall") is None or ("hparams" in pr.meta and b["one_step"]):
             out[rel] = f"tensorboard:{rel}"  # no rows, or an add_hparams side file: on its own
@@ -96,7 +115,7 @@ def offsets_of(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str
             off = 0
         elif g.startswith("wandb:"):  # each W&B run folder of a run id is a new process (a resume)
             off = prev[0] + 1
-        elif g.startswith("textlog:"):  # each stdout file is one launch: a later file is a new segment
+        elif g.startswith(("textlog:", LAUNCHES)):  # each stdout file (version folder) is one launch
             off = prev[0] + 1
             if b["first_step"] is not None and b["first_step"] > prev[1]:
                 continued[rel] = (prev[1], b["first_step"])

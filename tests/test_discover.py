@@ -159,6 +159,34 @@ def test_tensorboard_versions_are_one_group(tmp_path):
     assert len(side) == 1 and rd.meta["hparams"] == {"lr": 0.1}  # add_hparams' side file stays apart
 
 
+def _lightning_csv(folder: Path, steps, loss0: float) -> None:
+    """A Lightning ``CSVLogger`` file: ``epoch,step,train_loss`` plus an eval column left blank."""
+    folder.mkdir(parents=True)
+    rows = ["epoch,step,train_loss,val_loss"] + [f"0,{s},{loss0 - 0.01 * s:.4f}," for s in steps]
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_lightning_csv_versions_are_launches_of_one_run(tmp_path):
+    """CSVLogger writes version_0/, version_1/ ... one per launch: one timeline, a segment per version.
+
+    Before, each version folder was its own group and the effective series was version_0's alone,
+    so a resumed process was never analysed.
+    """
+    _lightning_csv(tmp_path / "lightning_logs" / "version_0", range(0, 50, 5), 5.0)
+    _lightning_csv(tmp_path / "lightning_logs" / "version_1", range(30, 80, 5), 4.7)  # resumed at step 30
+    _lightning_csv(tmp_path / "lightning_logs" / "version_2", range(80, 100, 5), 4.2)  # continues forward
+    _lightning_csv(tmp_path / "other" / "version_0", range(0, 10, 5), 9.0)  # another job: its own group
+    rd = disc.load_run(tmp_path)
+    g = rd.meta["source_groups"]
+    assert g["lightning_logs/version_0/metrics.csv"] == g["lightning_logs/version_2/metrics.csv"]
+    assert g["other/version_0/metrics.csv"] != g["lightning_logs/version_0/metrics.csv"]
+    s = rd.series("loss")
+    assert s.steps.tolist() == list(range(0, 100, 5))
+    assert s.segments.tolist() == [0] * 6 + [1] * 10 + [2] * 4
+    restarts = rd.events.filter(rd.events["kind"] == "restart")
+    assert restarts.height >= 1 and "version_2" in " ".join(str(m) for m in restarts["message"].to_list())
+
+
 def test_concurrent_tensorboard_writers_are_not_restarts(tmp_path):
     """Keras-style train/ and validation/ writers overlap in time: separate chains, no new segment."""
     _tb(tmp_path / "logs" / "train", range(10), wall0=1.7e9, tag="epoch_loss")
