@@ -307,6 +307,11 @@ def tensor_checkpoints(run: RunData) -> tuple[Checkpoint, ...]:
                             nonfinite=int(bad)) for s, p, n, bad in per.iter_rows())
 
 
+def stated_world_size(run: RunData) -> int | None:
+    """The largest device count the run's configuration states (world size, n_gpu, ...), or None if unstated."""
+    return _meta_count(run, _WORLD_KEYS)
+
+
 def _meta_count(run: RunData, keys: tuple[str, ...]) -> int | None:
     """The largest positive integer the configuration states under one of ``keys``, or None if unstated."""
     best: int | None = None

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
+from forensics.facts import stated_world_size
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.signals import departures
 from forensics.stats import sustained_rise
@@ -137,7 +138,7 @@ class HardwareSignature(Detector):
             i = d.onset_index
             before = float(np.nanmedian(s.values[max(0, i - 20):i]))
             after = float(np.nanmedian(s.values[i:i + 20]))
-            world = _world_size(run)
+            world = stated_world_size(run)
             against: tuple[str, ...] = ()
             conf = 0.7
             if world == 1:
@@ -157,30 +158,3 @@ class HardwareSignature(Detector):
                 against=against,
             )]
         return []
-
-
-_WORLD_KEYS = ("world_size", "n_gpu", "num_processes", "data_parallel_size", "nnodes", "num_nodes", "gpus")
-
-
-def _world_size(run: RunData) -> int | None:
-    """The largest device count the run's configuration states (world size, n_gpu, ...), or None if unstated."""
-    best: int | None = None
-    stack: list[object] = [run.meta]
-    seen = 0
-    while stack and seen < 20000:
-        obj = stack.pop()
-        seen += 1
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                if isinstance(v, (dict, list, tuple)):
-                    stack.append(v)
-                elif str(k).lower().replace("-", "_").rsplit(".", 1)[-1] in _WORLD_KEYS:
-                    try:
-                        n = int(v)  # type: ignore[arg-type]
-                    except (TypeError, ValueError):
-                        continue
-                    if n >= 1:
-                        best = max(best or 0, n)
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj[:200])
-    return best
