@@ -176,7 +176,28 @@ class Database:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition()  # close() waits here until no thread is inside a query
+        self._busy = 0
+        self._closing = False
         migrate(self.conn())
+
+    @contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, counted as in use while the block runs.
+
+        Closing a connection that another thread is stepping through crashes SQLite's C library (a
+        segfault seen when the service stopped while a worker thread was still recording a result), so
+        :meth:`close` waits for these blocks to end.
+        """
+        with self._idle:
+            self._idle.wait_for(lambda: not self._closing)
+            self._busy += 1
+        try:
+            yield self.conn()
+        finally:
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
 
     def conn(self) -> sqlite3.Connection:
         """This thread's connection."""
@@ -189,7 +210,23 @@ class Database:
         return c
 
     def close(self) -> None:
-        """Close every connection opened through this object."""
+        """Close every connection opened through this object, once no thread is inside a query.
+
+        Waits at most 30 s; connections are then left open rather than closed under a running query.
+        """
+        with self._idle:
+            self._closing = True
+            idle = self._idle.wait_for(lambda: self._busy == 0, timeout=30.0)
+        try:
+            if idle:
+                self._close_all()
+        finally:
+            with self._idle:
+                self._closing = False
+                self._idle.notify_all()
+        self._local = threading.local()
+
+    def _close_all(self) -> None:
         with self._lock:
             for c in self._all:
                 try:
@@ -197,27 +234,28 @@ class Database:
                 except sqlite3.Error:
                     pass
             self._all.clear()
-        self._local = threading.local()
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on error)."""
-        c = self.conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            yield c
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        c.execute("COMMIT")
+        with self._using() as c:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
 
     def all(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Rows of a query as dicts."""
-        return [dict(r) for r in self.conn().execute(sql, args).fetchall()]
+        with self._using() as c:
+            return [dict(r) for r in c.execute(sql, args).fetchall()]
 
     def one(self, sql: str, args: Sequence[Any] = ()) -> dict[str, Any] | None:
         """The first row of a query as a dict, or None."""
-        r = self.conn().execute(sql, args).fetchone()
+        with self._using() as c:
+            r = c.execute(sql, args).fetchone()
         return dict(r) if r is not None else None
 
     # -- runs ------------------------------------------------------------------------------------
