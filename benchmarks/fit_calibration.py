@@ -46,6 +46,19 @@ def _ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     return float(total)
 
 
+def _cap_now(cov: dict, share: float) -> float:
+    """The coverage cap as :mod:`forensics.calibration`'s constants give it now (a dump may predate them).
+
+    The skipped-inputs term is recovered from the dump's own cap (written with ``cap_floor`` then, 0.5 when
+    the dump does not say).
+    """
+    from forensics import calibration as cal  # noqa: PLC0415
+
+    floor_then = float(cov.get("cap_floor", 0.5))
+    inputs_term = max(0.0, floor_then + (1 - floor_then) * share - float(cov["cap"]))
+    return min(0.98, cal.CAP_FLOOR + (1 - cal.CAP_FLOOR) * share - inputs_term)
+
+
 def _rows(items: list[dict]) -> dict[str, np.ndarray | list[str]]:
     """Per item: the engine's raw score, right/wrong, answer kind, features, coverage share, cap and factor."""
     ok = [i for i in items if "error" not in i["found"]]
@@ -61,7 +74,7 @@ def _rows(items: list[dict]) -> dict[str, np.ndarray | list[str]]:
         out["y"].append(1.0 if i["right"] else 0.0)
         out["groups"].append(group(f["verdict"], f["cause"]))
         out["x"].append(features(raw, f["verdict"], f["cause"], share))
-        out["cap"].append(1.0 if nocap else float(cov["cap"]))
+        out["cap"].append(1.0 if nocap else _cap_now(cov, share))
         out["factor"].append(factor)
     return {k: (v if k == "groups" else np.array(v)) for k, v in out.items()}
 

