@@ -98,6 +98,17 @@ class RunData:
         part = self._cache["__by_metric__"].get((metric,))  # type: ignore[union-attr]
         return part if part is not None else self.metrics.clear()
 
+    def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
+        """Values of ``metric``'s effective timeline after an onset, or ``None`` when there are none.
+
+        The window is steps ``onset .. onset + max(length, 1)``, both ends included.
+        """
+        s = self.series(metric)
+        if s is None or len(s) == 0:
+            return None
+        m = (s.steps >= onset) & (s.steps <= onset + max(length, 1))
+        return s.values[m] if m.any() else None
+
     def series(self, metric: str) -> Series | None:
         """The effective timeline of one metric (see :class:`Series`), or ``None`` if absent.
 

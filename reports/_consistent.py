@@ -166,14 +166,6 @@ def proof(analysis: Analysis, cons: Consistent) -> list[str]:
 _NUM = r"([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 
 
-def _post_onset(run: RunData, metric: str, onset: int, length: int) -> np.ndarray | None:
-    s = run.series(metric)
-    if s is None or len(s) == 0:
-        return None
-    m = (s.steps >= onset) & (s.steps <= onset + max(length, 1))
-    return s.values[m] if m.any() else None
-
-
 def _already_met(criterion: str, analysis: Analysis, run: RunData | None) -> str | None:
     """Why the failed run already meets ``criterion`` after its onset, or ``None`` (keep it)."""
     if run is None or not analysis.onset or analysis.verdict != Verdict.ANOMALY or analysis.recovery is None:
@@ -184,7 +176,7 @@ def _already_met(criterion: str, analysis: Analysis, run: RunData | None) -> str
     c = criterion.lower()
     m = re.search(r"loss stays within .*?\(" + _NUM + r" \+- " + _NUM + r"\)", c)
     if m:
-        v = _post_onset(run, "loss", onset, length)
+        v = run.values_after("loss", onset, length)
         hi = float(m.group(1)) + float(m.group(2))
         if v is not None and np.isfinite(v).all() and float(v.max()) <= hi:
             return (f"already met by the failed run: its loss stayed at or below {fmt_num(hi)} from step {onset} "
@@ -192,7 +184,7 @@ def _already_met(criterion: str, analysis: Analysis, run: RunData | None) -> str
         return None
     m = re.search(r"grad norm's rolling median stays within 2x of its pre-onset median \(" + _NUM + r"\)", c)
     if m:
-        v = _post_onset(run, "grad_norm", onset, length)
+        v = run.values_after("grad_norm", onset, length)
         g = float(m.group(1))
         if v is None or not np.isfinite(v).all() or g <= 0:
             return None
@@ -204,7 +196,7 @@ def _already_met(criterion: str, analysis: Analysis, run: RunData | None) -> str
                     f"from step {onset}")
         return None
     if re.search(r"no loss spike beyond", c):
-        v = _post_onset(run, "loss", onset, length)
+        v = run.values_after("loss", onset, length)
         spikes = [f for f in analysis.findings if "spike" in f.name and (f.step or -1) >= onset]
         if v is not None and np.isfinite(v).all() and not spikes:
             return f"already met by the failed run: no loss spike was found after step {onset}"

@@ -115,17 +115,9 @@ def criteria(stats: dict[str, float], length: int, unit: str = "step", cause: st
     return [c for c in out if not c.metric or c.metric in series]
 
 
-def _post_onset(run: RunData, metric: str, onset: int, length: int) -> np.ndarray | None:
-    s = run.series(metric)
-    if s is None or len(s) == 0:
-        return None
-    m = (s.steps >= onset) & (s.steps <= onset + max(length, 1))
-    return s.values[m] if m.any() else None
-
-
 def met_by_failed_run(c: Criterion, run: RunData, onset: int, length: int, findings: Sequence[Finding]) -> bool:
     """The failed run itself met ``c`` over ``length`` steps from the onset (so ``c`` cannot judge a trial)."""
-    v = _post_onset(run, c.metric, onset, length) if c.metric else None
+    v = run.values_after(c.metric, onset, length) if c.metric else None
     if v is None or not np.isfinite(v).all():
         return False
     if c.kind == "level":
