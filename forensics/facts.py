@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from forensics.model import RunData
+from forensics.notes import read_notes
 
 POW2_TOL = 1e-3
 """|log2(scale) - round(log2(scale))| below this is a power of two (NeMo prints 4 significant digits)."""
@@ -122,8 +123,6 @@ def run_facts(run: RunData, like: RunFacts | None = None) -> RunFacts:
         run: The run (or a view of it, :meth:`RunData.view`).
         like: The facts of the whole run when ``run`` is a view of it: the folder listing is not walked again.
     """
-    from forensics.detectors.notes import read_notes  # noqa: PLC0415 - the notes grammar lives with NT01
-
     fp16, why = precision(run)
     failed, ideas = read_notes(run)
     steps = run.metrics.get_column("step") if run.metrics.height else None

@@ -1,6 +1,6 @@
 """Shapes of a learning-rate schedule across a resume: extrapolation, replay, constant scale, linear horizons.
 
-What :class:`forensics.detectors.lr_schedule.LRScheduleReset` (LR01, docs/detectors.md#lr01) compares the lr
+What :class:`forensics.detectors.lr_schedule_reset.LRScheduleReset` (LR01, docs/detectors.md#lr01) compares the lr
 after a resume with. Every function takes polars frames with ``step`` and ``value`` columns (lr units).
 """
 

@@ -31,7 +31,7 @@ class Moments:
     ``l2``, ``rms`` and ``max_abs`` are taken over the finite values; NaN and +-inf are counted in
     ``n_nan``/``n_inf`` (a tensor with one inf keeps a meaningful norm). ``n_zero`` counts exact zeros.
     For ``exp_avg_sq`` tensors, ``small_below`` (a threshold on v) also counts ``0 < v <= small_below``
-    and ``n_pos`` counts ``v > 0`` (the Adam-epsilon share, see :mod:`forensics.detectors.ckpt_update_growth`).
+    and ``n_pos`` counts ``v > 0`` (the Adam-epsilon share, see :mod:`forensics.detectors.checkpoint_update_growth`).
     """
 
     __slots__ = ("numel", "sumsq", "max_abs", "n_nan", "n_inf", "n_zero", "small_below", "n_small", "n_pos")

@@ -504,8 +504,8 @@ def _tensor_rows(norms: dict[str, list[float]], steps: list[int]) -> pl.DataFram
 
 def test_ck02_qk_growth_and_ck03_lost_optimizer_state() -> None:
     """Q/K norms tripling while V stays flat; an optimizer step that restarts at a logged resume."""
-    from forensics.detectors.ckpt_state import CheckpointStateMismatch
-    from forensics.detectors.ckpt_update_growth import CheckpointUpdateGrowth
+    from forensics.detectors.checkpoint_state_mismatch import CheckpointStateMismatch
+    from forensics.detectors.checkpoint_update_growth import CheckpointUpdateGrowth
 
     steps = [100, 200, 300, 400]
     t = _tensor_rows({"l.0.attn.q_proj.weight": [1, 1.6, 2.3, 3.0], "l.0.attn.k_proj.weight": [1, 1.5, 2.2, 3.1],
@@ -531,7 +531,7 @@ def test_ck02_qk_growth_and_ck03_lost_optimizer_state() -> None:
 def test_adam_epsilon_share(tmp_path: Path) -> None:
     """An exp_avg_sq with 60% of its coordinates at sqrt(v) <= 10 eps is kept in meta and found by CK02."""
     torch = pytest.importorskip("torch")
-    from forensics.detectors.ckpt_update_growth import CheckpointUpdateGrowth
+    from forensics.detectors.checkpoint_update_growth import CheckpointUpdateGrowth
 
     v = torch.full((64, 64), 1e-6)
     v.view(-1)[: int(0.6 * 4096)] = 1e-16

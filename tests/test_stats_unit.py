@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics.detectors.data_ordering import level_shift
-from forensics.detectors.precursor import hinge_onset
+from forensics.detectors.data_ordering_shift import level_shift
+from forensics.detectors.precursor_drift import hinge_onset
 from forensics.stats import EXACT_LIMIT, trailing_robust_z
 
 
@@ -47,7 +47,7 @@ def test_level_shift_equals_one_least_squares_fit_per_split() -> None:
 
     It used to run that fit per split (O(n^2): minutes at 200k steps with an eval loss logged).
     """
-    from forensics.detectors.data_ordering import level_shift
+    from forensics.detectors.data_ordering_shift import level_shift
 
     def brute(s: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
         x = (s - s.mean()) / s.std()

@@ -1,7 +1,10 @@
 """The detector registry: one module per detector, listed in one explicit tuple.
 
-Validated at import (:func:`_validate`: code and dotted-name patterns, unique codes and names, a module
-docstring with a Rule and a Source section), like sqlfluff's and bandit's registries.
+Validated at import (:func:`_validate`: code and dotted-name patterns, unique codes and names, the module
+named for the dotted name (``loss.spike`` lives in ``loss_spike.py``), a module docstring with a Rule and a
+Source section), like sqlfluff's and bandit's registries. Only detectors live here (and ``base.py``, the
+contract): helpers they share are in ``forensics/`` (``stats``, ``signals``, ``spike_shape``, ``resume_rows``,
+``notes``).
 """
 
 from __future__ import annotations
@@ -9,30 +12,30 @@ from __future__ import annotations
 import re
 import sys
 
-from forensics.detectors.activation_overflow import ActivationOverflow
-from forensics.detectors.attention_logits import AttentionLogitGrowth
-from forensics.detectors.bad_batch import BadBatch
+from forensics.detectors.attention_logit_growth import AttentionLogitGrowth
 from forensics.detectors.base import Detector
-from forensics.detectors.ckpt_nonfinite import CheckpointNonFinite
-from forensics.detectors.ckpt_state import CheckpointStateMismatch
-from forensics.detectors.ckpt_update_growth import CheckpointUpdateGrowth
-from forensics.detectors.data_ordering import OrderingShift
-from forensics.detectors.grad_norm import GradNormDeparture
-from forensics.detectors.grad_scaling import GradScalingFactor
-from forensics.detectors.hardware import HardwareSignature
-from forensics.detectors.integrity import Integrity
+from forensics.detectors.checkpoint_nonfinite_state import CheckpointNonFinite
+from forensics.detectors.checkpoint_state_mismatch import CheckpointStateMismatch
+from forensics.detectors.checkpoint_update_growth import CheckpointUpdateGrowth
+from forensics.detectors.data_bad_batch import BadBatch
+from forensics.detectors.data_ordering_shift import OrderingShift
+from forensics.detectors.grad_norm_departure import GradNormDeparture
+from forensics.detectors.grad_scaling_constant_factor import GradScalingFactor
+from forensics.detectors.hardware_signature import HardwareSignature
+from forensics.detectors.integrity_segments import Integrity
 from forensics.detectors.loss_divergence import LossDivergence
-from forensics.detectors.loss_scale import LossScaleCollapse
+from forensics.detectors.loss_no_progress import NoProgress
 from forensics.detectors.loss_spike import LossSpike
-from forensics.detectors.lr_schedule import LRScheduleReset
-from forensics.detectors.nonfinite import NonFinite
-from forensics.detectors.notes import NotesAttempts
-from forensics.detectors.output_logits import OutputLogitDivergence
-from forensics.detectors.precursor import PrecursorDrift
+from forensics.detectors.lr_schedule_reset import LRScheduleReset
+from forensics.detectors.lr_warmup_instability import WarmupInstability
+from forensics.detectors.nonfinite_first import NonFinite
+from forensics.detectors.notes_attempts import NotesAttempts
+from forensics.detectors.output_logit_divergence import OutputLogitDivergence
+from forensics.detectors.overflow_activation_range import ActivationOverflow
+from forensics.detectors.overflow_loss_scale_collapse import LossScaleCollapse
+from forensics.detectors.precursor_drift import PrecursorDrift
 from forensics.detectors.resume_state import ResumeState
-from forensics.detectors.stall import NoProgress
-from forensics.detectors.update_ratio import UpdateScaleGrowth
-from forensics.detectors.warmup import WarmupInstability
+from forensics.detectors.update_scale_growth import UpdateScaleGrowth
 
 DETECTORS: tuple[Detector, ...] = (
     Integrity(),
@@ -80,7 +83,11 @@ def _validate(detectors: tuple[Detector, ...]) -> None:
     for d in detectors:
         if not CODE.match(d.code) or not DOTTED.match(d.name):
             raise RuntimeError(f"detector {type(d).__name__}: code {d.code!r} or name {d.name!r} is malformed")
-        doc = sys.modules[type(d).__module__].__doc__ or ""
+        module = type(d).__module__
+        if module.rsplit(".", 1)[-1] != d.name.replace(".", "_"):
+            raise RuntimeError(f"detector {d.code}: module {module} must be named for its dotted name {d.name!r} "
+                               f"({d.name.replace('.', '_')}.py)")
+        doc = sys.modules[module].__doc__ or ""
         if not doc.startswith(f"{d.code} {d.name}:") or "Rule" not in doc or "Source:" not in doc:
             raise RuntimeError(f"detector {d.code}: its module docstring must start with '{d.code} {d.name}:' "
                                "and have a Rule and a Source: section")

@@ -78,3 +78,12 @@ def segment_at(series: Series, step: int) -> int:
     idx = int(np.searchsorted(series.steps, step))
     idx = min(idx, len(series) - 1)
     return int(series.segments[idx]) if len(series) else 0
+
+
+def checkpoint_segment(run: RunData, step: int) -> int:
+    """Segment of the logged step nearest at or after ``step`` (0 when nothing is logged)."""
+    for m in ("loss", "lr", "grad_norm"):
+        s = run.series(m)
+        if s is not None and len(s):
+            return segment_at(s, step)
+    return 0

@@ -41,9 +41,9 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
-from forensics.detectors.resume_rows import VSEG, restarts_of, sigma_log
-from forensics.detectors.resume_rows import rows as _rows
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.resume_rows import VSEG, restarts_of, sigma_log
+from forensics.resume_rows import rows as _rows
 
 
 @dataclass

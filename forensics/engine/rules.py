@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics.detectors.spike_shape import confined_to_batch
 from forensics.engine import codes, keys
 from forensics.engine.evidence import Evidence, recovered
 from forensics.engine.weights import WEIGHTS
 from forensics.model import Cause, Finding, Hypothesis, Mechanism, Severity
+from forensics.notes import ADDRESSES
+from forensics.spike_shape import confined_to_batch
 
 W = WEIGHTS
 GROWTH_CAUSES = (Cause.UPDATE_SCALE_GROWTH, Cause.OVERFLOW)
@@ -55,7 +56,7 @@ def _data_batch_score(ev: Evidence, fs: tuple[Finding, ...], score: float, again
     if all(recovered(f) for f in fs) and not ev.failed:
         # a spike that recovered by itself: the verdict is transient, the cause still named (DESIGN.md)
         # when the grad norm rules out a precursor; without it the cause stays open
-        # (or when the loss is back within a few steps: high on its batch only, detectors/spike_shape.py)
+        # (or when the loss is back within a few steps: high on its batch only, spike_shape.py)
         if any(f.evidence.get(keys.GRAD_NORM_LOGGED) is False for f in fs) and not all(
                 confined_to_batch(f) for f in fs):
             score *= W.unlogged_grad_norm
@@ -86,7 +87,6 @@ def family_hypotheses(ev: Evidence) -> list[Hypothesis]:
 
 
 def _addresses(sentence: str, cause: str) -> bool:
-    from forensics.detectors.notes import ADDRESSES  # noqa: PLC0415 - the notes grammar lives with NT01
 
     return any(k.replace("_", " ") in sentence and v == cause for k, v in ADDRESSES.items())
 

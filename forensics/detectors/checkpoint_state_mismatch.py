@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from forensics.detectors.base import Detector
-from forensics.detectors.ckpt_nonfinite import checkpoint_segment
+from forensics.detectors.base import Detector, checkpoint_segment
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 

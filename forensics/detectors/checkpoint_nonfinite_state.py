@@ -20,17 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from forensics.detectors.base import Detector, segment_at
+from forensics.detectors.base import Detector, checkpoint_segment
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-
-
-def checkpoint_segment(run: RunData, step: int) -> int:
-    """Segment of the logged step nearest at or after ``step`` (0 when nothing is logged)."""
-    for m in ("loss", "lr", "grad_norm"):
-        s = run.series(m)
-        if s is not None and len(s):
-            return segment_at(s, step)
-    return 0
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.detectors.base import Detector, fmt
-from forensics.detectors.ckpt_nonfinite import checkpoint_segment
+from forensics.detectors.base import Detector, checkpoint_segment, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.model_parts import is_output_head_tensor
 

@@ -1,23 +1,14 @@
-"""NT01 notes.attempts: what the team already tried, read from the notes kept in the run folder.
+"""The notes grammar: which remedies a run folder's notes say were tried and failed, and which are proposed.
 
-Rule: in the markdown/text notes of the run folder (``notes.md``, attempt tables, logbooks),
-a line that names a remedy (data skipped, lr lowered, optimizer reset, beta2 changed,
-precision changed, init changed, qk-norm/z-loss added) together with a failure word (failed,
-diverged, same behaviour, did not help, went the wrong way) is a *failed remedy*: negative
-evidence against the cause that remedy addresses (DESIGN.md section 4: "earlier attempts
-(skipped data did not help) recorded in the run folder"). Remedies named as open ideas
-(``Open ideas:``, ``next:``, ``todo``) are proposals the recovery plan picks up.
-
-Source: docs/detectors.md#nt01 (the thresholds, where each comes from, the published reports).
+Used by NT01 (``forensics/detectors/notes_attempts.py``), the run facts (``forensics/facts.py``: remedies that
+failed) and the engine (a failed remedy argues against the cause it addresses). Source: docs/detectors.md#nt01.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from forensics.detectors.base import Detector
-from forensics.model import Finding, RunData, Severity
+from forensics.model import RunData
 
 REMEDIES: dict[str, re.Pattern[str]] = {
     "skip_data": re.compile(r"skip[-_ ]train[-_ ]iteration|\bskip(ped|ping)?\b.{0,20}\b(data|batch|batches|"
@@ -93,32 +84,3 @@ def _units(text: str) -> list[str]:
     if para:
         out.append(" ".join(para))
     return out
-
-
-@dataclass(frozen=True)
-class NotesAttempts(Detector):
-    """Failed remedies and open ideas recorded in the run folder's notes."""
-
-    code = "NT01"
-    name = "notes.attempts"
-
-    def missing(self, run: RunData) -> str | None:
-        """Needs notes (markdown/text) in the run folder."""
-        return None if run.meta.get("notes") else "no notes (markdown) in the run folder"
-
-    def detect(self, run: RunData) -> list[Finding]:
-        """One informational finding listing failed remedies and proposals."""
-        failed, ideas = read_notes(run)
-        if not failed and not ideas:
-            return []
-        against = tuple(f"the notes record that {k.replace('_', ' ')} was tried and failed: {v[0]}"
-                        for k, v in failed.items())
-        return [self.finding(
-            cause=None, mechanism=None, step=None, segment=None, confidence=1.0, severity=Severity.INFO,
-            message="notes in the run folder: "
-            + ("failed remedies: " + ", ".join(failed) if failed else "no failed remedy recorded")
-            + ("; open ideas: " + ", ".join(ideas) if ideas else "") + ".",
-            evidence={"failed_remedies": failed, "ideas": ideas,
-                      "argues_against": sorted({ADDRESSES[k] for k in failed if k in ADDRESSES})},
-            against=against,
-        )]
