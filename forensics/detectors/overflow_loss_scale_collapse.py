@@ -16,12 +16,41 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+
+MESSAGE_CHARS = 200
+"""Characters of a quoted scaler log line kept in the evidence (ours: display length, decides nothing)."""
+CUMULATIVE_MIN_DIFFS = 4
+"""Step-to-step differences a skipped-step counter needs before it can be read as a running total (ours)."""
+CUMULATIVE_RISING_SHARE = 0.8
+"""Share of non-decreasing differences that makes the counter a running total (ours: DeepSpeed prints the skips
+so far; a per-interval count goes up and down)."""
+PROBE_MIN_POINTS = 4
+"""Logged scales needed before back-offs can be told apart as growth probes (ours)."""
+AGAINST_MIN_POINTS = 10
+"""Logged loss points needed before "the loss keeps improving" can speak against the finding (ours)."""
+AGAINST_TAIL_SHARE = 10
+"""The last ``1/10`` of the loss (at least :data:`AGAINST_MIN_WINDOW` points) must be finite (ours)."""
+AGAINST_MIN_WINDOW = 3
+"""Fewest points in each of the windows the against-evidence compares (ours: a median of three)."""
+AGAINST_MIN_AFTER = 6
+"""Finite loss points after the onset needed to compare its first and last quarters (ours: two windows of 3)."""
+AGAINST_QUARTER = 4
+"""The early and late windows after the onset are a ``1/4`` of those points each (ours)."""
+
+
+class _Backoffs(NamedTuple):
+    """The scaler's back-offs as whole columns, in the order they were logged: shapes (k,)."""
+
+    steps: np.ndarray  # int64
+    scales: np.ndarray  # float64: the scale after the back-off
+    segments: np.ndarray  # int64
 
 
 @dataclass(frozen=True)
@@ -36,13 +65,24 @@ class LossScaleCollapse(Detector):
     min_halvings: int = 8
     skip_fraction: float = 0.05
     min_tail_skips: int = 4
+    burst_gap_intervals: int = 3
+    calibration_start_intervals: int = 2
+    oscillation_factor: float = 16.0
+    oscillation_min_points: int = 8
+    probe_max_drop: float = 4.0
+    floor_confidence: float = 0.9
+    tail_confidence: float = 0.8
+    halvings_confidence: float = 0.75
+    fraction_confidence: float = 0.6
+    improving_confidence: float = 0.4
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding: the final burst of back-offs (or sustained skipping) with its onset."""
         ev: dict[str, object] = {}
         backoffs, interval, scales = self._backoffs(run)
         calibration = self._calibration(run, backoffs, scales)
-        onset, seg, conf = self._collapse(run, [b for b in backoffs if b[0] not in calibration], interval, scales,
+        keep = ~np.isin(backoffs.steps, calibration)
+        onset, seg, conf = self._collapse(run, _Backoffs(*(a[keep] for a in backoffs)), interval, scales,
                                           calibration, ev)
         skip = self._skips(run, calibration, ev, want_onset=onset is None)
         if skip is not None:
@@ -51,7 +91,7 @@ class LossScaleCollapse(Detector):
             return []
         against = self._against(run, ev, onset)
         if against and not ev.get("floor_reached") and "skipped_in_a_row_at_end" not in ev:
-            conf = min(conf, 0.4)  # normal dynamic loss scaling in a run that keeps learning
+            conf = min(conf, self.improving_confidence)  # normal dynamic loss scaling in a run that keeps learning
         if "scale_before" in ev:
             msg = (f"fp16 loss scale backed off {ev['back_offs_in_burst']} times in a row from "
                    f"{fmt(float(ev['scale_before'] or float('nan')))} to {fmt(float(ev['scale_min']))} starting at "
@@ -68,43 +108,42 @@ class LossScaleCollapse(Detector):
             )
         ]
 
-    def _collapse(self, run: RunData, backoffs: list[tuple[int, float, int]], interval: int,
-                  scales: tuple[np.ndarray, np.ndarray], calibration: set[int],
-                  ev: dict[str, object]) -> tuple[int | None, int, float]:
+    def _collapse(self, run: RunData, backoffs: _Backoffs, interval: int, scales: tuple[np.ndarray, np.ndarray],
+                  calibration: np.ndarray, ev: dict[str, object]) -> tuple[int | None, int, float]:
         """(onset, segment, confidence) of the last burst of back-offs when it is a collapse; fills ``ev``."""
-        if not backoffs:
+        n = backoffs.steps.size
+        if not n:
             return None, 0, 0.0
         floor_msg = self._floor_message(run)
-        gap = max(3 * interval, 1)
-        k = len(backoffs) - 1
-        while k > 0 and backoffs[k][0] - backoffs[k - 1][0] <= gap:
-            k -= 1
-        burst = backoffs[k:]
+        gap = max(self.burst_gap_intervals * interval, 1)
+        apart = np.flatnonzero(np.diff(backoffs.steps) > gap)  # the last burst starts after the last wide gap
+        k = int(apart[-1]) + 1 if apart.size else 0
+        first, n_burst = int(backoffs.steps[k]), n - k
         sc_st, sc_v = scales
-        before = sc_v[sc_st < burst[0][0]]
+        before = sc_v[sc_st < first]
         level = float(before[-1]) if before.size else None
-        low = min(b[1] for b in burst)
-        halvings = float(np.log2(level / low)) if level and low > 0 else float(len(burst))
+        low = float(np.min(backoffs.scales[k:]))
+        halvings = float(np.log2(level / low)) if level and low > 0 else float(n_burst)
         floor_hit = floor_msg is not None or (low <= self.min_scale and (level or 0) > self.min_scale)
-        post = sc_v[~np.isin(sc_st, np.array(sorted(calibration), dtype=np.int64))] if calibration else sc_v
+        post = sc_v[~np.isin(sc_st, calibration)] if calibration.size else sc_v
         typical = float(np.median(post)) if post.size else None
         end = float(sc_v[-1]) if sc_v.size else None
         # the scale ends where it usually sits: a scaler that oscillates (growth probes), not a collapse
-        oscillates = bool(typical and end and end >= typical / 16 and post.size >= 8)
+        oscillates = bool(typical and end and end >= typical / self.oscillation_factor
+                          and post.size >= self.oscillation_min_points)
         if oscillates:
             ev["scale_typical"], ev["scale_at_end"] = typical, end
         if not (floor_hit or (not oscillates and (halvings >= self.min_halvings or (
-                len(burst) >= self.min_halvings and not self._probes(burst, scales))))):
+                n_burst >= self.min_halvings and not self._probes(first, n_burst, scales))))):
             return None, 0, 0.0
-        onset = burst[0][0]
-        ev.update({"scale_before": level, "scale_min": low, "back_offs_in_burst": len(burst),
+        ev.update({"scale_before": level, "scale_min": low, "back_offs_in_burst": n_burst,
                    "halvings": round(halvings, 1), "floor_reached": floor_hit,
-                   "first_back_off_step": onset, "back_offs_total": len(backoffs)})
+                   "first_back_off_step": first, "back_offs_total": n})
         if floor_msg:
-            ev["floor_message"] = floor_msg[:200]
-        return onset, burst[0][2], 0.9 if floor_hit else 0.75
+            ev["floor_message"] = floor_msg[:MESSAGE_CHARS]
+        return first, int(backoffs.segments[k]), self.floor_confidence if floor_hit else self.halvings_confidence
 
-    def _skips(self, run: RunData, calibration: set[int], ev: dict[str, object],
+    def _skips(self, run: RunData, calibration: np.ndarray, ev: dict[str, object],
                want_onset: bool) -> tuple[int, int, float] | None:
         """(onset, segment, confidence) from the skipped-step counter (a tail of skips, or a large share).
 
@@ -115,11 +154,11 @@ class LossScaleCollapse(Detector):
             return None
         vals = np.nan_to_num(sk.values, nan=0.0)
         d = np.diff(vals)
-        if vals.max() > 1 and d.size >= 4 and np.mean(d >= 0) >= 0.8:
+        if vals.max() > 1 and d.size >= CUMULATIVE_MIN_DIFFS and np.mean(d >= 0) >= CUMULATIVE_RISING_SHARE:
             # a running total (DeepSpeed prints the skips so far): the skips are its increments
             vals = np.concatenate([vals[:1], np.clip(d, 0, None)])
             ev["skipped_counter_cumulative"] = True
-        calib = np.isin(sk.steps, np.array(sorted(calibration), dtype=np.int64)) if calibration else None
+        calib = np.isin(sk.steps, calibration) if calibration.size else None
         n_calib = float(vals[calib].sum()) if calib is not None else 0.0
         n_skip = float(vals.sum()) - n_calib
         if n_calib:
@@ -140,74 +179,75 @@ class LossScaleCollapse(Detector):
         if tail >= self.min_tail_skips:
             i0 = len(vals) - tail
             ev["skipped_in_a_row_at_end"] = tail
-            return int(sk.steps[i0]), int(sk.segments[i0]), 0.8
+            return int(sk.steps[i0]), int(sk.segments[i0]), self.tail_confidence
         if frac >= self.skip_fraction:
-            return first, segment_at(sk, first), 0.6
+            return first, segment_at(sk, first), self.fraction_confidence
         return None
 
-    def _calibration(self, run: RunData, backoffs: list[tuple[int, float, int]],
-                     scales: tuple[np.ndarray, np.ndarray]) -> set[int]:
-        """Steps of back-offs that are the scaler's calibration at the start of a segment.
+    def _calibration(self, run: RunData, backoffs: _Backoffs, scales: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Steps (int64, for ``np.isin``) of back-offs that are the scaler's calibration at the start of a segment.
 
         A dynamic scaler starts high (2**16 in torch/Megatron, 2**32 in DeepSpeed's default power) and halves
         on each overflowing step until the gradients fit: a run of back-offs from the first logged scale of a
-        segment, each within ``3 x`` the logging interval of the previous one, before the scale has ever held or
-        grown, is calibration (docs/detectors.md#ov01: "ignore the calibration burst"), whatever its length.
+        segment, each within ``burst_gap_intervals`` (3) logging intervals of the previous one, before the scale
+        has ever held or grown, is calibration (docs/detectors.md#ov01: "ignore the calibration burst"), whatever
+        its length. Whole columns: the back-offs of each segment in log order, the first that ends the run found
+        with one reduction per segment.
         """
-        if not backoffs:
-            return set()
-        s = run.series("loss_scale")
-        out: set[int] = set()
-        seg_start: dict[int, int] = {}
-        if s is not None and len(s):
-            segs, first = np.unique(s.segments, return_index=True)
-            seg_start = dict(zip(segs.tolist(), s.steps[first].tolist(), strict=True))
-        by_seg: dict[int, list[tuple[int, float, int]]] = {}
-        for b in backoffs:
-            by_seg.setdefault(b[2], []).append(b)
+        st, sv, sg = backoffs
+        if not st.size:
+            return st
+        order = np.argsort(sg, kind="stable")  # each segment's back-offs together, in log order
+        st, sv, sg = st[order], sv[order], sg[order]
+        head = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])  # first back-off of each segment
         sc_st, sc_v = scales
         interval = max(1, int(np.median(np.diff(sc_st)))) if sc_st.size > 2 else 1
-        for g, bs in by_seg.items():
-            start = seg_start.get(g, bs[0][0])
-            if bs[0][0] - start > 2 * interval:
-                continue  # calibration starts with the first steps: the initial scale is too high at once
-            prev_step, prev_scale = bs[0][0], bs[0][1]
-            out.add(bs[0][0])
-            for st, v, _ in bs[1:]:
-                lo, hi = np.searchsorted(sc_st, prev_step, side="right"), np.searchsorted(sc_st, st, side="left")
-                held = bool(np.any(sc_v[lo:hi] >= prev_scale))
-                if st - prev_step > 3 * interval or held:
-                    break
-                out.add(st)
-                prev_step, prev_scale = st, v
-        return out
+        start = st[head].copy()  # a segment with no logged scale starts at its first back-off
+        s = run.series("loss_scale")
+        if s is not None and len(s):
+            segs, first = np.unique(s.segments.astype(np.int64), return_index=True)
+            at = np.minimum(np.searchsorted(segs, sg[head]), segs.size - 1)
+            known = segs[at] == sg[head]
+            start[known] = s.steps[first][at[known]]
+        # the run of a segment ends at the first back-off too far from the previous one, or after the scale held
+        lo = np.searchsorted(sc_st, st[:-1], side="right")
+        hi = np.searchsorted(sc_st, st[1:], side="left")
+        ends = np.r_[True, (np.diff(st) > self.burst_gap_intervals * interval) | _reaches(sc_v, lo, hi, sv[:-1])]
+        ends[head] = True
+        rank = np.arange(st.size) - np.repeat(head, np.diff(np.r_[head, st.size]))
+        first_end = np.minimum.reduceat(np.where(ends & (rank > 0), rank, st.size), head)
+        # calibration starts with the first steps: the initial scale is too high at once
+        ok = st[head] - start <= self.calibration_start_intervals * interval
+        group = np.repeat(np.arange(head.size), np.diff(np.r_[head, st.size]))
+        return st[ok[group] & (rank < first_end[group])]  # not np.unique: its hash path is slow on 1M steps
 
-    @staticmethod
-    def _probes(burst: list[tuple[int, float, int]], scales: tuple[np.ndarray, np.ndarray]) -> bool:
-        """Back-offs that are growth probes: the scale grows back between them and ends where it was."""
+    def _probes(self, first: int, n_burst: int, scales: tuple[np.ndarray, np.ndarray]) -> bool:
+        """Back-offs that are growth probes: the scale grows back between them and ends where it was.
+
+        ``first``: the step of the burst's first back-off; ``n_burst``: the back-offs in the burst.
+        """
         sc_st, sc_v = scales
-        if sc_st.size < 4:
+        if sc_st.size < PROBE_MIN_POINTS:
             return False
-        first = burst[0][0]
         lo = float(sc_v[sc_st >= first].min())
         before = sc_v[sc_st < first]
         grows = int(np.sum(sc_v[1:] > sc_v[:-1]))
-        return bool(before.size) and grows >= len(burst) // 2 and lo >= float(before[-1]) / 4
+        return bool(before.size) and grows >= n_burst // 2 and lo >= float(before[-1]) / self.probe_max_drop
 
     @staticmethod
     def _against(run: RunData, ev: dict[str, object], onset: int) -> list[str]:
         """Evidence that the skips are the scaler's normal work: the loss keeps improving, all finite."""
         loss = run.series("loss") or run.series("eval_loss")
-        if loss is None or len(loss) < 10:
+        if loss is None or len(loss) < AGAINST_MIN_POINTS:
             return []
         v = loss.values
-        if not np.all(np.isfinite(v[-max(3, len(v) // 10):])):
+        if not np.all(np.isfinite(v[-max(AGAINST_MIN_WINDOW, len(v) // AGAINST_TAIL_SHARE):])):
             return []
         after = v[loss.steps >= onset]
         after = after[np.isfinite(after)]
-        if after.size < 6:
+        if after.size < AGAINST_MIN_AFTER:
             return []
-        k = max(3, after.size // 4)
+        k = max(AGAINST_MIN_WINDOW, after.size // AGAINST_QUARTER)
         early, late = float(np.median(after[:k])), float(np.median(after[-k:]))
         if late >= early:
             return []
@@ -216,8 +256,8 @@ class LossScaleCollapse(Detector):
                 + (f"; {int(float(skipped))} skipped steps are the dynamic scaler at work" if skipped else "")]
 
     @staticmethod
-    def _backoffs(run: RunData) -> tuple[list[tuple[int, float, int]], int, tuple[np.ndarray, np.ndarray]]:
-        """Back-offs as (step, new scale, segment), the logging interval, and all scales as (steps, values) arrays.
+    def _backoffs(run: RunData) -> tuple[_Backoffs, int, tuple[np.ndarray, np.ndarray]]:
+        """Back-offs (step, new scale, segment), the logging interval, and all scales as (steps, values) arrays.
 
         Zeros are dropped: dynamic scalers never reach 0, fairseq prints small scales as 0.
         Overflow events (several per logged step) count one back-off each. Whole columns (no per-step loop).
@@ -229,38 +269,62 @@ class LossScaleCollapse(Detector):
         if s is not None:
             ok = np.isfinite(s.values) & (s.values > 0)
             st, v, g = s.steps[ok], s.values[ok], s.segments[ok].astype(np.int64)
-        interval = int(np.median(np.diff(st))) if st.size > 2 else 1
-        ev_pts: list[tuple[int, float, int]] = []
-        if run.events.height:
-            ch = run.events.filter((pl.col("kind") == "loss_scale_change") & pl.col("step").is_not_null())
-            for row in ch.iter_rows(named=True):
-                nums = [float(x) for x in _NUM.findall(str(row["message"]))]
-                if nums:
-                    ev_pts.append((int(row["step"]), nums[-1], int(row["segment"])))
-        backoffs: list[tuple[int, float, int]] = []
-        if ev_pts:
-            prev = None
-            for e_st, e_v, e_g in ev_pts:
-                if prev is None or e_v < prev:
-                    backoffs.append((e_st, e_v, e_g))
-                prev = e_v
-            all_st = np.concatenate([st, np.array([p[0] for p in ev_pts], dtype=np.int64)])
-            all_v = np.concatenate([v, np.array([p[1] for p in ev_pts], dtype=np.float64)])
+        interval = max(int(np.median(np.diff(st))) if st.size > 2 else 1, 1)
+        e_st, e_v, e_g = _scale_events(run)
+        if e_st.size:
+            down = np.r_[True, e_v[1:] < e_v[:-1]]  # each event below the one before it
+            all_st, all_v = np.concatenate([st, e_st]), np.concatenate([v, e_v])
             order = np.lexsort((all_v, all_st))
-            return backoffs, max(interval, 1), (all_st[order], all_v[order])
+            return _Backoffs(e_st[down], e_v[down], e_g[down]), interval, (all_st[order], all_v[order])
         down = np.flatnonzero(v[1:] < v[:-1]) + 1
-        backoffs = list(zip(st[down].tolist(), v[down].tolist(), g[down].tolist(), strict=True))
-        return backoffs, max(interval, 1), (st, v)
+        return _Backoffs(st[down], v[down], g[down]), interval, (st, v)
 
     @staticmethod
     def _floor_message(run: RunData) -> str | None:
+        """The first error line saying the scaler reached its minimum, or None."""
         if not run.events.height:
             return None
-        for row in run.events.filter(pl.col("kind") == "error").iter_rows(named=True):
-            m = str(row["message"]).lower()
-            if "minimum loss scale" in m or "loss scale already at minimum" in m or "min_loss_scale" in m:
-                return str(row["message"])
-        return None
+        low = pl.col("message").cast(pl.Utf8).str.to_lowercase()
+        hit = run.events.filter((pl.col("kind") == "error") & pl.any_horizontal(
+            low.str.contains(w, literal=True) for w in _FLOOR_WORDS))
+        return str(hit.get_column("message")[0]) if hit.height else None
+
+
+def _scale_events(run: RunData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scaler messages with a step as (steps int64, new scale float64, segments int64), in log order.
+
+    The new scale is the last number of the message ("reducing to Y", "setting loss scale to: X").
+    """
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+    if not run.events.height:
+        return empty
+    ch = run.events.filter((pl.col("kind") == "loss_scale_change") & pl.col("step").is_not_null())
+    last = ch.select(pl.col("message").cast(pl.Utf8).str.extract_all(_NUM.pattern).list.last().alias("num"),
+                     "step", "segment").drop_nulls("num")
+    if not last.height:
+        return empty
+    return (last.get_column("step").to_numpy().astype(np.int64),
+            np.array([float(x) for x in last.get_column("num").to_list()], dtype=np.float64),
+            last.get_column("segment").to_numpy().astype(np.int64))
+
+
+def _reaches(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """``any(values[lo[j]:hi[j]] >= level[j])`` for every j (False for an empty range), whole arrays.
+
+    One ``fmax.reduceat`` over the non-empty ranges sorted by start (NaN ignored, as ``>=`` ignores it); the cost
+    is the total length of the ranges plus ``len(values)``.
+    """
+    out = np.zeros(lo.size, dtype=bool)
+    nonempty = np.flatnonzero(hi > lo)
+    if not nonempty.size:
+        return out
+    order = nonempty[np.argsort(lo[nonempty], kind="stable")]
+    idx = np.empty(2 * order.size, dtype=np.int64)
+    idx[0::2], idx[1::2] = lo[order], hi[order]
+    top = np.fmax.reduceat(np.r_[values, -np.inf], idx)[0::2]  # the sentinel makes hi == len(values) an index
+    out[order] = top >= level[order]
+    return out
 
 
 _NUM = re.compile(r"[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?")
+_FLOOR_WORDS = ("minimum loss scale", "loss scale already at minimum", "min_loss_scale")
