@@ -35,6 +35,29 @@ from forensics.lr_shapes import constant_scale, extrapolate, horizons, replays
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
 _OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "override-lr-scheduler")
+WALK_ITEMS = 50
+"""Items of each list in the run's metadata searched for an override flag (ours: flags sit near the top)."""
+MIN_POINTS = 3
+"""Logged lr points a schedule needs before it can be compared with (ours: two points make any line)."""
+MAX_FINDINGS = 3
+"""Discontinuities reported per run, the first ones (ours: later ones repeat the first)."""
+MAX_JUDGED = 6
+"""Findings at which the search for jumps inside a process stops (ours: twice :data:`MAX_FINDINGS`, room for
+the cyclic test, which needs two rises in one process)."""
+TAIL_POINTS = 4
+"""Last points of the earlier segment that give its slope and its rising warm-up (ours)."""
+HEAD_POINTS = 8
+"""First points of the resumed segment that give its slope (ours)."""
+REWARM_POINTS = 6
+"""First points after a resume that must all rise for a warm-up restart (ours)."""
+REWARM_AHEAD = 3
+"""A re-warm-up inside a process is judged on the pair and the two points after it: index ``i + 2`` (ours)."""
+SMOOTH_WINDOW = 9
+"""Points before a candidate jump whose step-to-step log change is its schedule's own (ours: 8 changes)."""
+SMOOTH_MIN_CHANGES = 4
+"""Fewest step-to-step changes in that window for a median (ours)."""
+LR_FLOOR = 1e-30
+"""Smallest lr used as a divisor or under a log (ours: far below any lr; an lr of 0 stays comparable)."""
 
 
 def _lr_rows(run: RunData) -> pl.DataFrame:
@@ -65,7 +88,7 @@ def _walk(obj: object, prefix: str = ""):  # noqa: ANN202
         for k, v in obj.items():
             yield from _walk(v, f"{prefix}{k}.")
     elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj[:50]):
+        for i, v in enumerate(obj[:WALK_ITEMS]):
             yield from _walk(v, f"{prefix}{i}.")
     else:
         yield prefix.rstrip("."), obj
@@ -85,11 +108,19 @@ class LRScheduleReset(Detector):
     slope_tol: float = 0.25
     same_slope_tol: float = 0.1
     match_tol: float = 0.005
+    rewarm_window_steps: int = 10_000
+    jump_noise_factor: float = 3.0
+    reset_confidence: float = 0.85
+    horizon_confidence: float = 0.75
+    slope_change_confidence: float = 0.7
+    offset_confidence: float = 0.7
+    other_confidence: float = 0.6
+    override_confidence: float = 0.2
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per discontinuity (the first three)."""
         rows = _lr_rows(run)
-        if rows.height < 3:
+        if rows.height < MIN_POINTS:
             return []
         # two schedules under one name (e.g. actor and critic lrs of an RLHF log): distinct values at the same
         # step in the same segment; comparing one with the other is not a discontinuity
@@ -99,13 +130,14 @@ class LRScheduleReset(Detector):
         out, checked_steps, lr_initial = self._at_resumes(run, rows)
         # upward jumps after the peak within the effective timeline (resume without a visible rewind)
         within = self._jumps_within(run, out, checked_steps, lr_initial)
-        return self._cyclic(out, within)[:3]
+        return self._cyclic(out, within)[:MAX_FINDINGS]
 
     def _at_resumes(self, run: RunData, rows: pl.DataFrame) -> tuple[list[Finding], set[int], float]:
         """Findings at each resume (a new segment), the resume steps judged, and the run's initial lr."""
         out: list[Finding] = []
         segs = sorted(set(rows.get_column("segment").to_list()))
-        by_seg = {g: rows.filter(pl.col("segment") == g).sort("step") for g in segs}
+        parts = rows.partition_by("segment", as_dict=True)  # one pass, not one filter per segment
+        by_seg = {g: parts[(g,)].sort("step") for g in segs}
         all_first = by_seg[segs[0]].get_column("value").to_numpy()
         lr_initial = float(all_first[0])
         lr_peak_before: float = float(np.nanmax(all_first))
@@ -124,8 +156,8 @@ class LRScheduleReset(Detector):
             else:
                 exp = extrapolate(prev, s0)
                 how = "extrapolated from the earlier segment"
-                pv_last = prev.get_column("value").to_numpy()[-4:].astype(float)
-                if pv_last.size >= 3 and bool(np.all(np.diff(pv_last) > 0)) and obs >= pv_last[-1]:
+                pv_last = prev.get_column("value").to_numpy()[-TAIL_POINTS:].astype(float)
+                if pv_last.size >= MIN_POINTS and bool(np.all(np.diff(pv_last) > 0)) and obs >= pv_last[-1]:
                     continue  # a warm-up that goes on rising across the boundary (a reset goes back down)
             checked_steps.add(s0)
             f = self._judge(run, cur, prev, s0, obs, exp, how, lr_initial, max(lr_peak_before, 0.0), b,
@@ -164,16 +196,48 @@ class LRScheduleReset(Detector):
                       lr_initial: float) -> list[Finding]:
         """Upward jumps (or re-warm-up starts) after the peak inside the effective timeline, appended to ``out``.
 
-        The running peak, the decay test and the jump/re-warm tests are whole-column numpy; only the few
-        candidate points are judged one by one (in step order, as ``out`` grows).
+        The candidates are found over whole columns (:meth:`_jump_candidates`); only the few that stand out are
+        judged one by one (in step order, as ``out`` grows).
         """
         s = run.series("lr")
         assert s is not None
         v, st = s.values, s.steps
-        n, tol = len(v), self.rel_tol
         within: list[Finding] = []
-        if n < 4 or not np.isfinite(v[0]):
+        if len(v) < TAIL_POINTS or not np.isfinite(v[0]):
             return within  # a non-finite first lr: no peak to decay from
+        cand, peak = self._jump_candidates(v)
+        for i in cand.tolist():
+            if int(st[i]) in checked_steps:
+                continue
+            in_rewarm = any(
+                0 < int(st[i]) - f.step <= self.rewarm_window_steps
+                and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
+                for f in out if f.step is not None
+            )
+            if in_rewarm:
+                continue
+            prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
+            cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
+            f = self._judge(
+                run, cur, prev, int(st[i]), float(v[i]), extrapolate(prev, int(st[i])),
+                "extrapolated from the preceding steps", lr_initial, float(v[peak[i - 1]]), int(s.segments[i]),
+            )
+            if f:
+                out.append(f)
+                within.append(f)
+            if len(out) >= MAX_JUDGED:
+                break
+        return within
+
+    def _jump_candidates(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(indices i of the points that jump up after the peak or restart a warm-up, running-peak index per pair).
+
+        ``v``: the lr column, shape (n,), n >= 4, finite first point. Pair ``i - 1`` is (v[i-1], v[i]). A jump counts
+        when it stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly): its log
+        rise above ``jump_noise_factor`` x the median absolute log change of the :data:`SMOOTH_WINDOW` points
+        before it. Whole columns; the smoothness only at the candidates.
+        """
+        n, tol = len(v), self.rel_tol
         with np.errstate(all="ignore"):
             prev_v, cur_v = v[:-1], v[1:]  # pairs (i-1, i) for i = 1..n-1
             valid = np.isfinite(prev_v) & np.isfinite(cur_v) & (prev_v > 0)
@@ -185,38 +249,14 @@ class LRScheduleReset(Detector):
             vp = v[peak]
             decayed = (prev_v < vp * (1 - tol)) | ((pos > peak + 2) & (prev_v <= vp))
             jump_raw = cur_v > prev_v * (1 + tol)
+            # a re-warm-up: the lr falls below half, then rises on the next two points
             nxt1 = np.concatenate([v[2:], [np.nan]])
-            nxt2 = np.concatenate([v[3:], [np.nan, np.nan]])
-            rewarm = (pos + 3 < n) & (cur_v < 0.5 * prev_v) & (nxt1 > cur_v * (1 + tol)) & (nxt2 > nxt1)
+            nxt2 = np.concatenate([v[REWARM_AHEAD:], np.full(REWARM_AHEAD - 1, np.nan)])
+            rewarm = (pos + REWARM_AHEAD < n) & (cur_v < 0.5 * prev_v) & (nxt1 > cur_v * (1 + tol)) & (nxt2 > nxt1)
             cand = np.flatnonzero(valid & decayed & (jump_raw | rewarm)) + 1
-        for i in cand.tolist():
-            if int(st[i]) in checked_steps:
-                continue
-            in_rewarm = any(
-                0 < int(st[i]) - f.step <= 10_000
-                and bool(np.all(np.diff(v[np.searchsorted(st, f.step):i + 1]) > 0))
-                for f in out if f.step is not None
-            )
-            if in_rewarm:
-                continue
-            # a jump stands out of the schedule's own step-to-step change (a cyclic schedule rises smoothly)
-            with np.errstate(all="ignore"):
-                rd = np.abs(np.diff(np.log(np.clip(v[max(0, i - 9):i], 1e-30, None))))
-                smooth = rd.size >= 4 and np.log(v[i] / v[i - 1]) <= 3 * float(np.median(rd))
-            if not ((jump_raw[i - 1] and not smooth) or rewarm[i - 1]):
-                continue
-            prev = pl.DataFrame({"step": st[:i], "value": v[:i]})
-            cur = pl.DataFrame({"step": st[i:], "value": v[i:]})
-            f = self._judge(
-                run, cur, prev, int(st[i]), float(v[i]), extrapolate(prev, int(st[i])),
-                "extrapolated from the preceding steps", lr_initial, float(v[peak[i - 1]]), int(s.segments[i]),
-            )
-            if f:
-                out.append(f)
-                within.append(f)
-            if len(out) >= 6:
-                break
-        return within
+            smooth = _smooth_rise(v, cand, self.jump_noise_factor)
+        keep = (jump_raw[cand - 1] & ~smooth) | rewarm[cand - 1]
+        return cand[keep], peak
 
     def _judge(
         self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
@@ -225,7 +265,7 @@ class LRScheduleReset(Detector):
         """The finding for the lr ``obs`` at step ``s0`` where the schedule gives ``exp`` (None: it continues)."""
         if not (np.isfinite(obs) and np.isfinite(exp)):
             return None
-        rel = abs(obs - exp) / max(abs(exp), 1e-30)
+        rel = abs(obs - exp) / max(abs(exp), LR_FLOOR)
         ev: dict[str, object] = {
             "step": s0, "observed_lr": obs, "expected_lr": exp, "expected_from": how,
             "relative_difference": round(rel, 4), "initial_lr": lr_initial, "peak_lr_before": lr_peak,
@@ -258,19 +298,19 @@ class LRScheduleReset(Detector):
             if np.all(np.isfinite(r)) and float(np.max(np.abs(r - 1))) <= self.rel_tol:
                 return None
         # same value now: a changed decay rate (horizon change) shows over the next points
-        if prev.height < 3 or cur.height < 4:
+        if prev.height < MIN_POINTS or cur.height < TAIL_POINTS:
             return None
         cur_v = cur.get_column("value").to_numpy().astype(float)
-        pv = prev.get_column("value").to_numpy()[-4:].astype(float)
-        ps = prev.get_column("step").to_numpy()[-4:].astype(float)
-        cs = cur.get_column("step").to_numpy()[:8].astype(float)
+        pv = prev.get_column("value").to_numpy()[-TAIL_POINTS:].astype(float)
+        ps = prev.get_column("step").to_numpy()[-TAIL_POINTS:].astype(float)
+        cs = cur.get_column("step").to_numpy()[:HEAD_POINTS].astype(float)
         slope_prev = (pv[-1] - pv[0]) / max(ps[-1] - ps[0], 1)
         slope_cur = (cur_v[: len(cs)][-1] - cur_v[0]) / max(cs[-1] - cs[0], 1)
         # a decay rate exists only where the lr decays smoothly (a step schedule is flat between drops)
         smooth = bool(np.all(np.diff(pv) < 0))
         if smooth and slope_prev < 0 and (slope_cur >= 0 or abs(slope_cur / slope_prev - 1) > self.slope_tol):
             ev.update({"slope_before": slope_prev, "slope_after": slope_cur})
-            return self._finding(run, s0, segment, Mechanism.HORIZON_CHANGE, 0.7, ev,
+            return self._finding(run, s0, segment, Mechanism.HORIZON_CHANGE, self.slope_change_confidence, ev,
                                  f"lr decay rate changed at the resume at step {s0}: "
                                  f"{slope_prev:.3g}/step before, {slope_cur:.3g}/step after")
         return None
@@ -279,14 +319,16 @@ class LRScheduleReset(Detector):
                    lr_peak: float, replay: bool, ev: dict[str, object]) -> tuple[Mechanism, float, str]:
         """(mechanism, confidence, why) of a discontinuity at a resume; fills ``ev`` with what it measured."""
         cur_v = cur.get_column("value").to_numpy().astype(float)
-        rewarm = cur_v.size >= 3 and obs < exp and bool(np.all(np.diff(cur_v[: min(6, cur_v.size)]) > 0))
-        near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, 1e-30) or (
+        rises = bool(np.all(np.diff(cur_v[:min(REWARM_POINTS, cur_v.size)]) > 0))
+        rewarm = cur_v.size >= MIN_POINTS and obs < exp and rises
+        near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, LR_FLOOR) or (
             lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
         )
         if replay and obs != exp:
-            return Mechanism.RESET_TO_INITIAL, 0.85, "the resumed lr replays the old schedule from its first step"
+            return (Mechanism.RESET_TO_INITIAL, self.reset_confidence,
+                    "the resumed lr replays the old schedule from its first step")
         if rewarm or near_initial:
-            return (Mechanism.RESET_TO_INITIAL, 0.85,
+            return (Mechanism.RESET_TO_INITIAL, self.reset_confidence,
                     "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value")
         if (hz := horizons(prev, cur)) is not None:
             t_prev, t_cur, slope_prev, slope_cur = hz
@@ -294,19 +336,21 @@ class LRScheduleReset(Detector):
                        "slope_before": slope_prev, "slope_after": slope_cur})
             if abs(slope_cur / slope_prev - 1) <= self.same_slope_tol:
                 ev["offset_steps"] = round(t_cur - t_prev)
-                return Mechanism.OFFSET, 0.7, f"the same linear decay shifted by {ev['offset_steps']} steps"
-            return (Mechanism.HORIZON_CHANGE, 0.75,
+                return (Mechanism.OFFSET, self.offset_confidence,
+                        f"the same linear decay shifted by {ev['offset_steps']} steps")
+            return (Mechanism.HORIZON_CHANGE, self.horizon_confidence,
                     f"the linear decay now ends at step ~{round(t_cur)} instead of ~{round(t_prev)} "
                     "(total steps changed on resume)")
         pv = prev.get_column("value").to_numpy().astype(float)
         psteps = prev.get_column("step").to_numpy()
-        match = np.flatnonzero(np.abs(pv - obs) <= self.match_tol * max(abs(obs), 1e-30))
+        match = np.flatnonzero(np.abs(pv - obs) <= self.match_tol * max(abs(obs), LR_FLOOR))
         if match.size:
             ev["offset_steps"] = int(s0 - psteps[match[-1]])
-            return Mechanism.OFFSET, 0.7, f"lr equals the old schedule's value {ev['offset_steps']} steps away"
+            return (Mechanism.OFFSET, self.offset_confidence,
+                    f"lr equals the old schedule's value {ev['offset_steps']} steps away")
         if obs > exp:
-            return Mechanism.RESET_TO_INITIAL, 0.6, "lr jumps up"
-        return Mechanism.HORIZON_CHANGE, 0.6, "lr drops below the schedule"
+            return Mechanism.RESET_TO_INITIAL, self.other_confidence, "lr jumps up"
+        return Mechanism.HORIZON_CHANGE, self.other_confidence, "lr drops below the schedule"
 
     def _finding(
         self, run: RunData, step: int, segment: int, mech: Mechanism, conf: float, ev: dict[str, object], msg: str
@@ -321,7 +365,7 @@ class LRScheduleReset(Detector):
         elif override:
             ev["override"] = override
             against = (f"the run folder sets {override}: the lr change was deliberate",)
-            mech, conf = Mechanism.INTENTIONAL_CHANGE, 0.2
+            mech, conf = Mechanism.INTENTIONAL_CHANGE, self.override_confidence
             msg += f"; the run sets {override}, so the change looks deliberate"
         return self.finding(
             cause=Cause.LR_SCHEDULE_RESET, mechanism=mech, step=step, segment=segment, confidence=conf,
@@ -329,3 +373,24 @@ class LRScheduleReset(Detector):
             message=msg + ".", evidence=ev,
             against=against,
         )
+
+
+def _smooth_rise(v: np.ndarray, idx: np.ndarray, factor: float) -> np.ndarray:
+    """Whether the rise into each point of ``idx`` is the schedule's own step-to-step change.
+
+    For each index i of ``idx`` (i >= 1): the log rise v[i-1] -> v[i] is within ``factor`` x the median absolute
+    log change between the (up to) :data:`SMOOTH_WINDOW` points before i; False with fewer than
+    :data:`SMOOTH_MIN_CHANGES` changes or a NaN among them. Shape of ``idx``; whole arrays but for the first points.
+    """
+    out = np.zeros(idx.size, dtype=bool)
+    with np.errstate(all="ignore"):
+        rise = np.log(v[idx] / v[idx - 1])
+        full = idx >= SMOOTH_WINDOW
+        if full.any():
+            win = v[idx[full, None] + np.arange(-SMOOTH_WINDOW, 0)]  # (k, 9): the points before each candidate
+            changes = np.abs(np.diff(np.log(np.clip(win, LR_FLOOR, None)), axis=1))
+            out[full] = rise[full] <= factor * np.median(changes, axis=1)
+        for j in np.flatnonzero(~full).tolist():  # the first few points: a shorter window
+            changes = np.abs(np.diff(np.log(np.clip(v[:idx[j]], LR_FLOOR, None))))
+            out[j] = changes.size >= SMOOTH_MIN_CHANGES and bool(rise[j] <= factor * float(np.median(changes)))
+    return out
