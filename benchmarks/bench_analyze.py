@@ -24,7 +24,8 @@ In one run, for each configuration, it prints:
   metrics table.
 
 Usage: ``python benchmarks/bench_analyze.py [--steps 100000,1000000] [--metrics 50] [--layers-steps 100000]
-[--layers-metrics 500] [--repeat 1] [--profile N]``.
+[--layers-metrics 500] [--repeat 1] [--profile N] [--split]``; ``--split`` prints the CPU of each stage of one
+analyze (load, decision, report) and of each detector (:func:`analyze_split`).
 """
 
 from __future__ import annotations
@@ -185,6 +186,56 @@ def peak_rss(folder: Path) -> tuple[float, float]:
     return (d["peak_kb"] - d["base_kb"]) / 1024, d["table_bytes"] / 2**20
 
 
+def analyze_split(folder: Path) -> list[tuple[str, float]]:
+    """CPU seconds (this process, imports done) of each stage of one ``analyze``, as (stage, seconds) rows.
+
+    Stages: ``load`` (the read), ``analyze_run`` (the whole decision) and its parts, measured on a second fresh
+    load: ``facts``, each evaluated detector (``missing`` + ``detect``; a detector that is the first to ask for
+    a series pays for building it; codes not evaluated are left out) and the rest (engine rules, onset,
+    calibration, recovery plan: ``analyze_run`` minus facts and detectors); then the report (``render`` to
+    JSON, then to HTML, the first HTML render of the process).
+    """
+    from forensics import api
+    from forensics.detectors import DETECTORS
+    from forensics.facts import run_facts
+    from reports import ReportFormat, render
+
+    cpu = time.process_time
+    rows: list[tuple[str, float]] = []
+    t0 = cpu()
+    run = api.load(folder)
+    t1 = cpu()
+    analysis = api.analyze_run(run)
+    t2 = cpu()
+    render(analysis, run, ReportFormat("json"))
+    t3 = cpu()
+    render(analysis, run, ReportFormat("html"), html_path=str(Path(tempfile.gettempdir()) / "bench_split.html"))
+    t4 = cpu()
+    rows += [("load", t1 - t0), ("analyze_run", t2 - t1)]
+    run = api.load(folder)  # fresh: RunData caches its series (the first detector to ask for one pays for it)
+    t0 = cpu()
+    facts = run_facts(run)
+    rows.append(("  facts", cpu() - t0))
+    for det in DETECTORS:
+        args = (run, facts) if det.uses_facts else (run,)
+        t0 = cpu()
+        if det.missing(*args):
+            continue
+        det.detect(*args)  # type: ignore[call-arg]
+        rows.append((f"  {det.code} {det.name}", cpu() - t0))
+    rows.append(("  rest of analyze_run", (t2 - t1) - sum(t for name, t in rows if name.startswith("  "))))
+    return rows + [("render json", t3 - t2), ("render html (first: imports bokeh, scipy.signal)", t4 - t3)]
+
+
+def print_split(folder: Path) -> None:
+    """Print :func:`analyze_split` of ``folder``, one stage a line, with its share of the whole."""
+    rows = analyze_split(folder)
+    total = sum(t for name, t in rows if not name.startswith("  "))
+    print(f"in-process CPU of one analyze of {folder.name} (imports done): {total:.2f} s")
+    for name, t in rows:
+        print(f"  {name:44s} {t:7.3f} s  {100 * t / total:5.1f} %")
+
+
 def profile(folder: Path, top: int) -> None:
     """A cProfile listing of one in-process analyze, the ``top`` functions by cumulative time."""
     import cProfile
@@ -209,6 +260,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--profile", type=int, default=0, help="print a cProfile of the largest run (top N)")
+    ap.add_argument("--split", action="store_true", help="print the CPU of each stage and detector, largest run")
     args = ap.parse_args()
     configs = [(int(x), args.metrics) for x in args.steps.split(",") if x]
     if args.layers_metrics:
@@ -231,6 +283,8 @@ def main() -> None:
         growth = times[(b, args.metrics)] / times[(a, args.metrics)]
         print(f"growth {a} -> {b} steps: time x{growth:.2f} for size x{b / a:.2f} "
               f"(time ratio / size ratio = {growth / (b / a):.2f}; linear = 1.0, goal <= 1.3)")
+    if args.split:
+        print_split(make_run(*configs[-1])[0])
     if args.profile:
         profile(make_run(*configs[-1])[0], args.profile)
 

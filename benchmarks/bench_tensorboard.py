@@ -6,13 +6,15 @@ tag, i.e. a rank-0 float tensor with ``scalars`` metadata), then times in the sa
 new process with its wall clock (imports and start-up included, as a user sees them):
 
 - ``forensics ingest RUN -o OUT`` (best of ``--repeat``);
-- ``forensics analyze RUN -f json`` (once; issue 17: at most 1.5x its own ingest);
+- ``forensics analyze RUN -f json`` (best of ``--repeat``; issue 17: at most 1.5x its own ingest); with
+  ``--split``, the CPU of each of its stages and detectors in this process (``bench_analyze.analyze_split``);
+- ``forensics analyze RUN -o report.html`` (the default format, with its charts; best of ``--repeat``);
 - ``python -c "SummaryReader(path).scalars"`` with tbparse (``pip install tbparse``; once, it is slow);
 - with ``--accumulator``: tensorboard's ``EventAccumulator`` keeping every scalar and tensor.
 
 Issue 17's goal: ingest at least 20x faster than tbparse. ``--check`` also compares our rows with
 tbparse's (scalars + tensors) in this process: same count, tags, steps and value bits.
-Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--check] [--accumulator]``.
+Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--check] [--accumulator] [--split]``.
 """
 
 from __future__ import annotations
@@ -102,17 +104,28 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare our rows with tbparse's, bit for bit")
     ap.add_argument("--accumulator", action="store_true", help="also time tensorboard's EventAccumulator")
+    ap.add_argument("--split", action="store_true", help="CPU of each analyze stage and detector (in-process)")
     args = ap.parse_args()
     path = make_file(args.points)
     print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB, {args.points} points); whole processes, wall clock")
     cli = [sys.executable, "-c", CLI]
     with tempfile.TemporaryDirectory() as out:
         ingest = wall([*cli, "ingest", str(path.parent), "-o", out], args.repeat)
-    analyze = wall([*cli, "analyze", str(path.parent), "-f", "json", "--fail-on", "never"])
+    analyze = wall([*cli, "analyze", str(path.parent), "-f", "json", "--fail-on", "never"], args.repeat)
     line = "{:44s} {:7.2f} s wall {:7.2f} s CPU  {}"
     print(line.format("forensics ingest", *ingest, ""))
     ratio = f"{analyze[0] / ingest[0]:5.2f}x its own ingest (CPU {analyze[1] / ingest[1]:.2f}x; goal <= 1.5x)"
     print(line.format("forensics analyze -f json", *analyze, ratio))
+    with tempfile.TemporaryDirectory() as out:
+        html = wall([*cli, "analyze", str(path.parent), "-o", str(Path(out) / "r.html"), "--fail-on", "never"],
+                    args.repeat)
+    print(line.format("forensics analyze (html, the default)", *html,
+                      f"{html[0] / ingest[0]:5.2f}x its own ingest (CPU {html[1] / ingest[1]:.2f}x)"))
+    if args.split:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.bench_analyze import print_split
+
+        print_split(path.parent)
     try:
         import tbparse  # noqa: F401
     except ImportError:
