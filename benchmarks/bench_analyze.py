@@ -212,6 +212,7 @@ def analyze_split(folder: Path) -> list[tuple[str, float]]:
     render(analysis, run, ReportFormat("html"), html_path=str(Path(tempfile.gettempdir()) / "bench_split.html"))
     t4 = cpu()
     rows += [("load", t1 - t0), ("analyze_run", t2 - t1)]
+    del run, analysis  # one run in memory at a time
     run = api.load(folder)  # fresh: RunData caches its series (the first detector to ask for one pays for it)
     t0 = cpu()
     facts = run_facts(run)

@@ -31,12 +31,10 @@ import numpy as np
 import polars as pl
 
 from forensics.detectors.base import Detector, fmt
+from forensics.lr_rows import by_segment, intentional_override, lr_rows, pairs_repeat
 from forensics.lr_shapes import constant_scale, extrapolate, horizons, replays
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 
-_OVERRIDE_KEYS = ("override_lr_scheduler", "override_opt_param_scheduler", "override-lr-scheduler")
-WALK_ITEMS = 50
-"""Items of each list in the run's metadata searched for an override flag (ours: flags sit near the top)."""
 MIN_POINTS = 3
 """Logged lr points a schedule needs before it can be compared with (ours: two points make any line)."""
 MAX_FINDINGS = 3
@@ -58,40 +56,6 @@ SMOOTH_MIN_CHANGES = 4
 """Fewest step-to-step changes in that window for a median (ours)."""
 LR_FLOOR = 1e-30
 """Smallest lr used as a divisor or under a log (ours: far below any lr; an lr of 0 stays comparable)."""
-
-
-def _lr_rows(run: RunData) -> pl.DataFrame:
-    """Lr rows of the best source, all segments, in read order."""
-    s = run.series("lr")
-    if s is None:
-        return pl.DataFrame()
-    groups = run.meta.get("source_groups", {})
-    group = groups.get(s.source)
-    members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return run.raw("lr").filter(pl.col("source").is_in(members) & pl.col("value").is_not_null())
-
-
-def _intentional(run: RunData) -> str | None:
-    """Evidence in the run folder that an lr change was deliberate, or None."""
-    blob = repr(run.meta).lower()
-    for key in _OVERRIDE_KEYS:
-        if key in blob:
-            # only counts when set to true
-            for k, v in _walk(run.meta):
-                if key in k.lower().replace("-", "_").replace(" ", "_") and str(v).lower() in ("true", "1"):
-                    return f"{k}={v}"
-    return None
-
-
-def _walk(obj: object, prefix: str = ""):  # noqa: ANN202
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _walk(v, f"{prefix}{k}.")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj[:WALK_ITEMS]):
-            yield from _walk(v, f"{prefix}{i}.")
-    else:
-        yield prefix.rstrip("."), obj
 
 
 @dataclass(frozen=True)
@@ -119,25 +83,34 @@ class LRScheduleReset(Detector):
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per discontinuity (the first three)."""
-        rows = _lr_rows(run)
+        rows = lr_rows(run)
         if rows.height < MIN_POINTS:
             return []
         # two schedules under one name (e.g. actor and critic lrs of an RLHF log): distinct values at the same
         # step in the same segment; comparing one with the other is not a discontinuity
-        per = rows.group_by("segment", "step").agg(pl.col("value").n_unique().alias("k"))
-        if per.height and float((per.get_column("k") > 1).mean()) >= self.two_schedules_share:
+        if self._two_schedules(rows):
             return []
         out, checked_steps, lr_initial = self._at_resumes(run, rows)
         # upward jumps after the peak within the effective timeline (resume without a visible rewind)
         within = self._jumps_within(run, out, checked_steps, lr_initial)
         return self._cyclic(out, within)[:MAX_FINDINGS]
 
+    def _two_schedules(self, rows: pl.DataFrame) -> bool:
+        """At least ``two_schedules_share`` of the (segment, step) pairs carry distinct lr values.
+
+        A log whose steps rise within each segment (and each segment is one run of rows) has no pair twice, so
+        no distinct values at a pair: the group-by is needed only otherwise.
+        """
+        if self.two_schedules_share > 0 and not pairs_repeat(rows):
+            return False
+        per = rows.group_by("segment", "step").agg(pl.col("value").n_unique().alias("k"))
+        return bool(per.height) and float((per.get_column("k") > 1).mean()) >= self.two_schedules_share
+
     def _at_resumes(self, run: RunData, rows: pl.DataFrame) -> tuple[list[Finding], set[int], float]:
         """Findings at each resume (a new segment), the resume steps judged, and the run's initial lr."""
         out: list[Finding] = []
-        segs = sorted(set(rows.get_column("segment").to_list()))
-        parts = rows.partition_by("segment", as_dict=True)  # one pass, not one filter per segment
-        by_seg = {g: parts[(g,)].sort("step") for g in segs}
+        by_seg = by_segment(rows)
+        segs = list(by_seg)
         all_first = by_seg[segs[0]].get_column("value").to_numpy()
         lr_initial = float(all_first[0])
         lr_peak_before: float = float(np.nanmax(all_first))
@@ -355,7 +328,7 @@ class LRScheduleReset(Detector):
     def _finding(
         self, run: RunData, step: int, segment: int, mech: Mechanism, conf: float, ev: dict[str, object], msg: str
     ) -> Finding:
-        override = _intentional(run)
+        override = intentional_override(run)
         against: tuple[str, ...] = ()
         if override and ev.get("replays_schedule_from_start"):
             # an intentional change sets a NEW schedule; a reset replays the old one from its beginning
