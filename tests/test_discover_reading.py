@@ -148,3 +148,4 @@ def test_forensics_toml_is_read_under_the_file_policy(tmp_path):
     (run / "forensics.toml").unlink()
     os.mkfifo(run / "forensics.toml")  # a FIFO is not a settings file: passed over, never opened
     assert find(run).path is None
+
