@@ -1,3 +1,6 @@
+"""Outputs the way a user shares them: whole, and readable by others."""
+
+from __future__ import annotations
 
 
 def test_reports_get_the_mode_open_would_give(tmp_path) -> None:
