@@ -110,14 +110,14 @@ class Scratch:
 
     def __init__(self, block: int) -> None:
         self.block = block
-        self._bufs: dict[str, np.ndarray] = {}
+        self._bufs: dict[tuple[str, Any], np.ndarray] = {}
         self.raw: dict[int, bytearray] = {}
 
     def get(self, key: str, dtype: Any, n: int) -> np.ndarray:
         """The first ``n`` elements of buffer ``key`` (allocated once, ``block`` elements of ``dtype``)."""
-        buf = self._bufs.get(key)
-        if buf is None or buf.dtype != dtype:
-            buf = self._bufs[key] = np.empty(self.block, dtype=dtype)
+        buf = self._bufs.get((key, dtype))
+        if buf is None:
+            buf = self._bufs[key, dtype] = np.empty(self.block, dtype=dtype)
         return buf[:n]
 
     def bytes(self, slot: int, n: int) -> bytearray:
@@ -241,7 +241,7 @@ def widen(dtype: str, a: np.ndarray, s: Scratch) -> np.ndarray:
         np.copyto(f, a.view(np.float32))
         return f
     u32 = s.get("u32", np.uint32, m)
-    if dtype == "BF16" and m > 1 and a.ctypes.data % 4 == 0:
+    if dtype == "BF16" and m > 1:
         h = m // 2
         w = a[:2 * h].view(np.uint32)
         np.left_shift(w, 16, out=u32[:h])
@@ -267,12 +267,13 @@ def sum_squares(f: np.ndarray) -> float:
     """``sum(f * f)`` of a 1-D float64 block, accumulated in float64.
 
     One ``np.vecdot`` over :data:`ROW`-element rows (a BLAS ``ddot`` per row, no squares written: 2-3x faster
-    than ``np.multiply`` + ``np.add.reduce``), the row sums added in order; the same input gives the same bits.
+    than ``np.multiply`` + ``np.add.reduce``), the row sums added in order (the same input gives the same bits).
     NaN/inf give NaN/inf (callers mask them first).
     """
     m = int(f.shape[0])
     k = m - m % ROW
-    total = float(np.add.reduce(_vecdot(f[:k].reshape(-1, ROW), f[:k].reshape(-1, ROW)))) if k else 0.0
+    rows = f[:k].reshape(-1, ROW)
+    total = sum(_vecdot(rows, rows).tolist())
     if k < m:
         total += float(np.dot(f[k:], f[k:]))
     return total
