@@ -33,11 +33,7 @@ LABELS: dict[str, dict] = json.loads((REAL / "labels.json").read_text())
 LIMIT_BYTES = 20 * 10**6  # the "under 20 MB"
 
 # "<framework>/<run>" -> why today's code fails it (strict: a fix turns it into an unexpected pass)
-XFAIL: dict[str, str] = {
-    "parameter-golf/record_naive_baseline": "start-up 'NCCL WARN ... ibv_open_device failed' lines (NCCL falling "
-    "back from InfiniBand) are read as a hardware error, and HW01 places an error logged before any step after the "
-    "last step: anomaly hardware_or_distributed at step 13751 on a record run",
-}
+XFAIL: dict[str, str] = {}  # none today (record_naive_baseline was, until NCCL start-up warnings stopped being errors)
 
 _ROW = re.compile(r"^\| (?P<fw>[^|]+?) \| `(?P<run>[^`]+)` \| `(?P<file>[^`]+)` \| .*? \| (?P<bytes>\d+) \| "
                   r"`(?P<sha>[0-9a-f]{64})` \|")
