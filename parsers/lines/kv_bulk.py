@@ -25,8 +25,12 @@ from parsers.lines.kv import (
     _NUM,
     _PAIR,
     _UNITS,
+    DURATION,
+    DURATION_REPL,
     EPOCH_ITER,
     EPOCH_ITER_REPL,
+    EPOCH_THEN_ITER,
+    EPOCH_THEN_ITER_REPL,
     LEAD,
     LEAD_REPL,
     NESTED,
@@ -331,6 +335,9 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
     text = lines
     if text.str.contains("]", literal=True).any():  # nested counters, as in parse_line
         text = text.str.replace(NESTED, NESTED_REPL[1]).str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])
+    if text.str.contains("/", literal=True).any():  # ``epoch 3 - iter 50/500``, as in parse_line
+        text = text.str.replace(EPOCH_THEN_ITER, EPOCH_THEN_ITER_REPL[1])
+    text = text.str.replace_all(DURATION, DURATION_REPL[1])  # ``eta: 4:59:11`` is no number (as in parse_line)
     text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     uniq = shapes.unique(maintain_order=True)
     code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
