@@ -80,11 +80,12 @@ EPOCH_THEN_ITER = (r"(?i)\b(epoch\s*[:=]?\s*)(\d+)(\s*[-|,;]?\s*(?:iter|iteratio
 restarts every epoch, so it is iteration N of M within the epoch (the epoch gets a fraction, as above)."""
 EPOCH_THEN_ITER_REPL = ("\\1\\2/\\2\\3", "${1}${2}/${2}${3}")  # Python re, Rust regex
 _EPOCH_THEN_ITER = re.compile(EPOCH_THEN_ITER)
-DURATION = r"([A-Za-z_][\w./@-]*(?:\s*[:=]\s*|[ \t]+))((?:\d+ days?, )?\d+:\d+:\d+)"
-"""A key whose value is a duration ``h:mm:ss`` or ``d days, h:mm:ss`` (``eta: 4:59:11``, ``time: 1 day, 0:02:03``):
-the pair pattern would read its first number (``eta`` = 4); the value is marked so that no pair is read (any digit
-count: the lines of one shape must all be rewritten alike, :mod:`parsers.lines.kv_bulk` reads them by one plan)."""
-DURATION_REPL = ("\\1~\\2", "${1}~${2}")  # Python re, Rust regex
+DURATION = r"(?:\d+ days?, )?\d+:\d+:\d+"
+"""A duration ``h:mm:ss`` or ``d days, h:mm:ss`` (``eta: 4:59:11``, ``time: 1 day, 0:02:03``): the pair pattern
+would read its first number (``eta`` = 4); it is marked so that no pair is read. A clock time is marked too (no
+key reads it; wall times are taken from the line as logged). Any digit count: the lines of one shape must all be
+rewritten alike, :mod:`parsers.lines.kv_bulk` reads them by one plan."""
+DURATION_REPL = ("~\\g<0>", "~${0}")  # Python re, Rust regex
 _DURATION = re.compile(DURATION)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
