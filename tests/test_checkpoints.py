@@ -313,6 +313,43 @@ def test_bit_patterns_match_ml_dtypes() -> None:
         assert below <= v < above, v
 
 
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str) -> None:
+    """The 16-bit path (BF16 two patterns per uint32, F16 widened and shifted; BLAS rows) against float64.
+
+    Random tensors of lengths at and around the row and block boundaries (odd ones leave a pattern without a
+    pair), with NaN of both signs, +-inf, +-0 and subnormals, reduced block by block as the reader does:
+    the counts and max_abs equal the float64 reference, the sum of squares is within 1e-13 of the correctly
+    rounded sum of the float64 squares (``math.fsum``), and tensors of -0 only or of subnormals only are exact.
+    """
+    ml = pytest.importorskip("ml_dtypes")
+    ftype = {"BF16": ml.bfloat16, "F16": np.float16}[dtype]
+    block, row = tensors.BLOCK, kernels.ROW
+    s = kernels.Scratch(block)
+    lengths = (1, 2, 3, row - 1, row, row + 1, 3 * row + 5, block - 1, block, block + 1, 3 * block + 777)
+    for seed, n in enumerate(lengths):
+        bits = _hostile_bits(dtype, n, seed=10 + seed) if n >= 8 else _hostile_bits(dtype, 8, seed)[-n:]
+        with np.errstate(invalid="ignore"):
+            x = bits.view(ftype).astype(np.float64)
+        acc = kernels.Acc()
+        for j in range(0, n, block):
+            kernels.reduce_bits(dtype, bits[j:j + block], acc, s)
+        fin = x[np.isfinite(x)]
+        exact = math.fsum((fin * fin).tolist())
+        assert acc.sumsq == pytest.approx(exact, rel=1e-13, abs=0.0), (dtype, n)
+        got = acc.result(dtype)
+        assert got["n_nan"] == int(np.isnan(x).sum()) and got["n_inf"] == int(np.isinf(x).sum()), (dtype, n)
+        assert got["n_zero"] == int((x == 0).sum()) and got["numel"] == n, (dtype, n)
+        assert got["max_abs"] == (float(np.max(np.abs(fin))) if fin.size else 0.0) or not fin.size, (dtype, n)
+    sub = np.arange(1, {"BF16": 0x80, "F16": 0x400}[dtype], dtype=np.uint16)  # every positive subnormal
+    for bits in (np.full(1001, 0x8000, np.uint16), np.concatenate([sub, sub | 0x8000])):
+        x = bits.view(ftype).astype(np.float64)
+        acc = kernels.Acc()
+        kernels.reduce_bits(dtype, bits, acc, s)
+        assert acc.sumsq == math.fsum((x * x).tolist()), dtype  # few terms of few bits: the float64 sum is exact
+        assert acc.result(dtype)["max_abs"] == float(np.max(np.abs(x))), dtype
+
+
 class _Evil:
     def __init__(self, marker: Path) -> None:
         self.marker = marker

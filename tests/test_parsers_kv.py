@@ -65,7 +65,14 @@ def block(lines: list[str]):
     ("Epoch: [3]  [ 50/500]  loss: 0.4", 3 * 500 + 50, {"epoch": 3.0, "loss": 0.4}),
     ("[0/25][100/782]\tLoss_D: 1.8 Loss_G: 4.4", 100, {"epoch": 0.0, "loss/d": 1.8, "loss/g": 4.4}),
     ("[2024-09-24 09:36:48 ViT-B/16] (main.py 188): INFO Train: [3/50][2/6]\teta 0:08:30 lr 0.0001\ttot_loss 0.4772",
-     3 * 6 + 2, {"epoch": 3.0, "eta": 0.0, "lr": 1e-4, "loss/tot": 0.4772}),
+     3 * 6 + 2, {"epoch": 3.0, "lr": 1e-4, "loss/tot": 0.4772}),  # eta 0:08:30 is a duration, not eta = 0
+    ("2023-05-01 10:00:01,123 epoch 2 - iter 14/149 - loss 0.58347536 - time (sec): 1.23 - samples/sec: 512.33 - "
+     "lr: 0.100000", 2 * 149 + 14, {"epoch": 2.0, "loss": 0.58347536, "time": 1.23, "samples/sec": 512.33,
+                                    "lr": 0.1}),  # flair: the iteration counter restarts every epoch
+    ("Epoch: 3, Iter: 7/20, loss: 1.5", 3 * 20 + 7, {"epoch": 3.0, "loss": 1.5}),
+    ("step: 40  eta: 4:59:11  loss: 2.9600  time: 0.31", 40, {"loss": 2.96, "time": 0.31}),
+    ("step 41 | eta 1 day, 4:59:11 | loss 2.5", 41, {"loss": 2.5}),
+    ("step=42, loss=2.4, elapsed=10 days, 0:00:01, lr=0.1", 42, {"loss": 2.4, "lr": 0.1}),
 ])
 def test_grammar(line, step, expect):
     """Each grammar the issue names: separators, fractions, dicts, units, nan/inf, notes, step-less loss lines."""
@@ -93,7 +100,8 @@ def test_not_metric_lines(line):
 _KEYS = st.sampled_from(["step", "iter", "loss", "train_loss", "lr", "grad_norm", "val loss", "tokens", "x/lr0",
                          "epoch", "loss_cls", "mfu", "ppl", "current_steps", "throughput"])
 _VALS = st.one_of(st.integers(0, 10**6).map(str), st.floats(-1e6, 1e6, allow_nan=False).map(lambda f: f"{f:.4g}"),
-                  st.sampled_from(["nan", "NaN", "inf", "-inf", "1,234", "1.5e-05", "3.2K", "12ms", "45%", "7/100"]))
+                  st.sampled_from(["nan", "NaN", "inf", "-inf", "1,234", "1.5e-05", "3.2K", "12ms", "45%", "7/100",
+                                   "4:59:11", "1 day, 0:02:03"]))
 _SEPS = st.sampled_from([": ", "=", " ", ":", " = "])
 _JOIN = st.sampled_from([" | ", ", ", "\t", "  ", " ", "|"])
 
@@ -197,7 +205,8 @@ def test_step_outside_int64_is_skipped_not_a_crash(line: str, tmp_path: Path) ->
     assert got.meta["skipped_lines"]["step outside int64 (not a step)"] == 1
 
 
-_KINDS = st.sampled_from(["{i}", "{f:.4f}", "{e:.2e}", "nan", "{i}ms", "{i}/{j}", "{f:.1f}%", "{i}K", "-{f:.3f}"])
+_KINDS = st.sampled_from(["{i}", "{f:.4f}", "{e:.2e}", "nan", "{i}ms", "{i}/{j}", "{f:.1f}%", "{i}K", "-{f:.3f}",
+                          "{i}:{j:02d}:{i:02d}"])
 
 
 @st.composite

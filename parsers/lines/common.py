@@ -19,8 +19,13 @@ NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|in
 _TS_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 _TS_US = re.compile(r"\b(\d{2})/(\d{2})/(\d{4}) (\d{2}):(\d{2}):(\d{2})\b")
 
+# NCCL prints every warning as "NCCL WARN", also the benign start-up ones (an InfiniBand device or a network
+# plugin that cannot be opened, after which NCCL falls back to another transport): a WARN is a fault only
+# when it names one (a timeout, an abort, an error or status code, a CUDA failure, a broken connection).
 HARDWARE = re.compile(
-    r"cudaErrorECC|uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|NCCL (?:WARN|error|Error)|"
+    r"cudaErrorECC|uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|NCCL (?:error|Error)|"
+    r"NCCL WARN.{0,300}?(?:[Tt]ime(?:out|d out)|[Aa]bort|Cuda failure|status=\s*[1-9]|\b[Ee]rror\b|"
+    r"[Cc]onnection (?:reset|closed|refused)|closing connection|from peer|[Uu]nhandled)|"
     r"nccl\w*Error|NCCL communicator was aborted|Watchdog caught collective operation timeout|"
     r"ProcessGroupNCCL.{0,200}(?:timeout|Timeout|aborted)|NVLink|device-side assert|CUDA driver error|"
     r"hardware failure|node failure|GPU is lost|unknown error.{0,200}CUDA",

@@ -75,6 +75,18 @@ NESTED = r"\[\s*(\d+)\s*/\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]"
 the outer loop (epoch e of E) and iteration i of M within it."""
 NESTED_REPL = (" epoch [\\1/\\2] iter [\\3/\\4]", " epoch [${1}/${2}] iter [${3}/${4}]")
 _NESTED = re.compile(NESTED)
+EPOCH_THEN_ITER = (r"(?i)\b(epoch\s*[:=]?\s*)(\d+)(\s*[-|,;]?\s*(?:iter|iteration|it|batch)\s*[:=]?\s*\d+\s*/\s*\d+)")
+"""A whole epoch without a total, then an iteration counter ``N/M`` (flair ``epoch 1 - iter 14/149``): the counter
+restarts every epoch, so it is iteration N of M within the epoch (the epoch gets a fraction, as above)."""
+EPOCH_THEN_ITER_REPL = ("\\1\\2/\\2\\3", "${1}${2}/${2}${3}")  # Python re, Rust regex
+_EPOCH_THEN_ITER = re.compile(EPOCH_THEN_ITER)
+DURATION = r"(?:\d+ days?, )?\d+:\d+:\d+"
+"""A duration ``h:mm:ss`` or ``d days, h:mm:ss`` (``eta: 4:59:11``, ``time: 1 day, 0:02:03``): the pair pattern
+would read its first number (``eta`` = 4); it is marked so that no pair is read. A clock time is marked too (no
+key reads it; wall times are taken from the line as logged). Any digit count: the lines of one shape must all be
+rewritten alike, :mod:`parsers.lines.kv_bulk` reads them by one plan."""
+DURATION_REPL = ("~\\g<0>", "~${0}")  # Python re, Rust regex
+_DURATION = re.compile(DURATION)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
              r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
@@ -130,8 +142,13 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     """
     if not _CAND.search(line) or _CODE.search(line):
         return None
+    raw = line
     if "]" in line:  # nested counters: ``[3/25][50/500]``, ``Epoch [3][50/500]`` are iteration 50 of epoch 3
         line = _EPOCH_ITER.sub(EPOCH_ITER_REPL[0], _NESTED.sub(NESTED_REPL[0], line, count=1), count=1)
+    if "/" in line:  # ``epoch 3 - iter 50/500``: iteration 50 of epoch 3
+        line = _EPOCH_THEN_ITER.sub(EPOCH_THEN_ITER_REPL[0], line, count=1)
+    if ":" in line:  # ``eta: 4:59:11`` is a duration, not eta = 4
+        line = _DURATION.sub(DURATION_REPL[0], line)
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
     step, step_frac, epoch, epoch_frac, out, lossy = _pairs(line, state)
@@ -151,7 +168,7 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return None
     events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
               if v is not None and not math.isfinite(v) and is_objective(n)]
-    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(line), epoch=by_epoch)
+    return LineRecord("generic", step=step, metrics=out, events=events, wall_time=wall_time(raw), epoch=by_epoch)
 
 
 def _pairs(line: str, state: dict) -> tuple[int | None, int | None, float | None, bool, list, bool]:

@@ -25,8 +25,12 @@ from parsers.lines.kv import (
     _NUM,
     _PAIR,
     _UNITS,
+    DURATION,
+    DURATION_REPL,
     EPOCH_ITER,
     EPOCH_ITER_REPL,
+    EPOCH_THEN_ITER,
+    EPOCH_THEN_ITER_REPL,
     LEAD,
     LEAD_REPL,
     NESTED,
@@ -308,6 +312,19 @@ def _note_state(notes: dict[str, list], state: dict[str, Any]) -> None:
             units[key] = unit
 
 
+def _rewrite(text: pl.Series, pattern: str, repl: str, *, every: bool) -> pl.Series:
+    """``text`` with ``pattern`` replaced by ``repl`` (the first match, or ``every`` one).
+
+    Only the lines that match are rewritten: a match test needs no capture groups (fast); the replace does.
+    """
+    idx = text.str.contains(pattern).arg_true()
+    if idx.len() == 0:
+        return text
+    part = text.gather(idx)
+    part = part.str.replace_all(pattern, repl) if every else part.str.replace(pattern, repl)
+    return text.clone().scatter(idx, part)  # scatter writes in place: never into the caller's lines
+
+
 def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
                cache: dict[str, Plan | None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Read many lines at once with the grammar of :func:`parsers.lines.kv.parse_line`.
@@ -331,6 +348,9 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
     text = lines
     if text.str.contains("]", literal=True).any():  # nested counters, as in parse_line
         text = text.str.replace(NESTED, NESTED_REPL[1]).str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])
+    # ``epoch 3 - iter 50/500`` is iteration 50 of epoch 3; ``eta: 4:59:11`` is no number (as in parse_line)
+    text = _rewrite(text, EPOCH_THEN_ITER, EPOCH_THEN_ITER_REPL[1], every=False)
+    text = _rewrite(text, DURATION, DURATION_REPL[1], every=True)
     text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     uniq = shapes.unique(maintain_order=True)
     code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)

@@ -1,7 +1,9 @@
 r"""torchtitan stdout, docs/formats.md#torchtitan.
 
 Why a module: lines cut by interleaved writes start like a metric line but must not be read in part
-(listed as damaged), and ``Training starts at step N`` says a resume without a checkpoint line.
+(listed as damaged), and ``Training starts at step N`` says a resume without a checkpoint line. A line is taken
+as a damaged torchtitan line only in a file that has shown torchtitan lines (its prefix or a whole metric line):
+elsewhere ``step: 40  loss: 2.96  time: 0.31`` is a script's own line, read by the general reader.
 
 The logger is the root logger with the format ``[titan] %(asctime)s - %(name)s - %(levelname)s -
 %(message)s`` (``pytorch/torchtitan:torchtitan/tools/logging.py``); torchrun may put ``[rank0]:`` in
@@ -81,7 +83,9 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
 
     Args:
         line: A cleaned line (ANSI colours and ``[rankN]:`` removed).
-        state: Per-file state (unused).
+        state: Per-file state: ``torchtitan`` is set once a line was torchtitan's (its prefix or a whole
+            metric line); before that, a ``step: N  loss: X`` line without the prefix that is not a whole
+            torchtitan line is a script's own line (the general reader's), not a damaged torchtitan line.
 
     Returns:
         A record, or ``None`` when the line is not a torchtitan shape.
@@ -93,8 +97,10 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         msg, ts = line, None
     else:
         msg, ts = line[m.end():].strip(), wall_time(m.group(1))
+        state["torchtitan"] = True
     t = _TRAIN.match(msg)
     if t:
+        state["torchtitan"] = True
         step, loss, gn, gib, pct, unit, tput, tflops, mfu = t.groups()
         out = _rows([("loss", "loss", loss), ("grad_norm", "grad_norm", gn),
                      ("memory", "memory_reserved_gib", gib), ("memory %", "memory_reserved_pct", pct),
@@ -106,11 +112,14 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         return LineRecord("torchtitan", step=int(step), metrics=out, events=events, wall_time=ts)
     v = _VALID.match(msg)
     if v:
+        state["torchtitan"] = True
         step, loss, gib, pct, tput = v.groups()
         out = _rows([("validate loss", "eval_loss", loss), ("validate memory", "eval_memory_reserved_gib", gib),
                      ("validate memory %", "eval_memory_reserved_pct", pct), ("validate tps", "eval_throughput", tput)])
         return LineRecord("torchtitan", step=int(step), metrics=out, eval=True, wall_time=ts)
     if _SHAPE.match(msg):
+        if not state.get("torchtitan"):
+            return None
         return LineRecord("torchtitan", damaged=f"torchtitan metric line that does not parse (cut or garbled): "
                                                 f"{msg[:120]!r}")
     if m is None:
