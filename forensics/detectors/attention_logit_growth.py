@@ -14,18 +14,17 @@ Source: docs/detectors.md#at01 (the thresholds, where each comes from, the publi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.model_parts import qkv_role
 from forensics.stats import Drift, sustained_rise, sustained_rise_many
 
 _QKV_RISE = {"log": True, "k_sigma": 4.0, "min_rel": 0.03, "min_run": 3}
 """The Q/K-to-V ratio's sustained rise: 4 robust sigmas and 3% above its early trend for 3 points (our choice)."""
-_QKV = re.compile(r"^(?P<prefix>.*?)(?P<which>q|k|v)(?:_proj|proj)?(?P<suffix>(?:\.weight)?)$", re.I)
 
 
 @dataclass(frozen=True)
@@ -158,9 +157,10 @@ class AttentionLogitGrowth(Detector):
             if "cross" in low or not any(t in low for t in ("norm", "wnorm")):
                 continue
             leaf = low.rsplit(".", 1)[-1] if low.endswith("_proj") or low[-1:] in "qkv" else low
-            mt = _QKV.match(leaf.rsplit("/", 1)[-1])
-            if not mt:
+            tail = leaf.rsplit("/", 1)[-1]
+            which = qkv_role(tail)
+            if which is None:
                 continue
-            layer = m[: len(m) - len(leaf.rsplit("/", 1)[-1])]
-            groups.setdefault(layer, {})[mt.group("which").lower()] = m
+            layer = m[: len(m) - len(tail)]
+            groups.setdefault(layer, {})[which] = m
         return {layer: (g["q"], g["k"], g["v"]) for layer, g in groups.items() if {"q", "k", "v"} <= g.keys()}

@@ -42,11 +42,7 @@ import polars as pl
 
 from forensics.detectors.base import Detector, checkpoint_segment, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.model_parts import is_output_head_tensor
-
-_QKV = {"q_proj": "q", "q": "q", "query": "q", "wq": "q", "to_q": "q", "q_lin": "q",
-        "k_proj": "k", "k": "k", "key": "k", "wk": "k", "to_k": "k", "k_lin": "k",
-        "v_proj": "v", "v": "v", "value": "v", "wv": "v", "to_v": "v", "v_lin": "v"}
+from forensics.model_parts import is_output_head_tensor, qkv_role
 
 
 def _norms(run: RunData) -> dict[str, list[tuple[int, float]]]:
@@ -184,8 +180,9 @@ class CheckpointUpdateGrowth(Detector):
         groups: dict[str, dict[str, str]] = {}
         for name in norms:
             parts = name.split(".")
-            if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in _QKV:
-                groups.setdefault(".".join(parts[:-2]), {})[_QKV[parts[-2]]] = name
+            which = qkv_role(parts[-2]) if len(parts) >= 2 and parts[-1] == "weight" else None
+            if which is not None:
+                groups.setdefault(".".join(parts[:-2]), {})[which] = name
         hits, seen = [], []
         for prefix, g in sorted(groups.items()):
             if set(g) != {"q", "k", "v"}:
