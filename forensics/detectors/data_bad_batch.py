@@ -20,7 +20,7 @@ import numpy as np
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.signals import SPIKE_Z, departures, scaler_skips, zscores
+from forensics.signals import ONSET_Z, SPIKE_Z, WINDOW, departures, scaler_skips, zscores
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,9 @@ class BadBatch(Detector):
     name = "data.bad_batch"
     uses_facts = True
     requires = ("loss",)
-    window: int = 128
+    window: int = WINDOW
     max_rise_steps: int = 2
-    precursor_z: float = 3.0
+    precursor_z: float = ONSET_Z
     lead_steps: int = 5
     max_departures: int = 5
     max_findings: int = 3

@@ -49,6 +49,7 @@ from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.resume_rows import VSEG, ResumeWindows, metric_jump, restarts_of, sigma_log, update_scale_jump
 from forensics.resume_rows import rows as _rows
+from forensics.signals import SPIKE_Z
 
 LR_FLOOR = 1e-30
 """Floor of the lr a relative lr change is divided by: guards an lr of zero, far below any real lr (ours)."""
@@ -87,7 +88,7 @@ class ResumeState(Detector, ResumeWindows):
     name = "resume.state"
     requires = ("loss",)
     back_frac: float = 0.5
-    spike_z: float = 6.0
+    spike_z: float = SPIKE_Z
     min_update_factor: float = 1.5
     param_break_x: float = 10.0
     param_break_min_rel: float = 0.01
