@@ -1,26 +1,81 @@
-"""Where the resumes of a run are, and the rows of a metric split at them (for RS01, resume_state.py).
+"""Where the resumes of a run are, the rows of a metric split at them, and what a metric does across one (RS01).
 
 A resume is a new segment of the reader (a step that went back, a new process's file), or a wall-clock
-restart inside one segment (``RESTART_GAP_S``). Rows carry a *virtual* segment (``VSEG``) so that RS01 compares
-the processes on either side of each.
+restart inside one segment (``RESTART_GAP_S``). Rows carry a *virtual* segment (``VSEG``) so that RS01
+(``forensics/detectors/resume_state.py``) compares the processes on either side of each. How many points on
+either side are read, and what makes a jump one that stays, are the fields of :class:`ResumeWindows`, which
+RS01's detector inherits (``forensics detectors`` lists them; docs/detectors.md#rs01 gives their sources).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from forensics.model import RunData
+from forensics.stats import MAD_TO_SIGMA
 
 RESTART_GAP_S = 60.0
+"""A wall-clock gap between two logged points of one segment longer than 60 s (and than ``RESTART_GAP_X`` x the
+segment's median gap) is a restart whose first logged step did not go back (a crash a few steps after a
+checkpoint, with a log interval longer than that): the resumed process is judged as a resume (our choice of
+thresholds; a job restart takes minutes, an eval pause of that length is judged too and passes when nothing
+changed)."""
 RESTART_GAP_X = 30.0
-"""A wall-clock gap between two logged points of one segment longer than 60 s and 30 x the segment's median
-gap is a restart whose first logged step did not go back (a crash a few steps after a checkpoint, with a
-log interval longer than that): the resumed process is judged as a resume (our choice of thresholds; a
-job restart takes minutes, an eval pause of that length is judged too and passes when nothing changed)."""
+"""The other half of the restart rule: the gap is also longer than 30 x the segment's median gap (see
+``RESTART_GAP_S``; our choice)."""
+RESTART_MIN_POINTS = 10
+"""Loss rows of the run, and wall-clock gaps of one segment, needed before a restart is looked for: a median gap
+of fewer is too noisy to scale the rule (our choice)."""
 VSEG = 1000
 """Virtual segment = segment x VSEG + restarts before the row inside its segment (the finding keeps the
 reader's segment)."""
+NOISE_MIN_POINTS = 6
+"""``sigma_log`` needs this many finite positive values (five differences) for a MAD (our choice)."""
+NOISE_FALLBACK_LOG = 0.05
+"""``sigma_log`` of a shorter series: 5% point-to-point noise, a typical per-step loss noise (our choice)."""
+NOISE_FLOOR_LOG = 1e-3
+"""Floor of ``sigma_log``: a perfectly smooth series still has 0.1% noise, so z stays finite (our choice)."""
+
+
+@dataclass(frozen=True)
+class ResumeWindows:
+    """How many points on either side of a resume RS01 reads, and what makes a jump one that stays.
+
+    Inherited by RS01 (:class:`forensics.detectors.resume_state.ResumeState`), so each is a field of that detector.
+    All ours (docs/detectors.md#rs01): short windows because a resumed process is judged on its first points.
+
+    Attributes:
+        pre_points: the earlier process's last points before the resume that form its band.
+        level_points: the last points before the resume whose median is its level.
+        head_points: the first points after the resume that are compared with it (at least that many needed).
+        min_points_before: points of the earlier process needed (loss, parameter norm, update ratio).
+        min_jump_before: finite positive grad-norm or update-ratio points before the resume for a jump.
+        min_metric_points: rows a metric needs in all for its jump to be judged.
+        min_lr_points: points of the last ``level_points`` before the resume that also log an lr.
+        fade_points: points after the resume over which a spike must fade (else it stays).
+        min_factor: a jump stays when the median after the resume is this factor above the earlier level...
+        min_tail_points: ...over at least this many points after the first ``head_points``...
+        stays_k_sigma: ...with a spread of at most ``stays_k_sigma`` earlier sigmas...
+        stays_spread: ...plus this (log units): a level, not a fading spike.
+        jump_sigma_floor: floor of the earlier band's sigma (log units) for the jump's z.
+    """
+
+    pre_points: int = 30
+    level_points: int = 5
+    head_points: int = 3
+    min_points_before: int = 6
+    min_jump_before: int = 5
+    min_metric_points: int = 8
+    min_lr_points: int = 3
+    fade_points: int = 20
+    min_factor: float = 2.0
+    min_tail_points: int = 5
+    stays_k_sigma: float = 3.0
+    stays_spread: float = 0.2
+    jump_sigma_floor: float = 0.02
 
 
 def raw_rows(run: RunData, metric: str) -> pl.DataFrame:
@@ -38,7 +93,7 @@ def raw_rows(run: RunData, metric: str) -> pl.DataFrame:
 def restarts_of(run: RunData) -> list[tuple[int, int]]:
     """(segment, first step after the gap) of each wall-clock restart inside a segment of the loss."""
     loss = raw_rows(run, "loss")
-    if loss.height < 10 or "wall_time" not in loss.columns:
+    if loss.height < RESTART_MIN_POINTS or "wall_time" not in loss.columns:
         return []
     out = []
     for seg in sorted(set(loss.get_column("segment").to_list())):
@@ -48,7 +103,7 @@ def restarts_of(run: RunData) -> list[tuple[int, int]]:
         ok = np.isfinite(w)
         w, st = w[ok], st[ok]
         d = np.diff(w)
-        if d.size < 10 or not np.any(d > 0):
+        if d.size < RESTART_MIN_POINTS or not np.any(d > 0):
             continue
         thr = max(RESTART_GAP_S, RESTART_GAP_X * float(np.median(d[d > 0])))
         out += [(int(seg), int(st[k + 1])) for k in np.flatnonzero(d > thr)]
@@ -71,9 +126,101 @@ def rows(run: RunData, metric: str, restarts: list[tuple[int, int]] | None = Non
 
 
 def sigma_log(v: np.ndarray) -> float:
-    """Robust point-to-point noise of log values (1.4826 MAD of first differences / sqrt 2)."""
+    """Robust point-to-point noise of log values (``MAD_TO_SIGMA`` x MAD of first differences / sqrt 2).
+
+    Args:
+        v: values, shape (n,); non-finite and non-positive values are dropped.
+
+    Returns:
+        The noise in log units: ``NOISE_FALLBACK_LOG`` for fewer than ``NOISE_MIN_POINTS`` values, at least
+        ``NOISE_FLOOR_LOG``.
+    """
     v = v[np.isfinite(v) & (v > 0)]
-    if v.size < 6:
-        return 0.05
+    if v.size < NOISE_MIN_POINTS:
+        return NOISE_FALLBACK_LOG
     d = np.diff(np.log(v))
-    return max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), 1e-3)
+    return max(MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), NOISE_FLOOR_LOG)
+
+
+def metric_jump(run: RunData, metric: str, s0: int, seg: int, restarts: list[tuple[int, int]],
+                w: ResumeWindows) -> dict[str, float | bool] | None:
+    """How a positive metric (grad norm, update ratio) moves at the resume at step ``s0`` into segment ``seg``.
+
+    The earlier band is the last ``w.pre_points`` finite positive values before ``s0``: its log median and
+    ``MAD_TO_SIGMA`` x MAD (at least ``w.jump_sigma_floor``). ``z`` is the largest of the first ``w.head_points``
+    values after the resume in band sigmas; the jump *stays* when the points after those sit ``w.min_factor`` or
+    more above the band with little spread (the fields of :class:`ResumeWindows`).
+
+    Returns:
+        ``{"z", "factor", "stays"}`` (``factor``: the head's peak over the band, or the level over
+        ``w.fade_points`` points when it stays), or None when too few points are logged.
+    """
+    r = rows(run, metric, restarts)
+    if r.height < w.min_metric_points:
+        return None
+    pre = r.filter((pl.col("segment") < seg) & (pl.col("step") < s0)).get_column("value").to_numpy()
+    post = r.filter(pl.col("segment") == seg).get_column("value").to_numpy()
+    pre = pre[np.isfinite(pre) & (pre > 0)][-w.pre_points:]
+    post = post[np.isfinite(post) & (post > 0)]
+    if pre.size < w.min_jump_before or post.size < w.head_points:
+        return None
+    lp = np.log(pre)
+    med = float(np.median(lp))
+    sig = max(MAD_TO_SIGMA * float(np.median(np.abs(lp - med))), w.jump_sigma_floor)
+    head = np.log(post[:w.head_points])
+    z = float((head.max() - med) / sig)
+    tail = post[w.head_points:w.head_points + w.fade_points]
+    level = float(np.median(np.log(post[: min(post.size, w.fade_points)])))
+    factor = float(np.exp(level - med))
+    stays = bool(tail.size >= w.min_tail_points and np.median(np.log(tail)) - med >= np.log(w.min_factor)
+                 and float(np.std(np.log(tail))) <= w.stays_k_sigma * sig + w.stays_spread)
+    return {"z": round(z, 2), "factor": round(float(np.exp(head.max() - med)) if not stays else factor, 3),
+            "stays": stays}
+
+
+def update_scale_jump(run: RunData, lr: pl.DataFrame, s0: int, seg: int, restarts: list[tuple[int, int]],
+                      w: ResumeWindows) -> dict[str, float | bool] | None:
+    """The update ratio's jump at the resume: log ratio to the earlier process, in its noise sigmas.
+
+    At re-logged steps (the same steps, the same lr) the values are compared directly (the largest log ratio
+    of the first ``w.head_points``, when their median is at least half of it); without them the first
+    ``w.head_points`` points after the resume are compared with the last ``w.level_points`` before it, each
+    divided by its lr (``lr``: the rows of :func:`rows` for ``"lr"``).
+
+    Returns:
+        ``{"factor", "z", "relogged", "noise_log"}``, or None when too few points are logged.
+    """
+    r = rows(run, "update_ratio", restarts)
+    if r.height < w.min_metric_points:
+        return None
+    prev = r.filter(pl.col("segment") < seg)
+    cur = r.filter(pl.col("segment") == seg)
+    pre = prev.filter(pl.col("step") < s0)
+    pv = pre.get_column("value").to_numpy().astype(float)[-w.pre_points:]
+    if np.sum(np.isfinite(pv) & (pv > 0)) < w.min_points_before or cur.height < 2:
+        return None
+    sig = sigma_log(pv)
+    ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
+    d = np.array([])
+    if ov.height:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = np.log(ov.get_column("new").to_numpy() / ov.get_column("value").to_numpy())
+    d = d[np.isfinite(d)][:w.head_points]
+    relogged = d.size >= 1
+    if relogged:  # fresh moments move most at the first step: the largest of the first points, if they agree
+        level = float(np.max(d)) if float(np.median(d)) >= 0.5 * float(np.max(d)) else float(np.median(d))
+    else:
+        lrs = lr.select("segment", "step", pl.col("value").alias("lr")) if lr.height else None
+        if lrs is None:
+            return None
+        a = pre.tail(w.level_points).join(lrs, on=["segment", "step"])
+        b = cur.head(w.head_points).join(lrs, on=["segment", "step"])
+        if a.height < w.min_lr_points or b.height < 2:
+            return None
+        na = (a.get_column("value") / a.get_column("lr")).to_numpy()
+        nb = (b.get_column("value") / b.get_column("lr")).to_numpy()
+        if not (np.all(na > 0) and np.all(nb > 0)):
+            return None
+        level = float(np.median(np.log(nb)) - np.median(np.log(na)))
+    return {"factor": round(float(np.exp(level)), 3), "z": round(level / sig, 1), "relogged": relogged,
+            "noise_log": round(sig, 4)}

@@ -7,25 +7,28 @@ least ``near_frac`` (half) of ``max_logit`` and growing ``min_growth`` (1.5x); a
 series stays above ``max_logit`` for ``hold_frac`` (80%) of the rest; ours). From weight norms: Q and K
 projection norms of one layer growing while V stays flat (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al.
 2023, arXiv 2309.14322, section 3.1: attention-logit growth, fixed by qk-layernorm): the Q/K-to-V norm
-ratio rises for good and ends ``min_ratio_growth`` (1.2x) above its trend.
+ratio rises for good and ends ``min_ratio_growth`` (1.2x) above its trend (each of Q, K, V with
+``min_norm_points``, 8, common steps). Confidence ``confidence`` (0.85) over the threshold or from weight norms,
+``confidence_drift_only`` (0.65) for a drift that stays below it.
 
 Source: docs/detectors.md#at01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
+from forensics.model_parts import qkv_role
 from forensics.stats import Drift, sustained_rise, sustained_rise_many
 
 _QKV_RISE = {"log": True, "k_sigma": 4.0, "min_rel": 0.03, "min_run": 3}
 """The Q/K-to-V ratio's sustained rise: 4 robust sigmas and 3% above its early trend for 3 points (our choice)."""
-_QKV = re.compile(r"^(?P<prefix>.*?)(?P<which>q|k|v)(?:_proj|proj)?(?P<suffix>(?:\.weight)?)$", re.I)
+NORM_FLOOR = 1e-30
+"""Floor of a norm or ratio that a growth is divided by: guards a zero, far below any weight norm (ours)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class AttentionLogitGrowth(Detector):
     hold_frac: float = 0.8
     near_frac: float = 0.5
     min_growth: float = 1.5
+    min_norm_points: int = 8
+    confidence: float = 0.85
+    confidence_drift_only: float = 0.65
 
     def missing(self, run: RunData) -> str | None:
         """Needs ``attn_logit_max`` (global or per layer) or per-layer q/k/v weight norms."""
@@ -95,7 +101,7 @@ class AttentionLogitGrowth(Detector):
         else:
             msg = (f"{what} rises for good from step {step} ({fmt(ev['value_at_onset'])} there, max "
                    f"{fmt(ev['max_value'])}; the qk-clip threshold is {fmt(self.max_logit)})")
-        conf = 0.85 if ("layer" in ev or ev.get("exceeds_qk_clip_threshold")) else 0.65
+        conf = self.confidence if ("layer" in ev or ev.get("exceeds_qk_clip_threshold")) else self.confidence_drift_only
         return [self.finding(cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.ATTENTION_LOGIT_GROWTH, step=step,
                              segment=seg, confidence=conf, severity=Severity.HIGH, message=msg + ".", evidence=ev)]
 
@@ -109,7 +115,7 @@ class AttentionLogitGrowth(Detector):
         rows: list[tuple[str, tuple[str, str, str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         for layer, (q, k, v) in self._qkv_triples(run).items():
             sq, sk, sv = run.series(q), run.series(k), run.series(v)
-            if sq is None or sk is None or sv is None or len(sv) < 8:
+            if sq is None or sk is None or sv is None or len(sv) < self.min_norm_points:
                 continue
             steps, qv, kv, vv = sq.steps, sq.values, sk.values, sv.values
             if not (np.array_equal(steps, sk.steps) and np.array_equal(steps, sv.steps)):
@@ -118,7 +124,7 @@ class AttentionLogitGrowth(Detector):
                 qv = sq.values[np.searchsorted(sq.steps, steps)]
                 kv = sk.values[np.searchsorted(sk.steps, steps)]
                 vv = sv.values[np.searchsorted(sv.steps, steps)]
-            if steps.size < 8:
+            if steps.size < self.min_norm_points:
                 continue
             rows.append((layer, (q, k, v), steps, qv, kv, vv))
         if not rows:
@@ -138,10 +144,10 @@ class AttentionLogitGrowth(Detector):
             drifts[i] = sustained_rise(rows[i][2], ratios[i], **_QKV_RISE)
         out = []
         for (layer, (q, k, v), _steps, qv, kv, vv), d in zip(rows, drifts, strict=True):
-            if d is None or (d.last / max(d.baseline, 1e-30)) < self.min_ratio_growth:
+            if d is None or (d.last / max(d.baseline, NORM_FLOOR)) < self.min_ratio_growth:
                 continue
-            growth_qk = float(np.sqrt(abs(qv[-1] * kv[-1])) / max(np.sqrt(abs(qv[0] * kv[0])), 1e-30))
-            growth_v = float(abs(vv[-1]) / max(abs(vv[0]), 1e-30))
+            growth_qk = float(np.sqrt(abs(qv[-1] * kv[-1])) / max(np.sqrt(abs(qv[0] * kv[0])), NORM_FLOOR))
+            growth_v = float(abs(vv[-1]) / max(abs(vv[0]), NORM_FLOOR))
             ev = {"metric": f"{q}, {k} vs {v}", "layer": layer, "onset_step": d.onset_step,
                   "qk_norm_growth": round(growth_qk, 2), "v_norm_growth": round(growth_v, 2),
                   "q_norm": [float(qv[0]), float(qv[-1])], "k_norm": [float(kv[0]), float(kv[-1])],
@@ -158,9 +164,10 @@ class AttentionLogitGrowth(Detector):
             if "cross" in low or not any(t in low for t in ("norm", "wnorm")):
                 continue
             leaf = low.rsplit(".", 1)[-1] if low.endswith("_proj") or low[-1:] in "qkv" else low
-            mt = _QKV.match(leaf.rsplit("/", 1)[-1])
-            if not mt:
+            tail = leaf.rsplit("/", 1)[-1]
+            which = qkv_role(tail)
+            if which is None:
                 continue
-            layer = m[: len(m) - len(leaf.rsplit("/", 1)[-1])]
-            groups.setdefault(layer, {})[mt.group("which").lower()] = m
+            layer = m[: len(m) - len(tail)]
+            groups.setdefault(layer, {})[which] = m
         return {layer: (g["q"], g["k"], g["v"]) for layer, g in groups.items() if {"q", "k", "v"} <= g.keys()}

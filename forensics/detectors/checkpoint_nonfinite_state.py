@@ -31,6 +31,7 @@ class CheckpointNonFinite(Detector):
     code = "CK01"
     name = "checkpoint.nonfinite_state"
     max_listed: int = 12
+    max_named: int = 3
     silent_confidence: float = 0.9
     visible_confidence: float = 0.45
 
@@ -63,7 +64,7 @@ class CheckpointNonFinite(Detector):
                 if idx.size and (visible is None or int(s.steps[idx[0]]) < visible[0]):
                     visible = (int(s.steps[idx[0]]), m)
         what = ", ".join(f"{v['tensors']} {r} tensor(s) ({v['nan']} NaN, {v['inf']} inf)" for r, v in roles.items())
-        names = ", ".join(f"{d['role']} of {d['tensor']}" for d in listed[:3])
+        names = ", ".join(f"{d['role']} of {d['tensor']}" for d in listed[: self.max_named])
         since = f"; the previous complete checkpoint (step {prev}) is finite" if prev is not None else \
             "; no earlier complete checkpoint to compare"
         against: tuple[str, ...] = ()

@@ -13,7 +13,9 @@ offset at every checkpoint and no restart there, so it is never flagged).
 Optimizer counter off -> ``state_not_restored`` (optimizer moments rebuilt: BigScience rebuilt lost
 Adam moments with lr = 0 for 5/(1-beta2) steps); scheduler counter off while the optimizer's is
 right -> ``lr_schedule_reset`` / ``reset_to_initial``. The step is ``R + 1``, the first step after the
-resume; needs the checkpoint's step from its name or ``trainer_state.json``, not from the optimizer.
+resume; confidence ``confidence`` (0.75) when the logs show a restart near ``R``, else
+``confidence_restart_not_logged`` (0.55: only the counters say so). Needs the checkpoint's step from its
+name or ``trainer_state.json``, not from the optimizer.
 
 Source: docs/detectors.md#ck03 (the thresholds, where each comes from, the published reports).
 """
@@ -45,6 +47,8 @@ class CheckpointStateMismatch(Detector):
     name = "checkpoint.state_mismatch"
     tolerance: int = 2
     restart_window: int = 5
+    confidence: float = 0.75
+    confidence_restart_not_logged: float = 0.55
 
     def missing(self, run: RunData) -> str | None:
         """Skip reason when no checkpoint carried optimizer or scheduler state."""
@@ -96,7 +100,7 @@ class CheckpointStateMismatch(Detector):
                        else (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL))
         step = max(int(hit["rebuilt_at_step"]) + 1, 0)
         what = "optimizer step" if hit["counter"] == "optimizer" else "scheduler last_epoch"
-        conf = 0.75 if hit["restart_logged_at"] is not None else 0.55
+        conf = self.confidence if hit["restart_logged_at"] is not None else self.confidence_restart_not_logged
         also = f"; the scheduler's last_epoch is off too ({sch['value']})" if opt and sch else ""
         return [self.finding(
             cause=cause, mechanism=mech, step=step, segment=checkpoint_segment(run, step), confidence=conf,

@@ -26,7 +26,14 @@ Four rules, each at most one finding (cause ``update_scale_growth``), all from t
    (50%) of the coordinates with ``v > 0`` have ``sqrt(v_hat) <= 10 eps`` (eps from the optimizer's
    param_groups): the update there is set by eps, not by the gradient (Wortsman et al. 2023 section
    3.4; Molybog et al. 2023, "A theory on Adam instability in large-scale ML") -> ``adam_epsilon``.
-   Latent risk, not a fault by itself: confidence 0.4 unless the logged loss went non-finite.
+   Latent risk, not a fault by itself: confidence ``eps_confidence`` (0.4) unless the logged loss went
+   non-finite (``eps_confidence_loss_nonfinite``, 0.6).
+
+Rule 1 allows the lr to rise by ``max_lr_rise`` (1.1x: 10%) at most; its confidence is ``ratio_confidence``
+(0.55) when two or more layers (or the whole model) grow, ``ratio_confidence_one_layer`` (0.45) for one; rule 2
+``qk_confidence`` (0.6), rule 3 ``out_confidence`` (0.55). Q/K/V projections are named by
+:func:`forensics.model_parts.qkv_role`. Messages name ``max_named`` (4) layers and ``max_named_others`` (3)
+unflagged ones; the evidence lists ``max_listed`` (12) hits and ``max_listed_all`` (24) layers.
 
 Source: docs/detectors.md#ck02 (the thresholds, where each comes from, the published reports).
 """
@@ -42,11 +49,10 @@ import polars as pl
 
 from forensics.detectors.base import Detector, checkpoint_segment, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.model_parts import is_output_head_tensor
+from forensics.model_parts import is_output_head_tensor, qkv_role
 
-_QKV = {"q_proj": "q", "q": "q", "query": "q", "wq": "q", "to_q": "q", "q_lin": "q",
-        "k_proj": "k", "k": "k", "key": "k", "wk": "k", "to_k": "k", "k_lin": "k",
-        "v_proj": "v", "v": "v", "value": "v", "wv": "v", "to_v": "v", "v_lin": "v"}
+PERCENT = 100
+"""A share is shown per cent in a message (a unit, not a threshold)."""
 
 
 def _norms(run: RunData) -> dict[str, list[tuple[int, float]]]:
@@ -116,6 +122,17 @@ class CheckpointUpdateGrowth(Detector):
     sustained_floor: float = 0.75
     eps_share: float = 0.5
     min_eps_numel: int = 1024
+    max_lr_rise: float = 1.1
+    ratio_confidence: float = 0.55
+    ratio_confidence_one_layer: float = 0.45
+    qk_confidence: float = 0.6
+    out_confidence: float = 0.55
+    eps_confidence: float = 0.4
+    eps_confidence_loss_nonfinite: float = 0.6
+    max_named: int = 4
+    max_named_others: int = 3
+    max_listed: int = 12
+    max_listed_all: int = 24
 
     def missing(self, run: RunData) -> str | None:
         """Skip reason when no checkpoint tensors were read."""
@@ -160,7 +177,7 @@ class CheckpointUpdateGrowth(Detector):
             for r in after[1:]:
                 lb, lr_now = lr_at(base[1]), lr_at(r[1])
                 if base[2] > 0 and r[2] >= self.min_ratio_growth * base[2] and (
-                        lb is None or lr_now is None or lr_now <= 1.1 * lb):
+                        lb is None or lr_now is None or lr_now <= self.max_lr_rise * lb):
                     hits.append({"layer": str(layer[0]), "step_from": int(r[0]), "step_to": int(r[1]),
                                  "ratio_per_step": r[2], "baseline_ratio_per_step": base[2],
                                  "baseline_pair": [int(base[0]), int(base[1])], "growth": r[2] / base[2]})
@@ -172,20 +189,21 @@ class CheckpointUpdateGrowth(Detector):
         strong = len(hits) >= 2 or any(x["layer"] == "*" for x in hits)
         return self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=h["step_from"],
-            segment=checkpoint_segment(run, h["step_from"]), confidence=0.55 if strong else 0.45,
-            severity=Severity.MEDIUM,
+            segment=checkpoint_segment(run, h["step_from"]),
+            confidence=self.ratio_confidence if strong else self.ratio_confidence_one_layer, severity=Severity.MEDIUM,
             message=f"update ratio per step of {h['layer']} between checkpoints {h['step_from']} and {h['step_to']} is "
             f"{fmt(h['growth'])}x its value over checkpoints {h['baseline_pair'][0]}-{h['baseline_pair'][1]} "
             f"({len(hits)} layer(s) grow >= {self.min_ratio_growth:g}x) with no lr increase.",
-            evidence={"layers": hits[:12], "n_layers": len(hits), "lr_peak_step": peak_step},
+            evidence={"layers": hits[: self.max_listed], "n_layers": len(hits), "lr_peak_step": peak_step},
         )
 
     def _qk(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
         groups: dict[str, dict[str, str]] = {}
         for name in norms:
             parts = name.split(".")
-            if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in _QKV:
-                groups.setdefault(".".join(parts[:-2]), {})[_QKV[parts[-2]]] = name
+            which = qkv_role(parts[-2]) if len(parts) >= 2 and parts[-1] == "weight" else None
+            if which is not None:
+                groups.setdefault(".".join(parts[:-2]), {})[which] = name
         hits, seen = [], []
         for prefix, g in sorted(groups.items()):
             if set(g) != {"q", "k", "v"}:
@@ -211,18 +229,19 @@ class CheckpointUpdateGrowth(Detector):
         hits.sort(key=lambda h: (h["step"], -h["qk_growth"]))
         h = hits[0]
         per_layer = ", ".join(f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x at checkpoint "
-                              f"{x['step']}" for x in hits[:4])
-        more = f" and {len(hits) - 4} more layer(s)" if len(hits) > 4 else ""
-        rest = [x for x in seen if not x["flagged"]]
+                              f"{x['step']}" for x in hits[: self.max_named])
+        more = f" and {len(hits) - self.max_named} more layer(s)" if len(hits) > self.max_named else ""
+        rest, k = [x for x in seen if not x["flagged"]], self.max_named_others
         others = ("; other layers at their last checkpoint: " + ", ".join(
-            f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x" for x in rest[:3])
-            + (f" and {len(rest) - 3} more" if len(rest) > 3 else "")) if rest else ""
+            f"{x['layer']} Q/K {fmt(x['qk_growth'])}x vs V {fmt(x['v_growth'])}x" for x in rest[:k])
+            + (f" and {len(rest) - k} more" if len(rest) > k else "")) if rest else ""
         return self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.ATTENTION_LOGIT_GROWTH, step=h["step"],
-            segment=checkpoint_segment(run, h["step"]), confidence=0.6, severity=Severity.HIGH,
+            segment=checkpoint_segment(run, h["step"]), confidence=self.qk_confidence, severity=Severity.HIGH,
             message=f"Q/K projection norms grew faster than V since checkpoint {h['since_step']} in {len(hits)} "
             f"layer(s): {per_layer}{more}: attention logits scale with |q||k|{others}.",
-            evidence={"layers": hits[:12], "n_layers": len(hits), "all_layers": seen[:24]},
+            evidence={"layers": hits[: self.max_listed], "n_layers": len(hits),
+                      "all_layers": seen[: self.max_listed_all]},
         )
 
     def _output(self, run: RunData, norms: dict[str, list[tuple[int, float]]]) -> Finding | None:
@@ -248,7 +267,7 @@ class CheckpointUpdateGrowth(Detector):
         i = int(ok[0])
         return self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.OUTPUT_LOGIT_DIVERGENCE, step=steps[i],
-            segment=checkpoint_segment(run, steps[i]), confidence=0.55, severity=Severity.MEDIUM,
+            segment=checkpoint_segment(run, steps[i]), confidence=self.out_confidence, severity=Severity.MEDIUM,
             message=f"output layer {head} norm grew {fmt(float(g[i]))}x since checkpoint {steps[0]} (median of the "
             f"other matrices {fmt(float(medv[i]))}x) without slowing down ({fmt(float(g[-1]))}x at checkpoint "
             f"{steps[-1]}).",
@@ -272,9 +291,10 @@ class CheckpointUpdateGrowth(Detector):
         failed = loss is not None and bool((~np.isfinite(loss.values)).any())
         return self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.ADAM_EPSILON, step=h["step"],
-            segment=checkpoint_segment(run, h["step"]), confidence=0.6 if failed else 0.4, severity=Severity.LOW,
-            message=f"{fmt(100 * h['share'])}% of the coordinates of {h['tensor']} have sqrt(v) <= 10 eps "
+            segment=checkpoint_segment(run, h["step"]),
+            confidence=self.eps_confidence_loss_nonfinite if failed else self.eps_confidence, severity=Severity.LOW,
+            message=f"{fmt(PERCENT * h['share'])}% of the coordinates of {h['tensor']} have sqrt(v) <= 10 eps "
             f"({fmt(h['eps_threshold'])}) at checkpoint {h['step']}: Adam's update there is set by eps, not by the "
             f"gradient ({len(hits)} tensor-checkpoint(s) above {self.eps_share:.0%}).",
-            evidence={"tensors": hits[:12], "n": len(hits)},
+            evidence={"tensors": hits[: self.max_listed], "n": len(hits)},
         )

@@ -20,7 +20,7 @@ import numpy as np
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.signals import SPIKE_Z, departures, scaler_skips, zscores
+from forensics.signals import ONSET_Z, SPIKE_Z, WINDOW, departures, scaler_skips, zscores
 
 
 @dataclass(frozen=True)
@@ -31,19 +31,27 @@ class BadBatch(Detector):
     name = "data.bad_batch"
     uses_facts = True
     requires = ("loss",)
-    window: int = 128
+    window: int = WINDOW
     max_rise_steps: int = 2
-    precursor_z: float = 3.0
+    precursor_z: float = ONSET_Z
     lead_steps: int = 5
+    max_departures: int = 5
+    max_findings: int = 3
+    confidence: float = 0.75
+    confidence_no_grad_norm: float = 0.55
+    confidence_in_warmup: float = 0.5
+    warmup_min_points: int = 4
+    warmup_peak_frac: float = 0.95
+    warmup_start_frac: float = 0.5
 
     def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
-        """One finding per precursor-free loss departure (at most three)."""
+        """One finding per precursor-free loss departure (at most ``max_findings``, of ``max_departures``)."""
         s = run.series("loss")
         out: list[Finding] = []
         g = zscores(run, "grad_norm")
         fp16 = bool((facts or run_facts(run)).fp16)
         resumes = set(s.steps[np.flatnonzero(np.diff(s.segments) != 0) + 1].tolist()) if s else set()
-        for d in departures(run, "loss", limit=5):
+        for d in departures(run, "loss", limit=self.max_departures):
             if d.index - d.onset_index > self.max_rise_steps:
                 continue  # a slow build-up is not a bad batch
             if d.onset_step in resumes:
@@ -70,10 +78,10 @@ class BadBatch(Detector):
                 if k.size and np.isfinite(bi.values[k[0]]):
                     ev["batch_index"] = int(bi.values[k[0]])
                     named = f"; batch index {int(bi.values[k[0]])}"
-            conf = 0.75 if g is not None else 0.55
+            conf = self.confidence if g is not None else self.confidence_no_grad_norm
             warm_against: tuple[str, ...] = ()
             if in_warmup:  # a spike while the lr still ramps up is first the warm-up's (WU01)
-                conf = min(conf, 0.5)
+                conf = min(conf, self.confidence_in_warmup)
                 warm_against = ("the spike comes while the lr is still warming up: the lr ramp is the first "
                                 "suspect",)
             what = "NaN loss" if d.nonfinite else f"loss {fmt(d.value)} vs trailing median {fmt(d.baseline)}"
@@ -86,7 +94,7 @@ class BadBatch(Detector):
                 against=warm_against + (() if g is not None else
                                         ("grad norm not logged: a precursor cannot be ruled out",)),
             ))
-            if len(out) >= 3:
+            if len(out) >= self.max_findings:
                 break
         return out
 
@@ -111,11 +119,14 @@ class BadBatch(Detector):
             against.append("non-finite grad norms before the spike")
         return against
 
-    @staticmethod
-    def _in_warmup(run: RunData, step: int) -> bool:
-        """True when the lr at ``step`` is still rising toward a later, higher peak (below 95% of it)."""
+    def _in_warmup(self, run: RunData, step: int) -> bool:
+        """True when the lr at ``step`` is still rising toward a later, higher peak.
+
+        Below ``warmup_peak_frac`` (95%) of the peak, in a schedule that started below ``warmup_start_frac``
+        (half) of it, with at least ``warmup_min_points`` logged lr values.
+        """
         lr = run.series("lr")
-        if lr is None or len(lr) < 4:
+        if lr is None or len(lr) < self.warmup_min_points:
             return False
         v = np.where(np.isfinite(lr.values), lr.values, np.nan)
         if not np.isfinite(v).any():
@@ -124,4 +135,5 @@ class BadBatch(Detector):
         k = int(np.searchsorted(lr.steps, step))
         if k >= len(v) or k >= i_peak:
             return False
-        return bool(np.isfinite(v[k]) and v[k] < 0.95 * v[i_peak] and v[0] < 0.5 * v[i_peak])
+        peak = v[i_peak]
+        return bool(np.isfinite(v[k]) and v[k] < self.warmup_peak_frac * peak and v[0] < self.warmup_start_frac * peak)

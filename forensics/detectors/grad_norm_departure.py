@@ -25,6 +25,7 @@ class GradNormDeparture(Detector):
     name = "grad_norm.departure"
     requires = ("grad_norm",)
     max_findings: int = 5
+    confidence: float = 0.8
 
     def detect(self, run: RunData) -> list[Finding]:
         """One finding per grad-norm departure (at most ``max_findings``)."""
@@ -41,7 +42,7 @@ class GradNormDeparture(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.8, severity=Severity.MEDIUM,
+                    confidence=self.confidence, severity=Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}"
                     + (f"; leads the loss departure by {lead} steps." if lead is not None else "."),
                     evidence={

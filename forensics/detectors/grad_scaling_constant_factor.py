@@ -9,6 +9,12 @@ to the gradient-accumulation factor the loss was summed instead of averaged over
 4.48.1 by PR #35651). A sibling run in the same folder whose loss is exactly k times smaller at
 every step confirms it.
 
+Confidence ``confidence`` (0.6); plus ``sibling_confidence_gain`` (0.1) for a sibling run whose loss ratio has
+at least ``sibling_min_points`` (3) points, a relative spread of at most ``sibling_max_spread`` (1%) and a mean
+above ``sibling_min_factor`` (1.5); plus ``ga_confidence_gain`` (0.15) when the factor is within ``ga_tol``
+(25%) of the configured gradient-accumulation steps; at most ``max_confidence`` (0.95). A run folder needs
+``min_points`` (3) train losses.
+
 Source: docs/detectors.md#gs01 (the thresholds, where each comes from, the published reports).
 """
 
@@ -40,6 +46,15 @@ class GradScalingFactor(Detector):
     requires_all = True
     min_factor: float = 2.0
     max_spread: float = 0.35
+    min_points: int = 3
+    confidence: float = 0.6
+    sibling_min_points: int = 3
+    sibling_max_spread: float = 0.01
+    sibling_min_factor: float = 1.5
+    sibling_confidence_gain: float = 0.1
+    ga_tol: float = 0.25
+    ga_confidence_gain: float = 0.15
+    max_confidence: float = 0.95
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding for the worst mis-scaled run folder."""
@@ -50,7 +65,7 @@ class GradScalingFactor(Detector):
         for folder in sorted({_folder(s) for s in loss.get_column("source").unique().to_list()}):
             lf = loss.filter(pl.col("source").map_elements(_folder, return_dtype=pl.String) == folder)
             ef = ev.filter(pl.col("source").map_elements(_folder, return_dtype=pl.String) == folder)
-            if lf.height < 3 or ef.height < 1:
+            if lf.height < self.min_points or ef.height < 1:
                 continue
             lf = lf.group_by("step").agg(pl.col("value").last()).sort("step")
             per_folder[folder] = lf
@@ -73,7 +88,7 @@ class GradScalingFactor(Detector):
         evidence: dict[str, object] = {"folder": folder or ".", "train_over_eval_loss": round(k, 3),
                                        "ratio_spread": round(spread, 3), "first_step": first,
                                        "gradient_accumulation_steps": ga_steps}
-        conf = 0.6
+        conf = self.confidence
         msg = f"train loss is {k:.2f}x the eval loss at matched steps"
         factor = k
         for other, of in per_folder.items():
@@ -82,20 +97,21 @@ class GradScalingFactor(Detector):
             j = per_folder[folder].join(of, on="step", suffix="_o")
             rr = (j.get_column("value") / j.get_column("value_o")).to_numpy()
             rr = rr[np.isfinite(rr)]
-            if rr.size >= 3 and float(np.std(rr)) <= 0.01 * float(np.mean(rr)) and np.mean(rr) > 1.5:
-                conf += 0.1
+            if (rr.size >= self.sibling_min_points and float(np.std(rr)) <= self.sibling_max_spread * float(np.mean(rr))
+                    and np.mean(rr) > self.sibling_min_factor):
+                conf += self.sibling_confidence_gain
                 factor = float(np.mean(rr))
                 evidence["sibling_run"] = other
                 evidence["loss_ratio_to_sibling"] = round(factor, 4)
                 msg += f"; the sibling run {other} logs exactly {factor:.3f}x lower losses at every step"
                 break
-        ga_match = bool(ga_steps) and abs(factor - ga_steps) <= 0.25 * ga_steps  # type: ignore[operator]
+        ga_match = bool(ga_steps) and abs(factor - ga_steps) <= self.ga_tol * ga_steps  # type: ignore[operator]
         if ga_match:
-            conf += 0.15
+            conf += self.ga_confidence_gain
             msg += (f"; the factor matches the gradient-accumulation steps ({ga_steps}): the loss is summed over "
                     "micro-batches instead of averaged")
         return [self.finding(
             cause=Cause.GRAD_SCALING_BUG, mechanism=Mechanism.GA_NORMALISATION if ga_match else None,
             step=first, segment=0,
-            confidence=min(conf, 0.95), severity=Severity.HIGH, message=msg + ".", evidence=evidence,
+            confidence=min(conf, self.max_confidence), severity=Severity.HIGH, message=msg + ".", evidence=evidence,
         )]

@@ -2,7 +2,8 @@
 
 Rule (docs/detectors.md#st01; smdebug ``LossNotDecreasing``): the log starts near step 0 (first
 logged step <= ``max_first_step``), has at least ``min_points`` loss points, and the median of
-its last 10% of losses is not below ``min_drop`` (2%) under the median of its first 5%. A run
+its last 10% of losses (``tail_parts``: a tenth) is not below ``min_drop`` (2%) under the median of its first
+5% (``head_parts``: a twentieth; each at least ``min_part_points``, 3). A run
 from scratch always lowers its loss within a few hundred steps; one that does not is stuck
 (lr of zero, frozen parameters, an optimizer that never steps, or a collapse to the uniform
 prediction at a far too high lr). Late excerpts of long runs (first step beyond
@@ -31,6 +32,10 @@ class NoProgress(Detector):
     max_first_step: int = 100
     min_points: int = 50
     min_drop: float = 0.02
+    head_parts: int = 20
+    tail_parts: int = 10
+    min_part_points: int = 3
+    confidence: float = 0.7
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding, with the lr evidence that separates the likely reasons."""
@@ -40,8 +45,8 @@ class NoProgress(Detector):
         v = s.values[np.isfinite(s.values)]
         if v.size < self.min_points:
             return []
-        head = float(np.median(v[: max(3, v.size // 20)]))
-        tail = float(np.median(v[-max(3, v.size // 10):]))
+        head = float(np.median(v[: max(self.min_part_points, v.size // self.head_parts)]))
+        tail = float(np.median(v[-max(self.min_part_points, v.size // self.tail_parts):]))
         if tail < head * (1 - self.min_drop):
             return []
         ev: dict[str, object] = {"loss_first": head, "loss_last": tail, "points": int(v.size)}
@@ -54,7 +59,7 @@ class NoProgress(Detector):
                 if float(lv.max()) == 0.0:
                     hint = "; the lr is zero throughout"
         return [self.finding(
-            cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=0.7,
+            cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=self.confidence,
             severity=Severity.HIGH,
             message=f"the loss does not go down: {fmt(head)} at the start, {fmt(tail)} at the end of "
             f"{v.size} points{hint}.",

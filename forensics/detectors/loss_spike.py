@@ -25,6 +25,7 @@ class LossSpike(Detector):
     name = "loss.spike"
     requires = ("loss",)
     max_findings: int = 5
+    confidence: float = 0.9
 
     def detect(self, run: RunData) -> list[Finding]:
         """Findings for the first ``max_findings`` loss departures (cause left to the engine)."""
@@ -36,7 +37,7 @@ class LossSpike(Detector):
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
-                    confidence=0.9, severity=Severity.HIGH if d.recovered_step is None else Severity.MEDIUM,
+                    confidence=self.confidence, severity=Severity.HIGH if d.recovered_step is None else Severity.MEDIUM,
                     message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}; "
                     f"excursion starts at step {d.onset_step}{rec}.",
                     evidence={

@@ -11,20 +11,25 @@ before the resume). Signatures (DESIGN.md section 4,
   pre-resume loss to the first logged loss) with a continuous lr, or the parameter norm at the first step both
   processes logged differs by more than the updates in between can move it: the weights were not loaded;
 - ``optimizer_state``: the update scale (``update_ratio``) is ``min_update_factor`` (1.5x) or more above the
-  earlier process's, by at least 6 of its point-to-point noise sigmas, at the steps it re-logs (else against its
-  last points before the resume, per unit lr), with the grad norm NOT up by a constant factor: Adam's moments
-  restart from zero, so its first updates are lr x sign(g) per element (Kingma & Ba 2015, section 2: the
-  bias-corrected step is about lr when m and v hold one gradient), whether the jump then fades or stays; or a
-  grad-norm or update-ratio spike (z >= 6 against the pre-resume band) that fades within ``fade_points``
-  points; or a loss jump short of the initial level;
+  earlier process's, by at least ``spike_z`` (6) of its point-to-point noise sigmas, at the steps it re-logs
+  (else against its last points before the resume, per unit lr), with the grad norm NOT up by a constant
+  factor: Adam's moments restart from zero, so its first updates are lr x sign(g) per element (Kingma & Ba
+  2015, section 2: the bias-corrected step is about lr when m and v hold one gradient), whether the jump then
+  fades or stays; or a grad-norm or update-ratio spike (z >= ``spike_z`` against the pre-resume band) that
+  fades within ``fade_points`` points; or a loss jump short of the initial level (above ``loss_jump_k_sigma``,
+  6, noise sigmas and ``loss_jump_min_factor``, 1.15x);
 - ``data_sampler``: the logged batch index does not continue the earlier process's, or the loss after the
-  resume sits BELOW the earlier process's loss at the same steps by more
-  than 4 robust sigmas (the data position went back and the model sees data it has already learned), or the
-  re-logged steps differ from the earlier process's by as much as one batch differs from the next (rms of
-  the log ratio >= half the loss's point-to-point noise): other batches at the same steps;
-- ``grad_scaling_bug`` (``accumulation_scaling``): the grad norm jumps by a constant factor (>= 2) at the
-  resume and stays there, while the loss trend is unchanged: the loss is summed, not averaged, over
+  resume sits BELOW the earlier process's loss at the same steps by more than ``data_k_sigma`` (4) robust
+  sigmas and ``data_min_factor`` (3%) (the data position went back and the model sees data it has already
+  learned), or the re-logged steps differ from the earlier process's by as much as one batch differs from the
+  next (rms of the log ratio >= ``rms_noise_frac``, half, of the loss's point-to-point noise, and ``rms_min``,
+  1%): other batches at the same steps;
+- ``grad_scaling_bug`` (``accumulation_scaling``): the grad norm jumps by a constant factor (>= ``min_factor``,
+  2) at the resume and stays there, while the loss trend is unchanged: the loss is summed, not averaged, over
   micro-batches, or the accumulation factor changed.
+
+Each signature has its confidence field (``weights_confidence`` ... ``loss_jump_confidence``); the windows on
+either side of the resume are the fields of :class:`forensics.resume_rows.ResumeWindows`.
 
 Evidence against each is stated: a discontinuous lr (then the lr explains the change), identical values at
 re-logged steps (the state was restored), a jump inside the noise.
@@ -42,8 +47,14 @@ import polars as pl
 
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.resume_rows import VSEG, restarts_of, sigma_log
+from forensics.resume_rows import VSEG, ResumeWindows, metric_jump, restarts_of, sigma_log, update_scale_jump
 from forensics.resume_rows import rows as _rows
+from forensics.signals import SPIKE_Z
+
+LR_FLOOR = 1e-30
+"""Floor of the lr a relative lr change is divided by: guards an lr of zero, far below any real lr (ours)."""
+PERCENT = 100
+"""A loss ratio is shown per cent in a message (a unit, not a threshold)."""
 
 
 @dataclass
@@ -66,25 +77,49 @@ class _Resume:
 
 
 @dataclass(frozen=True)
-class ResumeState(Detector):
-    """State not restored on resume (weights, optimizer moments, data position) and grad-scale changes."""
+class ResumeState(Detector, ResumeWindows):
+    """State not restored on resume (weights, optimizer moments, data position) and grad-scale changes.
+
+    The windows on either side of a resume are the fields inherited from :class:`forensics.resume_rows.ResumeWindows`;
+    the signatures' thresholds and confidences are below (all listed in docs/detectors.md#rs01 with their source).
+    """
 
     code = "RS01"
     name = "resume.state"
     requires = ("loss",)
     back_frac: float = 0.5
-    spike_z: float = 6.0
-    fade_points: int = 20
-    min_factor: float = 2.0
+    spike_z: float = SPIKE_Z
     min_update_factor: float = 1.5
     param_break_x: float = 10.0
+    param_break_min_rel: float = 0.01
+    param_delta_points: int = 10
     lr_tol: float = 0.05
+    lr_tol_unrelogged: float = 0.1
+    loss_jump_k_sigma: float = 6.0
+    loss_jump_min_factor: float = 1.15
+    data_k_sigma: float = 4.0
+    data_min_factor: float = 1.03
+    rms_noise_frac: float = 0.5
+    rms_min: float = 0.01
+    min_loss_points: int = 10
+    initial_points: int = 3
+    min_loss_before: int = 4
+    min_batch_points: int = 6
+    weights_confidence: float = 0.85
+    param_break_confidence: float = 0.8
+    scaling_confidence: float = 0.75
+    update_confidence: float = 0.75
+    spike_confidence: float = 0.7
+    spike_confidence_loss_down: float = 0.6
+    batch_confidence: float = 0.8
+    data_confidence: float = 0.6
+    loss_jump_confidence: float = 0.6
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding per resume."""
         restarts = restarts_of(run)
         loss = _rows(run, "loss", restarts)
-        if loss.height < 10:
+        if loss.height < self.min_loss_points:
             return []
         segs = sorted(set(loss.get_column("segment").to_list()))
         if len(segs) < 2:
@@ -93,14 +128,14 @@ class ResumeState(Detector):
         first = loss.filter(pl.col("segment") == segs[0])
         fv = first.get_column("value").to_numpy().astype(float)
         fv = fv[np.isfinite(fv)]
-        if fv.size < 3:
+        if fv.size < self.initial_points:
             return []
-        l_init = float(np.median(fv[:3]))
+        l_init = float(np.median(fv[: self.initial_points]))
         out: list[Finding] = []
         for a, b in zip(segs, segs[1:], strict=False):
             prev = loss.filter(pl.col("segment") <= a)
             cur = loss.filter(pl.col("segment") == b)
-            if cur.height < 3 or prev.height < 6:
+            if cur.height < self.head_points or prev.height < self.min_points_before:
                 continue
             s0 = int(cur.get_column("step")[0])
             f = self._judge(run, prev, cur, s0, b, l_init, lr, restarts)
@@ -125,9 +160,9 @@ class ResumeState(Detector):
             if before.height == 0:
                 return None
             exp = float(before.get_column("value")[-1])
-            tol = max(self.lr_tol, 0.1)
-            return abs(obs - exp) <= tol * max(abs(exp), 1e-30)
-        return abs(obs - exp) <= self.lr_tol * max(abs(exp), 1e-30)
+            tol = max(self.lr_tol, self.lr_tol_unrelogged)
+            return abs(obs - exp) <= tol * max(abs(exp), LR_FLOOR)
+        return abs(obs - exp) <= self.lr_tol * max(abs(exp), LR_FLOOR)
 
     def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
                lr: pl.DataFrame, restarts: list[tuple[int, int]]) -> Finding | None:
@@ -146,14 +181,14 @@ class ResumeState(Detector):
     def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
                  lr: pl.DataFrame) -> _Resume | None:
         """Loss levels before and after the resume, its noise, and the comparison at re-logged steps."""
-        pv = prev.filter(pl.col("step") < s0).get_column("value").to_numpy().astype(float)[-30:]
+        pv = prev.filter(pl.col("step") < s0).get_column("value").to_numpy().astype(float)[-self.pre_points:]
         pv = pv[np.isfinite(pv)]
         cv = cur.get_column("value").to_numpy().astype(float)
         cv = cv[np.isfinite(cv)]
-        if pv.size < 4 or cv.size < 3:
+        if pv.size < self.min_loss_before or cv.size < self.head_points:
             return None
         sig = sigma_log(pv)
-        l_pre, l_post = float(np.median(pv[-5:])), float(np.median(cv[:3]))
+        l_pre, l_post = float(np.median(pv[-self.level_points:])), float(np.median(cv[: self.head_points]))
         jump = float(np.log(l_post / l_pre)) if l_pre > 0 and l_post > 0 else 0.0
         ev: dict[str, object] = {"resume_step": s0, "segment": seg // VSEG, "loss_before": l_pre, "loss_after": l_post,
                                  "initial_loss": l_init, "loss_noise_log": round(sig, 4),
@@ -168,12 +203,13 @@ class ResumeState(Detector):
                 ratio, rms = float(np.median(r)), float(np.sqrt(np.mean(r * r)))
                 ev.update(relogged_steps=int(overlap.height), relogged_log_ratio=round(ratio, 4),
                           relogged_rms_log_diff=round(rms, 4))
-        return _Resume(s0, seg, sig, l_pre, l_post, l_init, jump, max(6 * sig, float(np.log(1.15))), ratio, rms, ev)
+        thr = max(self.loss_jump_k_sigma * sig, float(np.log(self.loss_jump_min_factor)))
+        return _Resume(s0, seg, sig, l_pre, l_post, l_init, jump, thr, ratio, rms, ev)
 
     def _weights(self, c: _Resume) -> Finding | None:
         """1. weights: the loss is back near its initial level."""
         if c.jump > c.thr and c.l_init > c.l_pre and (c.l_post - c.l_pre) >= self.back_frac * (c.l_init - c.l_pre):
-            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, 0.85,
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, self.weights_confidence,
                            f"at the resume at step {c.s0} the loss is back at {fmt(c.l_post)} (before {fmt(c.l_pre)}, "
                            f"first logged {fmt(c.l_init)}) while the lr continues: the weights were not loaded")
         return None
@@ -183,17 +219,18 @@ class ResumeState(Detector):
 
         From a restored checkpoint both processes move the norm by about its usual per-step change, so at the
         first re-logged step, ``k`` steps after the last point before the resume, the norms agree to within a
-        few ``k x delta`` (``delta`` the median per-step change of log norm over the last 10 points; fresh Adam
-        moments, 2-8x). A difference beyond ``param_break_x`` (10) ``k x delta`` and 1% says other weights.
+        few ``k x delta`` (``delta`` the median per-step change of log norm over the last ``param_delta_points``
+        (10) points; fresh Adam moments, 2-8x). A difference beyond ``param_break_x`` (10) ``k x delta`` and
+        ``param_break_min_rel`` (1%) says other weights.
         """
         pn = _rows(run, "param_norm", c.restarts)
-        if pn.height < 8:
+        if pn.height < self.min_metric_points:
             return None
         prev, cur = pn.filter(pl.col("segment") < c.seg), pn.filter(pl.col("segment") == c.seg)
-        before = prev.filter(pl.col("step") < c.s0).tail(11)
+        before = prev.filter(pl.col("step") < c.s0).tail(self.param_delta_points + 1)
         ov = prev.filter(pl.col("step") >= c.s0).join(cur.select("step", pl.col("value").alias("new")),
                                                        on="step").sort("step")
-        if ov.height == 0 or before.height < 6:
+        if ov.height == 0 or before.height < self.min_points_before:
             return None
         st, old, new = int(ov.get_column("step")[0]), float(ov.get_column("value")[0]), float(ov.get_column("new")[0])
         bv, bs = before.get_column("value").to_numpy().astype(float), before.get_column("step").to_numpy()
@@ -202,36 +239,36 @@ class ResumeState(Detector):
         d = abs(float(np.log(new / old)))
         k = max(1, st - int(bs[-1]))
         delta = float(np.median(np.abs(np.diff(np.log(bv))) / np.maximum(np.diff(bs), 1)))
-        if d < max(0.01, self.param_break_x * k * delta):
+        if d < max(self.param_break_min_rel, self.param_break_x * k * delta):
             return None
         c.ev["param_norm_at_relogged_step"] = {"step": st, "before": old, "after": new,
                                                "per_step_change_log": round(delta, 6)}
-        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, 0.8,
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.WEIGHTS, self.param_break_confidence,
                        f"at step {st}, which both processes logged, the parameter norm is {fmt(new)} after the "
-                       f"resume against {fmt(old)} before ({100 * d:.1f}%, {d / (k * delta):.0f}x what {k} "
+                       f"resume against {fmt(old)} before ({d:.1%}, {d / (k * delta):.0f}x what {k} "
                        "step(s) of training move it): the weights were not loaded")
 
     def _gradients(self, run: RunData, lr: pl.DataFrame, c: _Resume) -> Finding | None:
         """2. grad norm and update scale: a constant factor (scaling), an update jump or a fading spike (moments)."""
-        gn = self._jump(run, "grad_norm", c.s0, c.seg, c.restarts)
-        up = self._jump(run, "update_ratio", c.s0, c.seg, c.restarts)
+        gn = metric_jump(run, "grad_norm", c.s0, c.seg, c.restarts, self)
+        up = metric_jump(run, "update_ratio", c.s0, c.seg, c.restarts, self)
         if gn is not None:
             c.ev["grad_norm_jump"] = gn
         if up is not None:
             c.ev["update_ratio_jump"] = up
         gn_const = gn is not None and gn["stays"] and gn["factor"] >= self.min_factor
         if gn_const and abs(c.jump) <= c.thr:
-            return self._f(c, Cause.GRAD_SCALING_BUG, Mechanism.ACCUMULATION_SCALING, 0.75,
+            return self._f(c, Cause.GRAD_SCALING_BUG, Mechanism.ACCUMULATION_SCALING, self.scaling_confidence,
                            f"from the resume at step {c.s0} the grad norm is {gn['factor']:.3g}x its earlier level and "
                            f"stays there while the loss continues its trend ({fmt(c.l_pre)} -> {fmt(c.l_post)}): the "
                            "gradients are scaled by a constant (loss summed over micro-batches, or the accumulation "
                            "factor changed)")
-        us = self._update_scale(run, lr, c.s0, c.seg, c.restarts)
+        us = update_scale_jump(run, lr, c.s0, c.seg, c.restarts, self)
         if us is not None:
             c.ev["update_scale_jump"] = us
             if us["factor"] >= self.min_update_factor and us["z"] >= self.spike_z and not gn_const:
                 where = "at the steps it re-logs" if us["relogged"] else "per unit lr, against its last points"
-                return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.75,
+                return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, self.update_confidence,
                                f"from the resume at step {c.s0} the update ratio is {us['factor']:.3g}x the earlier "
                                f"process's {where} ({us['z']:.0f} noise sigmas), with a continuous lr and no constant "
                                "change of the grad norm: the optimizer moments restarted from zero (fresh Adam "
@@ -240,7 +277,8 @@ class ResumeState(Detector):
                   if j is not None and j["z"] >= self.spike_z and not j["stays"]]
         if spikes:
             m, j = spikes[0]
-            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.7 if c.jump > 0 else 0.6,
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE,
+                           self.spike_confidence if c.jump > 0 else self.spike_confidence_loss_down,
                            f"right after the resume at step {c.s0} the {m} spikes to {j['factor']:.3g}x its earlier "
                            f"level (z={j['z']:.1f}) and fades, with a continuous lr: the optimizer moments restarted "
                            "(state not restored)")
@@ -253,7 +291,7 @@ class ResumeState(Detector):
         must be the last one before it plus the steps in between (one batch per step).
         """
         bi = _rows(run, "batch_index", c.restarts)
-        if bi.height < 6:
+        if bi.height < self.min_batch_points:
             return None
         prev, cur = bi.filter(pl.col("segment") < c.seg), bi.filter(pl.col("segment") == c.seg)
         before = prev.filter(pl.col("step") < c.s0)
@@ -268,7 +306,7 @@ class ResumeState(Detector):
         if abs(got - exp) < 1:
             return None
         c.ev["batch_index_after_resume"] = {"step": st, "logged": got, "expected": exp}
-        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.8,
+        return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, self.batch_confidence,
                        f"at step {st} the resumed process logs batch index {got:.0f} where the earlier process's "
                        f"position gives {exp:.0f}: the data position was not restored (data-sampler state)")
 
@@ -276,96 +314,30 @@ class ResumeState(Detector):
         """3. the data position: a loss too good, or other batches, at the re-logged steps."""
         # (only at re-logged steps: without them a falling loss looks "better" after any resume)
         low = c.ratio if c.ratio is not None else 0.0
-        if low < -max(4 * c.sig, float(np.log(1.03))):
-            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.6,
-                           f"after the resume at step {c.s0} the loss is {fmt(100 * (1 - np.exp(low)))}% lower than "
+        if low < -max(self.data_k_sigma * c.sig, float(np.log(self.data_min_factor))):
+            drop = PERCENT * (1 - np.exp(low))
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, self.data_confidence,
+                           f"after the resume at step {c.s0} the loss is {fmt(drop)}% lower than "
                            "the earlier process at the same steps: the data position went back and the model sees "
                            "data it has already learned (sampler state not restored)")
         # the re-logged steps disagree by as much as one batch differs from the next: the resumed process sees
         # other batches at the same steps; a restored state re-logs the same values up to kernel non-determinism
         if (c.rms is not None and c.ratio is not None and abs(c.ratio) <= c.thr
-                and c.rms >= max(0.5 * c.sig * np.sqrt(2), 0.01)):
-            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, 0.6,
+                and c.rms >= max(self.rms_noise_frac * c.sig * np.sqrt(2), self.rms_min)):
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.DATA_SAMPLER, self.data_confidence,
                            f"the steps the resumed process re-logs from step {c.s0} differ from the earlier process's "
-                           f"by {100 * c.rms:.1f}% (rms), as much as one batch differs from the next, with a "
+                           f"by {c.rms:.1%} (rms), as much as one batch differs from the next, with a "
                            "continuous lr: it sees other batches at the same steps (data-sampler state not restored)")
         return None
 
     def _loss_jump(self, c: _Resume) -> Finding | None:
         """4. a loss jump short of the initial level."""
         if c.jump > c.thr and (c.ratio is None or c.ratio > c.thr):
-            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, 0.6,
+            return self._f(c, Cause.STATE_NOT_RESTORED, Mechanism.OPTIMIZER_STATE, self.loss_jump_confidence,
                            f"at the resume at step {c.s0} the loss jumps from {fmt(c.l_pre)} to {fmt(c.l_post)} "
                            f"({c.jump / c.sig:.0f} noise sigmas) with a continuous lr: part of the training state was "
                            "not restored")
         return None
-
-    def _jump(self, run: RunData, metric: str, s0: int, seg: int,
-              restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
-        rows = _rows(run, metric, restarts)
-        if rows.height < 8:
-            return None
-        pre = rows.filter((pl.col("segment") < seg) & (pl.col("step") < s0)).get_column("value").to_numpy()
-        post = rows.filter(pl.col("segment") == seg).get_column("value").to_numpy()
-        pre = pre[np.isfinite(pre) & (pre > 0)][-30:]
-        post = post[np.isfinite(post) & (post > 0)]
-        if pre.size < 5 or post.size < 3:
-            return None
-        lp = np.log(pre)
-        med = float(np.median(lp))
-        sig = max(1.4826 * float(np.median(np.abs(lp - med))), 0.02)
-        head = np.log(post[:3])
-        z = float((head.max() - med) / sig)
-        tail = post[3:3 + self.fade_points]
-        level = float(np.median(np.log(post[: min(post.size, self.fade_points)])))
-        factor = float(np.exp(level - med))
-        stays = bool(tail.size >= 5 and np.median(np.log(tail)) - med >= np.log(self.min_factor)
-                     and float(np.std(np.log(tail))) <= 3 * sig + 0.2)
-        return {"z": round(z, 2), "factor": round(float(np.exp(head.max() - med)) if not stays else factor, 3),
-                "stays": stays}
-
-    def _update_scale(self, run: RunData, lr: pl.DataFrame, s0: int, seg: int,
-                      restarts: list[tuple[int, int]]) -> dict[str, float | bool] | None:
-        """The update ratio's jump at the resume: log ratio to the earlier process, in its noise sigmas.
-
-        At re-logged steps (the same steps, the same lr) the values are compared directly (the largest log ratio
-        of the first 3, when their median is at least half of it); without them the first 3 points after the
-        resume are compared with the last 5 before it, each divided by its lr.
-        """
-        rows = _rows(run, "update_ratio", restarts)
-        if rows.height < 8:
-            return None
-        prev = rows.filter(pl.col("segment") < seg)
-        cur = rows.filter(pl.col("segment") == seg)
-        pre = prev.filter(pl.col("step") < s0)
-        pv = pre.get_column("value").to_numpy().astype(float)[-30:]
-        if np.sum(np.isfinite(pv) & (pv > 0)) < 6 or cur.height < 2:
-            return None
-        sig = sigma_log(pv)
-        ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
-        r = np.array([])
-        if ov.height:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.log(ov.get_column("new").to_numpy() / ov.get_column("value").to_numpy())
-        r = r[np.isfinite(r)][:3]
-        relogged = r.size >= 1
-        if relogged:  # fresh moments move most at the first step: the largest of the first 3, if they agree
-            level = float(np.max(r)) if float(np.median(r)) >= 0.5 * float(np.max(r)) else float(np.median(r))
-        else:
-            lrs = lr.select("segment", "step", pl.col("value").alias("lr")) if lr.height else None
-            if lrs is None:
-                return None
-            a = pre.tail(5).join(lrs, on=["segment", "step"])
-            b = cur.head(3).join(lrs, on=["segment", "step"])
-            if a.height < 3 or b.height < 2:
-                return None
-            na = (a.get_column("value") / a.get_column("lr")).to_numpy()
-            nb = (b.get_column("value") / b.get_column("lr")).to_numpy()
-            if not (np.all(na > 0) and np.all(nb > 0)):
-                return None
-            level = float(np.median(np.log(nb)) - np.median(np.log(na)))
-        return {"factor": round(float(np.exp(level)), 3), "z": round(level / sig, 1), "relogged": relogged,
-                "noise_log": round(sig, 4)}
 
     def _f(self, c: _Resume, cause: Cause, mech: Mechanism, conf: float, msg: str) -> Finding:
         return self.finding(cause=cause, mechanism=mech, step=c.s0, segment=c.seg // VSEG, confidence=conf,

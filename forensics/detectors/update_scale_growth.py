@@ -24,6 +24,9 @@ from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.signals import loss_improves_after
 from forensics.stats import sustained_rise
 
+BASELINE_FLOOR = 1e-30
+"""Floor of the trend value the growth is divided by: guards a zero baseline, far below any update ratio (ours)."""
+
 
 @dataclass(frozen=True)
 class UpdateScaleGrowth(Detector):
@@ -50,7 +53,7 @@ class UpdateScaleGrowth(Detector):
             vals, what = ur.values, "update ratio"
             d = sustained_rise(ur.steps, vals, log=True, k_sigma=self.ratio_k_sigma, min_rel=self.ratio_min_rel)
             if d is not None and d.growth * (d.baseline and 1) >= 1.0 and (
-                float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, 1e-30) >= self.min_growth
+                float(np.nanmax(vals[d.onset_index:])) / max(d.baseline, BASELINE_FLOOR) >= self.min_growth
             ):
                 found.append((d.onset_step, what, {"metric": "update_ratio",
                               "baseline_at_onset": d.baseline, "max_after": float(np.nanmax(vals[d.onset_index:])),
@@ -69,7 +72,7 @@ class UpdateScaleGrowth(Detector):
         against: tuple[str, ...] = ()
         conf = self.confidence
         better = loss_improves_after(run, step)
-        only_norm = all(f[3] == "param_norm" for f in found)
+        only_norm = all(m == "param_norm" for *_, m in found)
         if better is not None and (only_norm or better[1] < self.loss_better * better[0]):
             # a parameter norm (or update ratio) that grows while the loss keeps falling is training, not divergence
             conf = self.confidence_loss_improves
