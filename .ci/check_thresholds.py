@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 SCOPE = ("forensics/detectors", "forensics/engine", "forensics/recovery", "forensics/config_diff",
          "forensics/compare", "forensics/sweep", "forensics/calibration.py", "forensics/signals.py",
          "forensics/stats.py", "forensics/facts.py", "forensics/spike_shape.py", "forensics/resume_rows.py",
-         "forensics/lr_shapes.py", "forensics/objective.py", "forensics/notes.py")
+         "forensics/lr_shapes.py", "forensics/objective.py", "forensics/notes.py", "forensics/lr_rows.py",
+         "forensics/coverage.py", "forensics/model_parts.py")
 ALLOWED = frozenset({0, 1, -1, 2, 0.5})
 CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
 
