@@ -45,6 +45,9 @@ DIFF_NOISE = np.sqrt(2.0)
 """A first difference of two independent points has sqrt 2 times the noise of one."""
 SIGMA_FLOOR = 1e-6
 """Noise floor in log units (a loss logged with few digits can have a zero MAD of differences)."""
+MAX_ANCHORS = 32
+"""Full spikes a series is anchored on, in step order (a diverging loss has thousands; the first ones carry the
+onset; bounds the work to MAX_ANCHORS x candidates)."""
 LISTED_STEPS = 8
 """Occurrences named in the message (all of them are in the evidence)."""
 
@@ -101,28 +104,28 @@ class RecurringBatch(Detector):
 
     def _progression(self, steps: np.ndarray, c: np.ndarray, z: np.ndarray,
                      interval: float) -> tuple[list[int], float] | None:
-        """The longest run of seeds at a constant period holding a full spike, extended back at ``extend_z``."""
+        """The longest series at a constant period through a full spike (seeds set the period, gaps filled)."""
         seeds = _peaks(c, self.seed_z)
         if seeds.size < self.min_repeats:
             return None
+        steps = steps.astype(np.float64)  # searched with float steps: one conversion, not one per search
         tol = self.period_tol_points * interval
         best: list[int] = []
-        for a in range(seeds.size):
-            for b in range(a + 1, seeds.size):
-                period = float(steps[seeds[b]] - steps[seeds[a]])
-                if period < self.min_period_points * interval:
-                    continue
-                members = _members(steps, c, seeds, int(seeds[a]), period, tol, self.extend_z)
-                if len(members) > len(best) and np.any(z[members] >= SPIKE_Z) and self._stands_out(seeds, members):
-                    best = members
+        for f in seeds[z[seeds] >= SPIKE_Z][:MAX_ANCHORS]:  # the series must hold a full spike: anchor on one
+            d = (steps[seeds] - steps[f]).astype(np.float64)
+            ok = np.abs(d) >= self.min_period_points * interval
+            third = _hits(steps, c, steps[f] + 2 * d, tol, self.extend_z) | _hits(steps, c, steps[f] - d, tol,
+                                                                                  self.extend_z)
+            for period in np.unique(np.abs(d[ok & third])):
+                series = _walk(steps, c, int(f), -period, tol, self.extend_z)[::-1] + \
+                    _walk(steps, c, int(f), period, tol, self.extend_z)[1:]
+                if len(series) > len(best) and self._stands_out(seeds, series):
+                    best = series
         if len(best) < self.min_repeats:
             return None
-        period = float(np.median(np.diff(steps[best])))
-        extended = _extend_back(steps, c, best, period, tol, self.extend_z)
-        if chance_series(seeds.size, float(steps[-1] - steps[0]), tol, len(extended)) > self.max_chance:
+        if chance_series(seeds.size, float(steps[-1] - steps[0]), tol, len(best)) > self.max_chance:
             return None
-        return extended, period
-
+        return best, float(np.median(np.diff(steps[best])))
 
     def _stands_out(self, seeds: np.ndarray, members: list[int]) -> bool:
         """True when the series stands out from the noise.
@@ -199,42 +202,34 @@ def _peaks(c: np.ndarray, threshold: float) -> np.ndarray:
     return np.flatnonzero(peak)
 
 
-def _members(steps: np.ndarray, c: np.ndarray, seeds: np.ndarray, start: int, period: float, tol: float,
-             fill_z: float) -> list[int]:
-    """Occurrences at ``start + k x period``, each within ``tol`` of the step predicted from the previous one.
+def _hits(steps: np.ndarray, c: np.ndarray, at: np.ndarray, tol: float, threshold: float) -> np.ndarray:
+    """For each predicted step in ``at``: is a point within ``tol`` of it at ``threshold`` sigmas or more?"""
+    at = np.asarray(at, dtype=np.float64)
+    idx = np.searchsorted(steps, at)
+    out = np.zeros(at.shape, dtype=bool)
+    for k in (-1, 0, 1):  # tol is one log interval: the nearest points on either side are enough
+        j = np.clip(idx + k, 0, steps.size - 1)
+        with np.errstate(invalid="ignore"):
+            out |= (np.abs(steps[j] - at) <= tol) & (c[j] >= threshold)
+    return out
 
-    An occurrence is a seed there or, once the period is set, the highest point there at ``fill_z`` sigmas or
-    more (an occurrence a little below the seed threshold does not break the series).
+
+def _walk(steps: np.ndarray, c: np.ndarray, start: int, period: float, tol: float, threshold: float) -> list[int]:
+    """``start`` and the occurrences at ``start + k x period`` (k = 1, 2, ...; ``period`` < 0 walks back).
+
+    Each is the highest point within ``tol`` of the step predicted from the previous one, at ``threshold``
+    sigmas or more; the walk ends at the first predicted step with none.
     """
-    seed_steps = steps[seeds]
     out = [start]
     at = float(steps[start])
     while True:
-        near = np.flatnonzero(np.abs(seed_steps - (at + period)) <= tol)
-        if near.size:
-            i = int(seeds[near[0]])
-        else:
-            window = np.flatnonzero((np.abs(steps - (at + period)) <= tol) & np.isfinite(c))
-            if window.size == 0 or c[window].max() < fill_z:
-                return out
-            i = int(window[np.argmax(c[window])])
+        at += period
+        lo = int(np.searchsorted(steps, at - tol, side="left"))
+        hi = int(np.searchsorted(steps, at + tol, side="right"))
+        window = np.arange(lo, hi)
+        window = window[np.isfinite(c[window])] if window.size else window
+        if window.size == 0 or c[window].max() < threshold:
+            return out
+        i = int(window[np.argmax(c[window])])
         out.append(i)
         at = float(steps[i])
-
-
-def _extend_back(steps: np.ndarray, c: np.ndarray, members: list[int], period: float, tol: float,
-                 threshold: float) -> list[int]:
-    """Earlier occurrences at the predicted steps, each a point at least ``threshold`` sigmas above its neighbours."""
-    out = list(members)
-    at = float(steps[out[0]])
-    while True:
-        at -= period
-        near = np.flatnonzero((np.abs(steps - at) <= tol) & np.isfinite(c))
-        if near.size == 0:
-            break
-        i = int(near[np.argmax(c[near])])
-        if c[i] < threshold:
-            break
-        out.insert(0, i)
-        at = float(steps[i])
-    return out
