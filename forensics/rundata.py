@@ -37,9 +37,10 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
     """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
 
     Column by column, each Arrow column dropped from ``t`` once converted: numbers are shared with Arrow
-    (one chunk each), ``metric``/``tag``/``source`` become ``pl.Categorical``, ``run`` is set to ``run`` and
-    held once (a literal column), ``wall_time`` too when every row lacks one; ``offset`` is added to the
-    segments.
+    (no copy; every column keeps the table's chunks, so no operation has to realign them);
+    ``metric``/``tag``/``source`` become ``pl.Categorical`` (held once when the column has one value);
+    ``run`` is set to ``run`` and held once (a literal column), ``wall_time`` too when every row lacks
+    one; ``offset`` is added to the segments.
 
     Args:
         t: Table with the columns of :data:`forensics.schema.METRICS_SCHEMA` (string or dictionary text,
@@ -60,15 +61,28 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
         if name == "wall_time" and col.null_count == n:
             lits.append(pl.lit(None, dtype=pl.Float64).alias(name))
             continue
-        s = pl.from_arrow(col, rechunk=True).alias(name)
+        if name in METRICS_TEXT and _one_value(col) is not None:
+            lits.append(pl.lit(_one_value(col), dtype=pl.Categorical).alias(name))
+            continue
+        if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
+            s = pl.concat([pl.from_arrow(c).cast(pl.Categorical) for c in col.chunks] or
+                          [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
+        else:
+            s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
         del col
-        if name in METRICS_TEXT:
-            s = s.cast(pl.Categorical)
-        elif name == "segment" and offset:
+        if name == "segment" and offset:
             s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
         cols[name] = s
     frame = pl.DataFrame(cols, height=n) if cols else pl.DataFrame(height=n)
     return frame.with_columns(lits).select(METRICS_SCHEMA.names)
+
+
+def _one_value(col: pa.ChunkedArray) -> str | None:
+    """The only value of a dictionary-encoded text column (a file's ``source``), or ``None``."""
+    if not pa.types.is_dictionary(col.type) or col.null_count or len(col) == 0:
+        return None
+    values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
+    return values.pop() if len(values) == 1 else None
 
 
 def _rows_of(metrics: pl.DataFrame) -> dict[str, Any]:

@@ -144,6 +144,11 @@ def chunk(source: str, seg: np.ndarray, step: np.ndarray, names: pa.DictionaryAr
     order), so that a metric's rows of a whole file are a few slices (:meth:`forensics.rundata.RunData.raw`).
     """
     n = int(step.shape[0])
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    if n and (codes[1:] < codes[:-1]).any():  # numbers permuted in numpy: each column allocated once, exactly
+        order = np.argsort(codes, kind="stable")
+        seg, step, vals, walls = seg[order], step[order], vals[order], walls[order]
+        names, tags = _take(names, order), _take(tags, order)
     no_wall = bool(np.isnan(walls).all())
     cols = [constant("", n), pa.array(seg, pa.int32()), pa.array(step, pa.int64()), names,
             pa.array(vals, pa.float64()),
@@ -151,11 +156,13 @@ def chunk(source: str, seg: np.ndarray, step: np.ndarray, names: pa.DictionaryAr
             constant(source, n)]
     fields = [pa.field(f.name, t.type, f.nullable or f.name == "wall_time")
               for f, t in zip(METRICS_SCHEMA, cols, strict=True)]
-    table = pa.Table.from_arrays(cols, schema=pa.schema(fields))
-    codes = names.indices.to_numpy(zero_copy_only=False)
-    if n and (codes[1:] < codes[:-1]).any():
-        table = table.take(pa.array(np.argsort(codes, kind="stable")))
-    return table
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def _take(col: pa.DictionaryArray, order: np.ndarray) -> pa.DictionaryArray:
+    """``col`` in ``order``: its indices permuted in numpy, its dictionary shared."""
+    idx = col.indices.to_numpy(zero_copy_only=False)[order]
+    return pa.DictionaryArray.from_arrays(pa.array(idx, col.type.index_type), col.dictionary)
 
 
 def _explicit(asm: Assembler, explicit: np.ndarray, ep: np.ndarray) -> np.ndarray:
