@@ -126,7 +126,7 @@ def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
 
 def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
-    loss = metrics.filter(pl.col("metric") == "loss")
+    loss = metrics.select("metric", "tag", "value").filter(pl.col("metric") == "loss")  # the columns used only
     if loss.height and _constant_zero(loss):
         tags = sorted(loss.get_column("tag").unique().to_list())
         metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))

@@ -134,9 +134,16 @@ def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
     A later segment wins for a repeated step (TensorBoard's purge rule), within a segment the last row;
     a step logged in segment k but followed by a lower-numbered start step in a later segment is superseded.
     """
-    frame = pl.DataFrame({"step": steps, "segment": segs}).with_row_index("_i")
-    kept = frame.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
-    rows = kept.get_column("_i").to_numpy()
+    if bool((np.diff(segs) >= 0).all()):  # segments in read order (one file, or files in time order)
+        order = np.argsort(steps, kind="stable")  # the rows of each step in read order: its last row wins
+        ordered = steps[order]
+        last = np.ones(ordered.shape[0], dtype=bool)
+        last[:-1] = ordered[1:] != ordered[:-1]
+        rows = order[last]
+    else:
+        frame = pl.DataFrame({"step": steps, "segment": segs}).with_row_index("_i")
+        kept = frame.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
+        rows = kept.get_column("_i").to_numpy()
     k_steps, k_segs = steps[rows], segs[rows]
     if k_segs.size and k_segs.max() > 0:
         seg_ids, first = np.unique(k_segs, return_inverse=True)

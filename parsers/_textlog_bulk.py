@@ -99,7 +99,7 @@ def bulk_frame(asm: Assembler, lines: pl.DataFrame, mets: pl.DataFrame, walls: n
         row, ml, vals = row[keep], ml[keep], vals[keep]
         names, tags = names.filter(pa.array(keep)), tags.filter(pa.array(keep))
     n = int(row.shape[0])
-    asm.rows.add_chunk(chunk(asm.rows.source, seg[row], filled[row], names, vals, walls[ml - lo], tags))
+    _add(asm, chunk(asm.rows.source, seg[row], filled[row], names, vals, walls[ml - lo], tags))
     _nonfinite_events(asm, names, tags, vals, seg[row], filled[row])
     n_brk = int(brk.sum())
     asm.segment += n_brk
@@ -163,6 +163,28 @@ def _take(col: pa.DictionaryArray, order: np.ndarray) -> pa.DictionaryArray:
     """``col`` in ``order``: its indices permuted in numpy, its dictionary shared."""
     idx = col.indices.to_numpy(zero_copy_only=False)[order]
     return pa.DictionaryArray.from_arrays(pa.array(idx, col.type.index_type), col.dictionary)
+
+
+MERGE = 16
+"""Bulk chunks are merged into one table every 16 (about 2M rows of a block's 65,536 lines): a few big buffers
+instead of many of about 1 MB left between each block's transient arrays, which fragment the heap (measured:
+the reader's peak RSS about 45 % over its table on a 10M-line log, our choice of count: a merge copies
+each row once more and holds at most 16 chunks twice for a moment)."""
+
+
+def _add(asm: Assembler, table: pa.Table) -> None:
+    """Append a bulk chunk to the file's rows; every :data:`MERGE` chunks, the latest are merged into one."""
+    rows = asm.rows
+    if not table.num_rows:
+        return
+    rows.add_chunk(table)
+    asm.unmerged += 1
+    if asm.unmerged < MERGE:
+        return
+    tail = rows.chunks[-asm.unmerged:]
+    del rows.chunks[-asm.unmerged:]
+    rows.chunks.append(pa.concat_tables(tail, promote_options="permissive").combine_chunks())
+    asm.unmerged = 0
 
 
 def _explicit(asm: Assembler, explicit: np.ndarray, ep: np.ndarray) -> np.ndarray:

@@ -69,10 +69,11 @@ def test_run_frame_is_categorical_and_filters_by_string(tmp_path: Path) -> None:
     assert data.series("loss") is not None and len(data.series("loss")) == 1_000  # the last launch (0..999) wins
 
 
-def _frame(rng: np.random.Generator, n: int, interleave: bool) -> pl.DataFrame:
+def _frame(rng: np.random.Generator, n: int, interleave: bool, ordered: bool) -> pl.DataFrame:
     metric = rng.choice(["loss", "lr", "grad_norm"], n) if interleave else np.repeat(["loss", "lr"], n // 2)
+    segment = rng.integers(0, 4, n)
     return pl.DataFrame({
-        "run": ["r"] * n, "segment": np.sort(rng.integers(0, 4, n)).astype(np.int32),
+        "run": ["r"] * n, "segment": (np.sort(segment) if ordered else segment).astype(np.int32),
         "step": rng.integers(0, 60, n), "metric": metric, "value": rng.normal(size=n),
         "wall_time": [None] * n, "tag": metric, "source": rng.choice(["a.log", "b.log"], n)},
         schema_overrides={"wall_time": pl.Float64})
@@ -106,7 +107,7 @@ def test_raw_and_series_are_those_of_a_filter_and_the_old_timeline(seed: int, in
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Random rows (restarts, two sources, groups): slices and gathers give a filter's rows, the old timeline."""
     rng = np.random.default_rng(seed)
-    df = _frame(rng, 2_000, interleave)
+    df = _frame(rng, 2_000, interleave, ordered=seed < 4)  # segments in read order, or not
     meta = {"source_groups": {"a.log": "g1", "b.log": "g1" if seed % 2 else "g2"}}
     if seed % 3 == 0:
         monkeypatch.setattr(rundata, "MAX_SLICES", 1)  # the gather path on a frame of few runs too
