@@ -1,4 +1,4 @@
-"""Peak memory and time of a 10M-line text log (issue 16): the text reader alone and ``forensics analyze``.
+"""Peak memory and time of a 10M-line text log (issue 16): the text reader, ``load`` and ``forensics analyze``.
 
 The file is the hostile-input suite's (``tests/hostile_gen.big_textlog``: ``step S loss X lr 0.001``, the steps
 starting again every 10,000 lines: 1,000 segments, 20M rows, 329 MB). Each measurement runs in its own
@@ -28,6 +28,7 @@ import hostile_gen  # noqa: E402
 
 READ = ("import sys; from pathlib import Path; from parsers import textlog; p = Path(sys.argv[1]); "
         "t = textlog.read(p, p.parent).metrics; print(t.num_rows, t.nbytes)")
+LOAD = ("import sys; from forensics.api import load; d = load(sys.argv[1]); print(d.metrics.height)")
 ANALYZE = ("import sys; from forensics.cli import main; "
            "sys.argv = ['forensics', 'analyze', sys.argv[1], '-f', 'json', '-o', sys.argv[2]]; main()")
 LIMIT_S, LIMIT_RSS = 60.0, 3 << 29  # issue 16: 60 s, 1.5 GiB
@@ -84,13 +85,14 @@ def main() -> None:
         rows = []
         for label, code in codes:  # one at a time: the machine is shared
             for what, argv in (("reader alone", [READ, str(run / "train.log")]),
+                               ("load (read, frame, objective)", [LOAD, str(run)]),
                                ("forensics analyze -f json", [ANALYZE, str(run), str(tmp / f"r-{len(rows)}.json")])):
                 rows.append((what, label, *measure(code, argv, timeout, cap)))
     print(f"{n:,} lines ({(n // 10000):,} segments, {2 * n:,} rows); limit {timeout:.0f} s, cap {cap >> 20} MiB; "
           f"issue 16 asks analyze < {LIMIT_S:.0f} s and < {LIMIT_RSS >> 20} MiB")
-    print(f"{'what':28s} {'code':18s} {'wall s':>8s} {'CPU s':>8s} {'peak MiB':>9s}  outcome")
+    print(f"{'what':30s} {'code':18s} {'wall s':>8s} {'CPU s':>8s} {'peak MiB':>9s}  outcome")
     for what, label, outcome, wall, cpu, peak in rows:
-        print(f"{what:28s} {label:18s} {wall:8.1f} {cpu:8.1f} {peak >> 20:9d}  {outcome}")
+        print(f"{what:30s} {label:18s} {wall:8.1f} {cpu:8.1f} {peak >> 20:9d}  {outcome}")
 
 
 if __name__ == "__main__":
