@@ -246,7 +246,7 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
     """
     for name in COUNTERS:
         per_interval = pl.col("tag").cast(pl.Utf8).str.to_lowercase().is_in(PER_INTERVAL_TAGS)
-        df = metrics.filter((pl.col("metric") == name) & ~per_interval)
+        df = metrics.filter(pl.col("metric") == name).filter(~per_interval)  # the tags cast on this counter's rows only
         if df.height < COUNTER_MIN_ROWS:
             continue
         v = df.get_column("value")
