@@ -91,7 +91,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     _reader_names(metrics, names)
     metrics, loss = _direct_loss(metrics, names)
     if loss.height:
-        tags = sorted(set(loss.get_column("tag").to_list()))
+        tags = sorted(loss.get_column("tag").unique().to_list())
         return metrics, {"metric": "loss", "tags": tags, "kind": "training",
                          "why": "the training objective, read directly: " + ", ".join(tags)}, names
     summed = _loss_parts(metrics)
@@ -116,7 +116,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
 
 def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
     """Record in ``names`` why each raw tag got the canonical name its reader gave it."""
-    for tag, metric in metrics.select("tag", "metric").unique().sort("tag").iter_rows():
+    for tag, metric in metrics.group_by("tag", "metric").len().select("tag", "metric").sort("tag").iter_rows():
         if tag != metric:
             canon, why = explain_metric(tag)
             if canon != metric:
@@ -126,9 +126,9 @@ def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
 
 def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
-    loss = metrics.filter(pl.col("metric") == "loss")
+    loss = metrics.select("metric", "tag", "value").filter(pl.col("metric") == "loss")  # the columns used only
     if loss.height and _constant_zero(loss):
-        tags = sorted(set(loss.get_column("tag").to_list()))
+        tags = sorted(loss.get_column("tag").unique().to_list())
         metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
                                        .otherwise(pl.col("metric")).alias("metric"))
         for t in tags:
@@ -153,9 +153,10 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
     The components (``loss/<part>``, or their ``/mean`` statistic) are summed per (source, segment, step) where
     every one was logged; when they never share a step, the most logged one is taken.
     """
-    parts = metrics.filter(pl.col("metric").str.starts_with("loss/"))
+    parts = metrics.filter(pl.col("metric").cast(pl.String).str.starts_with("loss/"))  # may be categorical
     if not parts.height:
         return None
+    parts = parts.with_columns(pl.col("metric").cast(pl.String))
     plain = set(parts.get_column("metric").unique().to_list())
     parts = parts.with_columns(
         pl.when(pl.col("metric").str.ends_with("/mean")
@@ -245,7 +246,7 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
     """
     for name in COUNTERS:
         per_interval = pl.col("tag").cast(pl.Utf8).str.to_lowercase().is_in(PER_INTERVAL_TAGS)
-        df = metrics.filter((pl.col("metric") == name) & ~per_interval)
+        df = metrics.filter(pl.col("metric") == name).filter(~per_interval)  # the tags cast on this counter's rows only
         if df.height < COUNTER_MIN_ROWS:
             continue
         v = df.get_column("value")

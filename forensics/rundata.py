@@ -3,7 +3,14 @@
 :class:`RunData` is everything read from one folder, :class:`Series` one metric's effective
 timeline. Both are re-exported by :mod:`forensics.model`.
 
-Imports nothing from the project at run time (the result types are annotations only).
+The long metrics frame keeps each text column compact (:func:`metrics_frame`): ``run`` is one value held
+once, ``metric``/``tag``/``source`` are categoricals (4 bytes a row; they compare equal to their strings),
+``wall_time`` is one null held once when no row has a wall time. Numbers stay ``int64`` steps and
+``float64`` values (lossless). A metric's rows are found once per run, as slices of the frame when they
+lie in few runs of rows (the text reader groups each block by metric), else as row numbers; no second copy
+of the table is kept.
+
+Imports only :mod:`forensics.schema` from the project at run time (the result types are annotations only).
 """
 
 from __future__ import annotations
@@ -13,9 +20,85 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+
+from forensics.schema import METRICS_SCHEMA, METRICS_TEXT
 
 if TYPE_CHECKING:
     from forensics.model import Skip, SourceInfo
+
+MAX_SLICES = 4096
+"""A metric whose rows lie in at most this many runs of rows of the frame is read as zero-copy slices of it;
+more (rows interleaved metric by metric) and its rows are gathered by row number (our choice: a slice costs
+about a microsecond, a gather copies the rows)."""
+
+
+def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
+    """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
+
+    Column by column, each Arrow column dropped from ``t`` once converted: numbers are shared with Arrow
+    (no copy; every column keeps the table's chunks, so no operation has to realign them);
+    ``metric``/``tag``/``source`` become ``pl.Categorical`` (held once when the column has one value);
+    ``run`` is set to ``run`` and held once (a literal column), ``wall_time`` too when every row lacks
+    one; ``offset`` is added to the segments.
+
+    Args:
+        t: Table with the columns of :data:`forensics.schema.METRICS_SCHEMA` (string or dictionary text,
+            ``wall_time`` float64 or null-typed).
+        run: The run's name.
+        offset: Added to every ``segment``.
+
+    Returns:
+        A polars frame, columns in :data:`~forensics.schema.METRICS_SCHEMA` order.
+    """
+    n = t.num_rows
+    cols: dict[str, pl.Series] = {}
+    lits: list[pl.Expr] = [pl.lit(run, dtype=pl.String).alias("run")]
+    t = t.drop_columns(["run"])
+    for name in METRICS_SCHEMA.names[1:]:
+        col = t.column(name)
+        t = t.drop_columns([name])
+        if name == "wall_time" and col.null_count == n:
+            lits.append(pl.lit(None, dtype=pl.Float64).alias(name))
+            continue
+        if name in METRICS_TEXT and _one_value(col) is not None:
+            lits.append(pl.lit(_one_value(col), dtype=pl.Categorical).alias(name))
+            continue
+        if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
+            s = pl.concat([pl.from_arrow(c).cast(pl.Categorical) for c in col.chunks] or
+                          [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
+        else:
+            s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
+        del col
+        if name == "segment" and offset:
+            s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
+        cols[name] = s
+    frame = pl.DataFrame(cols, height=n) if cols else pl.DataFrame(height=n)
+    return frame.with_columns(lits).select(METRICS_SCHEMA.names)
+
+
+def _one_value(col: pa.ChunkedArray) -> str | None:
+    """The only value of a dictionary-encoded text column (a file's ``source``), or ``None``."""
+    if not pa.types.is_dictionary(col.type) or col.null_count or len(col) == 0:
+        return None
+    values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
+    return values.pop() if len(values) == 1 else None
+
+
+def _rows_of(metrics: pl.DataFrame) -> dict[str, Any]:
+    """Where each metric's rows are: ``{metric: [(offset, length), ...]}`` or ``{metric: row numbers}``."""
+    col = metrics.get_column("metric")
+    runs = col.rle()
+    if runs.len() <= MAX_SLICES * max(1, col.n_unique()):
+        lens = runs.struct.field("len").to_numpy().astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        out: dict[str, Any] = {}
+        for name, a, k in zip(runs.struct.field("value").to_list(), starts.tolist(), lens.tolist(), strict=True):
+            out.setdefault(name, []).append((a, k))
+        if max(len(v) for v in out.values()) <= MAX_SLICES:
+            return out
+    groups = metrics.select("metric").with_row_index("_i").group_by("metric").agg("_i")
+    return dict(zip(groups.get_column("metric").to_list(), groups.get_column("_i"), strict=True))
 
 
 @dataclass(frozen=True)
@@ -43,6 +126,34 @@ class Series:
     def __len__(self) -> int:
         return int(self.steps.shape[0])
 
+
+
+def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
+    """Row numbers of the effective timeline of one metric's rows (in read order), in step order.
+
+    A later segment wins for a repeated step (TensorBoard's purge rule), within a segment the last row;
+    a step logged in segment k but followed by a lower-numbered start step in a later segment is superseded.
+    """
+    if bool((np.diff(segs) >= 0).all()):  # segments in read order (one file, or files in time order)
+        order = np.argsort(steps, kind="stable")  # the rows of each step in read order: its last row wins
+        ordered = steps[order]
+        last = np.ones(ordered.shape[0], dtype=bool)
+        last[:-1] = ordered[1:] != ordered[:-1]
+        rows = order[last]
+    else:
+        frame = pl.DataFrame({"step": steps, "segment": segs}).with_row_index("_i")
+        kept = frame.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
+        rows = kept.get_column("_i").to_numpy()
+    k_steps, k_segs = steps[rows], segs[rows]
+    if k_segs.size and k_segs.max() > 0:
+        seg_ids, first = np.unique(k_segs, return_inverse=True)
+        seg_min = np.full(seg_ids.shape[0], np.iinfo(np.int64).max)
+        np.minimum.at(seg_min, first, k_steps)
+        # for each segment: the smallest start step among all LATER segments (suffix minimum)
+        later_min = np.full(seg_ids.shape[0], np.iinfo(np.int64).max)
+        later_min[:-1] = np.minimum.accumulate(seg_min[::-1])[::-1][1:]
+        rows = rows[k_steps < later_min[first]]
+    return rows
 
 
 @dataclass
@@ -91,12 +202,22 @@ class RunData:
             return 1
         return int(self.metrics.get_column("segment").max()) + 1  # type: ignore[arg-type, operator]
 
-    def raw(self, metric: str) -> pl.DataFrame:
-        """Every row of one metric, all sources and segments, in read order."""
-        if "__by_metric__" not in self._cache:  # one pass over the long table per run, not one filter per metric
-            self._cache["__by_metric__"] = self.metrics.partition_by("metric", as_dict=True)  # type: ignore[assignment]
-        part = self._cache["__by_metric__"].get((metric,))  # type: ignore[union-attr]
-        return part if part is not None else self.metrics.clear()
+    def raw(self, metric: str, columns: list[str] | None = None) -> pl.DataFrame:
+        """Every row of one metric, all sources and segments, in read order (only ``columns``, when given).
+
+        The rows of every metric are found in one pass per run (:data:`MAX_SLICES`): slices of the frame
+        (no copy) when they lie in few runs of rows, else a gather of the metric's rows.
+        """
+        if "__rows_by_metric__" not in self._cache:  # one pass over the long table per run, not one filter per metric
+            self._cache["__rows_by_metric__"] = _rows_of(self.metrics) if self.metrics.height else {}  # type: ignore[assignment]
+        where = self._cache["__rows_by_metric__"].get(metric)  # type: ignore[union-attr]
+        frame = self.metrics if columns is None else self.metrics.select(columns)
+        if where is None:
+            return frame.clear()
+        if isinstance(where, list):
+            parts = [frame.slice(a, k) for a, k in where]
+            return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical", rechunk=False)
+        return frame[where]
 
     def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
         """Values of ``metric``'s effective timeline after an onset, or ``None`` when there are none.
@@ -113,48 +234,47 @@ class RunData:
         """The effective timeline of one metric (see :class:`Series`), or ``None`` if absent.
 
         When several sources log the metric, the one with the most rows wins (ties: the first
-        in the most precise format); rows superseded by a later segment are dropped.
+        in the most precise format); rows superseded by a later segment are dropped. Only the
+        step, segment and value columns are moved (no copy of the metric's other columns).
         """
         if metric in self._cache:
             return self._cache[metric]
-        df = self.raw(metric).filter(pl.col("value").is_not_null())  # JSON null = not logged
+        df = self.raw(metric, ["source", "step", "segment", "value"])
+        if df.get_column("value").null_count():
+            df = df.filter(pl.col("value").is_not_null())  # JSON null = not logged
         if df.height == 0:
             self._cache[metric] = None
             return None
-        # the files of one source group (parsers.discover: e.g. lightning_logs/version_0, version_1) are
-        # one timeline; the group with the most rows wins
-        present = set(df.get_column("source").unique().to_list())
-        groups = {s: g for s, g in (self.meta.get("source_groups") or {}).items() if s in present}
-        df = df.with_columns((pl.col("source").replace(groups) if groups else pl.col("source")).alias("_g"))
-        counts = df.group_by("_g").len().sort(["len", "_g"], descending=[True, False])
-        df = df.filter(pl.col("_g") == counts.get_column("_g")[0]).with_row_index("_i")
-        per_file = df.group_by("source").len().sort(["len", "source"], descending=[True, False])
-        best = per_file.get_column("source")[0]
-        # later segment wins for a repeated step (TensorBoard purge rule); within a segment the last row wins
-        df = df.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
-        # a step logged in segment k but followed by a lower-numbered step in segment k+1 is superseded
-        segs = df.get_column("segment").to_numpy()
+        df, best = self._best_group(df)
         steps = df.get_column("step").to_numpy()
-        if segs.size and segs.max() > 0:
-            starts = df.group_by("segment").agg(pl.col("step").min()).sort("segment")
-            seg_ids = starts.get_column("segment").to_numpy()
-            seg_min = starts.get_column("step").to_numpy()
-            # for each segment: the smallest start step among all LATER segments (suffix minimum)
-            later_min = np.full(seg_ids.shape[0], np.iinfo(np.int64).max)
-            for k in range(seg_ids.shape[0] - 2, -1, -1):
-                later_min[k] = min(later_min[k + 1], seg_min[k + 1])
-            limit = later_min[np.searchsorted(seg_ids, segs)]
-            df = df.filter(pl.Series(steps < limit))
+        segs = df.get_column("segment").to_numpy()
+        if not (bool((np.diff(steps) > 0).all()) and bool((np.diff(segs) >= 0).all())):
+            keep = _effective(steps, segs)  # row numbers of the effective timeline, in step order
+            steps, segs = steps[keep], segs[keep]
+            df = df.select("value")[keep]
         vals = df.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy()
-        out = Series(
-            metric=metric,
-            steps=df.get_column("step").to_numpy().astype(np.int64),
-            values=np.asarray(vals, dtype=np.float64),
-            segments=df.get_column("segment").to_numpy().astype(np.int32),
-            source=str(best),
-        )
+        out = Series(metric=metric, steps=np.asarray(steps, dtype=np.int64), values=np.asarray(vals, dtype=np.float64),
+                     segments=np.asarray(segs, dtype=np.int32), source=str(best))
         self._cache[metric] = out
         return out
+
+    def _best_group(self, df: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+        """The rows of the source group with the most rows (ties: the first key) and its file with the most rows.
+
+        The files of one source group (:mod:`parsers.discover`: e.g. ``lightning_logs/version_0``,
+        ``version_1``) are one timeline.
+        """
+        present = df.get_column("source").unique().cast(pl.String).to_list()
+        if len(present) == 1:
+            return df, present[0]
+        groups = {s: g for s, g in (self.meta.get("source_groups") or {}).items() if s in present}
+        src = pl.col("source").cast(pl.String)
+        df = df.with_columns((src.replace(groups) if groups else src).alias("_g"))
+        counts = df.group_by("_g").len().sort(["len", "_g"], descending=[True, False])
+        df = df.filter(pl.col("_g") == counts.get_column("_g")[0]).drop("_g")
+        per_file = (df.group_by(src.alias("source")).len()
+                    .sort(["len", "source"], descending=[True, False]))
+        return df, str(per_file.get_column("source")[0])
 
     def view(self, max_segment: int) -> RunData:
         """The run as it stood at the end of segment ``max_segment`` (later segments dropped).
@@ -178,13 +298,12 @@ class RunData:
         """
         if self.metrics.height == 0:
             return []
-        span = self.metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
-        rows = sorted(span.iter_rows())
-        out = []
-        for i, (seg, _lo, hi) in enumerate(rows):
-            if any(lo2 < hi for _s2, lo2, _h2 in rows[i + 1:]):
-                out.append(int(seg))
-        return out
+        span = (self.metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+                .sort("segment"))
+        lo = span.get_column("lo").to_numpy()
+        later_lo = np.full(lo.shape[0], np.iinfo(np.int64).max)  # the lowest start of any later segment
+        later_lo[:-1] = np.minimum.accumulate(lo[::-1])[::-1][1:]
+        return [int(s) for s in span.get_column("segment").to_numpy()[later_lo < span.get_column("hi").to_numpy()]]
 
     def segment_starts(self) -> dict[int, int]:
         """First logged step of each global segment."""

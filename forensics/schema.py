@@ -24,6 +24,40 @@ METRICS_SCHEMA = pa.schema(
 )
 """Long metrics table: one row per (source, step, tag). ``value`` is null for JSON ``null``."""
 
+METRICS_TEXT = ("run", "metric", "tag", "source")
+"""The text columns of :data:`METRICS_SCHEMA`: few distinct values over many rows (one run, one file, a few names)."""
+
+METRICS_COMPACT_SCHEMA = pa.schema(
+    [pa.field(f.name, pa.dictionary(pa.int32(), pa.string()), nullable=False) if f.name in METRICS_TEXT else f
+     for f in METRICS_SCHEMA]
+)
+""":data:`METRICS_SCHEMA` with dictionary-encoded text columns: what a reader of big files may emit instead.
+
+A reader may also give ``run``/``source`` a narrower index (``int8``) and ``wall_time`` the ``null`` type when no
+row has a wall time (no buffer at all); :func:`conform_metrics` accepts all of these, and the values are the
+same strings and numbers (a dictionary column compares equal to its strings)."""
+
+
+def conform_metrics(t: pa.Table) -> pa.Table:
+    """``t`` with the columns of :data:`METRICS_SCHEMA` in order, in its types or their compact forms.
+
+    A text column may be ``string`` or a dictionary of strings (kept as it is: no copy); ``wall_time`` may be
+    of the ``null`` type (kept); every other column is cast to its schema type when it differs.
+
+    Raises:
+        KeyError, pyarrow.ArrowInvalid, pyarrow.ArrowTypeError: ``t`` lacks a column or a type does not cast.
+    """
+    t = t.select(METRICS_SCHEMA.names)
+    for i, f in enumerate(METRICS_SCHEMA):
+        typ = t.schema.field(i).type
+        if typ == f.type or (f.name == "wall_time" and pa.types.is_null(typ)):
+            continue
+        text = pa.types.is_dictionary(typ) and typ.value_type in (pa.string(), pa.large_string())
+        if f.name in METRICS_TEXT and text:
+            continue
+        t = t.set_column(i, f, t.column(i).cast(f.type))
+    return t
+
 EVENTS_SCHEMA = pa.schema(
     [
         pa.field("run", pa.string(), nullable=False),

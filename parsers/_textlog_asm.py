@@ -53,6 +53,7 @@ class Assembler:
 
     def __init__(self, rel: str) -> None:
         self.rows = Rows(rel)
+        self.unmerged = 0  # bulk chunks added since the last merge (parsers._textlog_bulk.MERGE)
         self.state: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
         self.segment = 0

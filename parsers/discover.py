@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
-from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA
+from forensics.rundata import metrics_frame
+from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, conform_metrics
 from parsers import file_policy, safe_yaml
 from parsers._io import DROPPED, MAX_LINE_BYTES, STEP_KEY
 from parsers.segments import bounds, groups_of, offsets_of
@@ -173,14 +174,14 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
             e = _with_run(pr.events, EVENTS_SCHEMA, run, offsets[rel])
             if rel in continued:
                 e = pa.concat_tables([e, _restart_event(run, rel, offsets[rel], *continued[rel])])
-            m = _checked(pr.metrics, METRICS_SCHEMA)
+            m = conform_metrics(pr.metrics)  # text columns may be dictionaries (a big file's reader)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as exc:
             skipped.append(Skip(rel, f"the {pr.format} parser returned a malformed table: {exc}"))
             continue
         fmt = pr.format
         _source_meta(meta, rel, pr, groups[rel])
         del pr
-        m = _to_frame(m, run, offsets[rel])
+        m = metrics_frame(m, run, offsets[rel])  # compact: categorical text, run held once
         metrics.append(m)
         events.append(pl.from_arrow(e))
         segs = m.get_column("segment").n_unique() if m.height else 0
@@ -188,7 +189,8 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
     _read_configs(root, configs, meta, skipped)
     if unavailable:
         meta["parsers_unavailable"] = unavailable
-    mt = pl.concat(metrics, how="vertical", rechunk=False) if metrics else pl.from_arrow(METRICS_SCHEMA.empty_table())
+    mt = (pl.concat(metrics, how="vertical", rechunk=False) if metrics
+          else metrics_frame(METRICS_SCHEMA.empty_table(), run))
     et = pl.concat(events, how="vertical") if events else pl.from_arrow(EVENTS_SCHEMA.empty_table())
     tensors, updates = _read_checkpoints(root, run, meta, skipped)
     return RunData(run=str(run_dir), metrics=mt, events=et, meta=meta,
@@ -222,26 +224,6 @@ def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table
     t = t.set_column(0, schema.field("run"), pa.repeat(pa.scalar(run, pa.string()), t.num_rows))
     seg = pc.add(t.column("segment").cast(pa.int64()), offset).cast(pa.int32())
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
-
-
-def _to_frame(t: pa.Table, run: str, offset: int) -> pl.DataFrame:
-    """A metrics table as a polars frame: ``run`` set, ``offset`` added to the segments.
-
-    Column by column, each Arrow column dropped from ``t`` once converted (numbers are shared with
-    Arrow without a copy; text is converted to polars' layout), so the peak stays near one table.
-    """
-    n = t.num_rows
-    cols: dict[str, pl.Series] = {"run": pl.repeat(run, n, dtype=pl.String, eager=True).alias("run")}
-    t = t.drop_columns(["run"])
-    for name in METRICS_SCHEMA.names[1:]:
-        col = t.column(name)
-        t = t.drop_columns([name])
-        s = pl.from_arrow(col, rechunk=False).alias(name)
-        del col
-        if name == "segment" and offset:
-            s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
-        cols[name] = s
-    return pl.DataFrame(cols)
 
 
 def _restart_event(run: str, rel: str, segment: int, last: int, first: int) -> pa.Table:

@@ -144,6 +144,13 @@ def repeat_string(value: str, n: int) -> pa.Array:
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+def _like(col: pa.ChunkedArray, typ: pa.DataType) -> pa.ChunkedArray:
+    """``col`` in the type of the bulk chunks' column (a dictionary; ``null`` when every value is null)."""
+    if pa.types.is_null(typ):
+        return pa.chunked_array([pa.nulls(len(col), pa.null())]) if col.null_count == len(col) else col
+    return col if col.type == typ else col.cast(typ)
+
+
 class Rows:
     """Column buffers for the metrics and events tables of one source file.
 
@@ -213,8 +220,12 @@ class Rows:
         table = self._list_table(keep)
         if not self.chunks:
             return table
+        like = self.chunks[0].schema  # bulk chunks may be compact (dictionary text, a null-typed wall_time)
+        table = pa.Table.from_arrays([_like(c, like.field(i).type) for i, c in enumerate(table.columns)],
+                                     names=table.column_names)
         # chunks shared, not copied (no combine_chunks): a 10M-line log's 20M rows exist once in memory
-        return pa.concat_tables([table, *[c.replace_schema_metadata(None) for c in self.chunks]])
+        return pa.concat_tables([table, *[c.replace_schema_metadata(None) for c in self.chunks]],
+                                promote_options="permissive")
 
     def out_of_range_steps(self) -> int:
         """How many rows carry a step outside int64 (``step 1e30``): they are left out of the table, not a crash."""
