@@ -116,7 +116,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
 
 def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
     """Record in ``names`` why each raw tag got the canonical name its reader gave it."""
-    for tag, metric in metrics.select("tag", "metric").unique().sort("tag").iter_rows():
+    for tag, metric in metrics.group_by("tag", "metric").len().select("tag", "metric").sort("tag").iter_rows():
         if tag != metric:
             canon, why = explain_metric(tag)
             if canon != metric:

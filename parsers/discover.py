@@ -236,7 +236,7 @@ def _to_frame(t: pa.Table, run: str, offset: int) -> pl.DataFrame:
     for name in METRICS_SCHEMA.names[1:]:
         col = t.column(name)
         t = t.drop_columns([name])
-        s = pl.from_arrow(col, rechunk=False).alias(name)
+        s = pl.from_arrow(col, rechunk=True).alias(name)  # one chunk: gathers per metric stay cheap
         del col
         if name == "segment" and offset:
             s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
