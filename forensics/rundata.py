@@ -45,21 +45,24 @@ class Series:
 
 
 
-def _in_order(metric: str, df: pl.DataFrame) -> Series | None:
+def _in_order(metric: str, df: pl.DataFrame, source: str | None) -> Series | None:
     """The timeline of rows that need no sort and no superseding, else ``None`` (``df``: no null value).
 
     That is one source whose steps strictly rise and whose segments never go back in read order (the
-    common log): the rows are then the effective timeline as they are.
+    common log): the rows are then the effective timeline as they are. ``source``: the run's only
+    source (``df`` then has no ``source`` column), or None.
     """
-    if df.get_column("source").n_unique() != 1:
-        return None
+    if source is None:
+        if df.get_column("source").n_unique() != 1:
+            return None
+        source = str(df.get_column("source")[0])
     steps = df.get_column("step").to_numpy()
     segs = df.get_column("segment").to_numpy()
     if not (bool((np.diff(steps) > 0).all()) and bool((np.diff(segs) >= 0).all())):
         return None
     values = df.get_column("value").cast(pl.Float64).to_numpy().astype(np.float64)
     return Series(metric=metric, steps=steps.astype(np.int64), values=values, segments=segs.astype(np.int32),
-                  source=str(df.get_column("source")[0]))
+                  source=source)
 
 
 @dataclass
@@ -116,6 +119,13 @@ class RunData:
         """
         return self._rows(metric, self.metrics.columns)
 
+    def _only_source(self) -> str | None:
+        """The one source of every row, or None when the rows come from several (found once)."""
+        if "__only_source__" not in self._cache:
+            names = self.metrics.get_column("source").unique()
+            self._cache["__only_source__"] = str(names[0]) if len(names) == 1 else None  # type: ignore[assignment]
+        return self._cache["__only_source__"]  # type: ignore[return-value]
+
     def _rows(self, metric: str, columns: list[str]) -> pl.DataFrame:
         """The ``columns`` of :meth:`raw` (only those are gathered)."""
         if "__rows_by_metric__" not in self._cache:  # one pass per run, not one filter per metric
@@ -145,16 +155,19 @@ class RunData:
         """
         if metric in self._cache:
             return self._cache[metric]
-        df = self._rows(metric, ["source", "step", "segment", "value"])
+        only = self._only_source()
+        df = self._rows(metric, ["step", "segment", "value"] + ([] if only is not None else ["source"]))
         if df.get_column("value").null_count():
             df = df.filter(pl.col("value").is_not_null())  # JSON null = not logged
         if df.height == 0:
             self._cache[metric] = None
             return None
-        simple = _in_order(metric, df)
+        simple = _in_order(metric, df, only)
         if simple is not None:
             self._cache[metric] = simple
             return simple
+        if only is not None:
+            df = df.with_columns(pl.lit(only).alias("source"))
         # the files of one source group (parsers.discover: e.g. lightning_logs/version_0, version_1) are
         # one timeline; the group with the most rows wins
         present = set(df.get_column("source").unique().to_list())

@@ -236,7 +236,8 @@ def _to_frame(t: pa.Table, run: str, offset: int) -> pl.DataFrame:
     for name in METRICS_SCHEMA.names[1:]:
         col = t.column(name)
         t = t.drop_columns([name])
-        s = pl.from_arrow(col, rechunk=True).alias(name)  # one chunk: gathers per metric stay cheap
+        # numbers in one chunk (gathers per metric stay cheap); text keeps Arrow's chunks (a rechunk copies it)
+        s = pl.from_arrow(col, rechunk=not pa.types.is_string(col.type)).alias(name)
         del col
         if name == "segment" and offset:
             s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
