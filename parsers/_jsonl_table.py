@@ -46,21 +46,24 @@ class _Stream:
                 ``value`` float64, ``null`` bool or None, then per record: ``wall`` float64 (NaN: none).
             non_numeric: key -> text values that were not numbers, in this block.
         """
-        for k, c in non_numeric.items():
-            self.non_numeric[k] = self.non_numeric.get(k, 0) + c
+        for key, c in non_numeric.items():
+            self.non_numeric[key] = self.non_numeric.get(key, 0) + c
         rec_step, counts, tag, val, null, rec_wall = cols
         n = len(tag)
         if not n:
             return
-        used = np.bincount(tag) > 0
-        if len(used) > len(self.used_tags):
-            self.used_tags = np.concatenate([self.used_tags, np.zeros(len(used) - len(self.used_tags), bool)])
-        self.used_tags[:len(used)] |= used
         has_rows = counts > 0
         if not has_rows.all():
             rec_step, counts, rec_wall = rec_step[has_rows], counts[has_rows], rec_wall[has_rows]
+        k = int(counts[0])
+        uniform = bool((counts == k).all())  # every record logs k rows (then mostly one pattern repeated)
+        used = np.bincount(tag[:k] if uniform and (tag.reshape(-1, k) == tag[:k]).all() else tag) > 0
+        if len(used) > len(self.used_tags):
+            self.used_tags = np.concatenate([self.used_tags, np.zeros(len(used) - len(self.used_tags), bool)])
+        self.used_tags[:len(used)] |= used
         seg = self.segments(rec_step, counts, tag)
-        step, wall = np.repeat(rec_step, counts), np.repeat(rec_wall, counts)
+        reps = k if uniform else counts
+        step, wall = np.repeat(rec_step, reps), np.repeat(rec_wall, reps)
         missing = np.isnan(wall)
         cols = [pa.array(seg, pa.int32()), pa.array(step, pa.int64()), pa.array(val, pa.float64(), mask=null),
                 pa.array(wall, pa.float64(), mask=missing if missing.any() else None)]
