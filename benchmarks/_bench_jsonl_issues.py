@@ -121,12 +121,15 @@ def _best(which: str, path: Path, repeat: int) -> dict:
     return min((_child(which, path) for _ in range(max(repeat, 1))), key=lambda d: d["cpu"])
 
 
-def issue17(quick: bool, repeat: int) -> None:
-    """Print issue 17's table: analyze against read_ndjson per run, peak RSS, growth, the 500-series run."""
+def issue17(quick: bool, repeat: int, sizes: tuple[int, int, int] | None = None) -> None:
+    """Print issue 17's table: analyze against read_ndjson per run, peak RSS, growth, the 500-series run.
+
+    ``sizes``: (small, large steps of the x 50 runs, steps of the x 500 run), else by ``quick``.
+    """
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_analyze import make_run
 
-    small, large, layers = (20_000, 200_000, 20_000) if quick else (100_000, 1_000_000, 100_000)
+    small, large, layers = sizes or ((20_000, 200_000, 20_000) if quick else (100_000, 1_000_000, 100_000))
     configs = [(small, 50), (large, 50), (layers, 500)]
     print(f"{'run':>12} {'MB':>6} | {'read_ndjson wall/CPU s':>22} | {'analyze wall/CPU s':>18} {'(load CPU)':>10} | "
           f"{'x floor wall/CPU':>16} | {'peak MB':>7} {'table MB':>8} {'x table':>7} | verdict")

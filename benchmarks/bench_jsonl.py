@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=1_000_000, help="lines of the --issue13 file")
     ap.add_argument("--issue17", action="store_true", help="issue 17's analyze table")
     ap.add_argument("--quick", action="store_true", help="--issue17 at small sizes (development)")
+    ap.add_argument("--sizes", help="--issue17 steps: SMALL,LARGE (x 50 runs),LAYERS (x 500 run)")
     args = ap.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
@@ -193,7 +194,8 @@ def main() -> None:
         if args.issue13:
             issues.issue13(args.lines, args.repeat)
         if args.issue17:
-            issues.issue17(args.quick, args.repeat)
+            sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else None
+            issues.issue17(args.quick, args.repeat, sizes)  # type: ignore[arg-type]
         return
     for steps in args.steps:
         bench(steps, args.metrics, args.repeat, not args.no_memory, args.analyze)
