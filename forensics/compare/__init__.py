@@ -29,6 +29,7 @@ from forensics.compare.departure import (
     GROWTH,
     K_SIGMA,
     LOSSES,
+    SAME_REL,
     SIGNALS,
     SMOOTH,
     SUSTAIN,
@@ -41,7 +42,7 @@ from forensics.compare.departure import (
 from forensics.compare.explain import ANALYSIS_LINKS, MECHANISMS, SIGNAL_SETTINGS, explain, trial_for
 from forensics.compare.lr import LR_SHARE, log_differences, lr_evidence, lr_schedule_of
 from forensics.config_diff import diff, extract_config
-from forensics.model import Verdict
+from forensics.model import RunData, Verdict
 
 __all__ = [
     "ANALYSIS_LINKS", "CONTROLS", "FLOOR", "FLOOR_GROWTH", "GROWTH", "K_SIGMA", "LOSSES", "LR_SHARE", "MECHANISMS",
@@ -50,12 +51,15 @@ __all__ = [
 ]
 
 
-def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
+def compare(proxy_path: str | Path, target_path: str | Path,
+            loaded: tuple[RunData, RunData] | None = None) -> dict[str, Any]:
     """Compare a proxy run with its target run (DESIGN.md section 7, ``compare``).
 
     Args:
         proxy_path: The run folder of the proxy (the run that trained well).
         target_path: The run folder of the target (the run that did not).
+        loaded: The two runs already read from those folders (the HTML report reads them to draw the series,
+            so the CLI reads each once), or None to read them here.
 
     Returns:
         The JSON-ready dict: ``schema_version``, ``proxy``, ``target``, ``differences`` (each with ``source``:
@@ -70,7 +74,7 @@ def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
     from forensics.api import analyze_run, load
     from forensics.config_diff import flat_config, mup_check, same
 
-    proxy, target = load(proxy_path), load(target_path)
+    proxy, target = loaded if loaded is not None else (load(proxy_path), load(target_path))
     pc, tc = extract_config(proxy), extract_config(target)
     differences = [dict(d, source="config") for d in diff(pc, tc)]
     recorded = {d["setting"] for d in differences}
@@ -82,10 +86,10 @@ def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
     ps_log, ts_log = lr_schedule_of(proxy, {}), lr_schedule_of(target, {})
     if ps_log is not None and ts_log is not None:  # equal in the logged lr: ruled out, even without a config
         for k in ("peak_lr", "warmup_steps"):
-            if math.isclose(ps_log[k], ts_log[k], rel_tol=0.01):
+            if math.isclose(ps_log[k], ts_log[k], rel_tol=SAME_REL):
                 same_keys.add(k)
     rp, rt = tokens_per_step(proxy, {}), tokens_per_step(target, {})
-    if rp and rt and math.isclose(rp, rt, rel_tol=0.01):
+    if rp and rt and math.isclose(rp, rt, rel_tol=SAME_REL):
         same_keys.add("global_batch_size")
     analysis = analyze_run(target)
     explanations = explain(differences, deps, first, analysis if analysis.verdict != Verdict.HEALTHY else None,

@@ -10,12 +10,18 @@ when the loss falls fast, a repeat of the batch that later spikes by 6 sigmas ma
 the trend. Once the period is known, the occurrences before the first seed are looked for at the predicted
 steps with the lower ``extend_z`` (3, the back-tracking threshold of docs/detectors.md#conventions).
 
+The series must be unlikely by chance: the expected number of series as long that chance would line up among
+the run's candidates (:func:`chance_series`) is at most ``max_chance`` (0.05, our choice); a long, spiky run
+lines up three or four noise peaks at some period, a recurring batch stands out.
+
 The excursion of a point is measured against its neighbours on BOTH sides (the median of the
 ``NEIGHBOURS`` logged points before and after, log loss), in units of the point-to-point noise (the robust
 sigma of first differences of the log loss over the whole run, divided by sqrt 2): a post-mortem reads the
 whole log, and a centred comparison is unbiased by the trend that hides an early spike from a trailing one.
-Only runs that already hold a full spike are read, so this detector never turns a healthy run into an
-anomaly; it moves the onset of a recurring one to its first occurrence.
+Only runs that already hold a full spike are read: the detector moves the onset of a recurring series to
+its first occurrence. Recurring spikes are not transient: a series of ``persistent_repeats`` (4) or more
+occurrences is reported as not recovered (the run meets the same data again next cycle); three in a row can
+be chance on a long, spiky run, so a shorter series leaves the verdict (transient or anomaly) to the spikes.
 
 Source: docs/detectors.md#db02 (PaLM, Chowdhery et al. 2022, section 5.1: spikes tied to specific batches;
 BLOOM 176B chronicles: spikes recurring with the data; the thresholds are our choice, stated there).
@@ -56,6 +62,8 @@ class RecurringBatch(Detector):
     min_period_points: int = 10
     max_other_seeds: float = 1.0
     period_tol_points: float = 1.0
+    persistent_repeats: int = 4
+    max_chance: float = 0.05
     confidence: float = 0.8
 
     def detect(self, run: RunData) -> list[Finding]:
@@ -78,6 +86,8 @@ class RecurringBatch(Detector):
         found = [int(steps[i]) for i in idx]
         after = idx[-1] + 1  # every occurrence is a local peak: the loss is back at the next logged point
         recovered = int(steps[after]) if after < steps.size and np.isfinite(lx[after]) else None
+        if len(found) >= self.persistent_repeats:  # a fault that keeps coming back is not transient
+            recovered = None
         return [self.finding(
             cause=Cause.DATA_BATCH, mechanism=Mechanism.BAD_BATCH, step=first, segment=segment_at(s, first),
             confidence=self.confidence, severity=Severity.MEDIUM,
@@ -85,9 +95,8 @@ class RecurringBatch(Detector):
             f"{', '.join(map(str, found[:LISTED_STEPS]))}{'...' if len(found) > LISTED_STEPS else ''}), "
             f"one of them a full spike: the same data comes back; the first occurrence, step {first}, is the onset.",
             evidence={"steps": found, "period": period,  # forensics.engine.keys.RECURRING_STEPS / _PERIOD
-                      "recovered_step": recovered,  # keys.RECOVERED_STEP: each excursion recovers; the verdict
-                      # (transient or anomaly) stays the engine's, from the spikes themselves
-                      "excursion_sigmas": [round(float(c[i]), 2) for i in idx], "onset_step": first},
+                      "excursion_sigmas": [round(float(c[i]), 2) for i in idx], "onset_step": first,
+                      "recovered_step": recovered},  # keys.RECOVERED_STEP: None once it recurs persistent_repeats
         )]
 
     def _progression(self, steps: np.ndarray, c: np.ndarray, z: np.ndarray,
@@ -103,13 +112,15 @@ class RecurringBatch(Detector):
                 period = float(steps[seeds[b]] - steps[seeds[a]])
                 if period < self.min_period_points * interval:
                     continue
-                members = _members(steps, seeds, int(seeds[a]), period, tol)
+                members = _members(steps, c, seeds, int(seeds[a]), period, tol, self.extend_z)
                 if len(members) > len(best) and np.any(z[members] >= SPIKE_Z) and self._stands_out(seeds, members):
                     best = members
         if len(best) < self.min_repeats:
             return None
         period = float(np.median(np.diff(steps[best])))
         extended = _extend_back(steps, c, best, period, tol, self.extend_z)
+        if chance_series(seeds.size, float(steps[-1] - steps[0]), tol, len(extended)) > self.max_chance:
+            return None
         return extended, period
 
 
@@ -121,6 +132,27 @@ class RecurringBatch(Detector):
         """
         inside = int(np.count_nonzero((seeds >= members[0]) & (seeds <= members[-1])))
         return inside - len(members) <= self.max_other_seeds * len(members)
+
+
+def chance_series(n_seeds: int, span_steps: float, tol_steps: float, length: int) -> float:
+    """Expected number of series of ``length`` occurrences that chance alone would line up among the seeds.
+
+    Every pair of seeds sets a period; each further occurrence falls, by chance, in the ``2 tol + 1`` steps
+    around its predicted step with probability ``rho x (2 tol + 1)``, rho the seeds per step. So the
+    expectation is ``pairs x (rho (2 tol + 1)) ** (length - 2)``: a long, spiky run (many seeds) lines up three
+    or four of them by chance, a short run with a handful of seeds does not.
+
+    Args:
+        n_seeds: Candidate excursions in the run.
+        span_steps: Steps from the first to the last logged point.
+        tol_steps: Tolerance around a predicted step, in steps.
+        length: Occurrences in the series.
+    """
+    if n_seeds < 2 or span_steps <= 0:
+        return float("inf")
+    pairs = n_seeds * (n_seeds - 1) / 2
+    hit = min(1.0, n_seeds / span_steps * (2 * tol_steps + 1))
+    return pairs * hit ** max(length - 2, 0)
 
 
 def _segment_starts(segments: np.ndarray) -> np.ndarray:
@@ -167,16 +199,25 @@ def _peaks(c: np.ndarray, threshold: float) -> np.ndarray:
     return np.flatnonzero(peak)
 
 
-def _members(steps: np.ndarray, seeds: np.ndarray, start: int, period: float, tol: float) -> list[int]:
-    """Seeds at ``start + k x period`` (each within ``tol`` of the step predicted from the previous one), in a row."""
+def _members(steps: np.ndarray, c: np.ndarray, seeds: np.ndarray, start: int, period: float, tol: float,
+             fill_z: float) -> list[int]:
+    """Occurrences at ``start + k x period``, each within ``tol`` of the step predicted from the previous one.
+
+    An occurrence is a seed there or, once the period is set, the highest point there at ``fill_z`` sigmas or
+    more (an occurrence a little below the seed threshold does not break the series).
+    """
     seed_steps = steps[seeds]
     out = [start]
     at = float(steps[start])
     while True:
         near = np.flatnonzero(np.abs(seed_steps - (at + period)) <= tol)
-        if near.size == 0:
-            return out
-        i = int(seeds[near[0]])
+        if near.size:
+            i = int(seeds[near[0]])
+        else:
+            window = np.flatnonzero((np.abs(steps - (at + period)) <= tol) & np.isfinite(c))
+            if window.size == 0 or c[window].max() < fill_z:
+                return out
+            i = int(window[np.argmax(c[window])])
         out.append(i)
         at = float(steps[i])
 
