@@ -19,6 +19,16 @@ fresh subprocess and its peak RSS over the process before the read (``VmHWM`` re
 
 Usage: ``python benchmarks/bench_jsonl.py [--steps 100000 1000000] [--metrics 50] [--repeat 2]
 [--no-memory] [--analyze]`` (``--analyze`` also times the whole ``forensics analyze -f json`` process).
+
+Two more workloads, each printing its figures against its reference in the same run:
+
+- ``--issue13 [--lines 1000000]``: issue 13's 1M-line bench (:mod:`benchmarks._bench_jsonl_issues`): a
+  trainer log with nested keys, an eval line every 1,000 steps and NaN/Infinity lines; ``jsonl.read``
+  against ``read_ndjson`` of the NaN-free copy, wall and CPU, taken in turn (goal <= 2x).
+- ``--issue17 [--quick]``: issue 17's table: whole ``api.load`` + ``api.analyze_run`` of the
+  ``benchmarks/bench_analyze.py`` runs (1M x 50, 100k x 50, 100k x 500; ``--quick``: 200k, 20k, 20k) in
+  fresh processes against ``read_ndjson`` in fresh processes: wall and CPU ratio, peak RSS against the
+  long table's Arrow ``nbytes``, the growth of the x 50 runs against their size ratio.
 """
 
 from __future__ import annotations
@@ -169,9 +179,23 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--analyze", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("WHICH", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--issue13", action="store_true", help="issue 13's 1M-line bench (jsonl.read vs read_ndjson)")
+    ap.add_argument("--lines", type=int, default=1_000_000, help="lines of the --issue13 file")
+    ap.add_argument("--issue17", action="store_true", help="issue 17's analyze table")
+    ap.add_argument("--quick", action="store_true", help="--issue17 at small sizes (development)")
+    ap.add_argument("--sizes", help="--issue17 steps: SMALL,LARGE (x 50 runs),LAYERS (x 500 run)")
     args = ap.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
+        return
+    if args.issue13 or args.issue17:
+        from benchmarks import _bench_jsonl_issues as issues
+
+        if args.issue13:
+            issues.issue13(args.lines, args.repeat)
+        if args.issue17:
+            sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else None
+            issues.issue17(args.quick, args.repeat, sizes)  # type: ignore[arg-type]
         return
     for steps in args.steps:
         bench(steps, args.metrics, args.repeat, not args.no_memory, args.analyze)

@@ -53,6 +53,8 @@ class _Segmenter:
         if final is None:
             final = set(tag[first[bounds[last_run]]:].tolist())
         self.last, self.tags = int(s[-1]), final
+        if not brk.any():  # no new segment in this block (the common log): no per-record repeat
+            return np.full(int(counts.sum()), self.seg, np.int32)
         seg = self.seg + np.cumsum(brk)
         self.seg = int(seg[-1])
         return np.repeat(seg.astype(np.int32), counts)

@@ -133,11 +133,21 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
         with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
         most :data:`_MAX_BRACKETS` opening brackets).
-        ``work`` is a bool work array as long as ``buf``.
+        ``work`` is a bool work array twice as long as ``buf``.
     """
     arr = np.frombuffer(buf, np.uint8)
-    np.equal(arr, 10, out=work)
-    ends = np.flatnonzero(work)
+    hit, low = work[:len(arr)], work[len(arr):2 * len(arr)].view(np.uint8)
+    # newlines and opening brackets in one read of the bytes and one position pass: x & 0xDF is 0x5B
+    # exactly for '[' (0x5B) and '{' (0x7B), 0x0A for '\n' and '*' (told apart at the positions)
+    np.bitwise_and(arr, 0xDF, out=low)
+    np.equal(low, 0x5B, out=hit)
+    hit |= np.equal(low, 0x0A, out=low.view(bool))
+    at = np.flatnonzero(hit)
+    byte = arr[at]
+    if (star := byte == 0x2A).any():  # '*' is neither
+        at, byte = at[~star], byte[~star]
+    is_nl = byte == 10
+    ends = at[is_nl]
     starts = np.empty_like(ends)
     starts[:1] = 0
     starts[1:] = ends[:-1] + 1
@@ -145,17 +155,9 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     cr = last == 13
     last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
     plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
-    # '{' '[': polars overflows its stack (a segfault) on lines nested ~900 deep. Each plain line opens
-    # with one '{', so when the block holds at most _MAX_BRACKETS more than it has lines, no line can
-    # hold more (flat trainer logs: one count, no per-line work); else a count per line from positions
-    counts = {byte: _count(buf, byte, work) if buf.find(bytes([byte])) >= 0 else 0 for byte in (0x7B, 0x5B)}
-    if sum(counts.values()) - int(plain.sum()) >= _MAX_BRACKETS:
-        brackets = np.zeros(len(starts), np.int64)
-        for byte in (0x7B, 0x5B):
-            if counts[byte]:
-                np.equal(arr, byte, out=work)
-                brackets += np.bincount(np.searchsorted(ends, np.flatnonzero(work)), minlength=len(ends))[:len(ends)]
-        plain &= brackets <= _MAX_BRACKETS
+    # '{' '[': polars overflows its stack (a segfault) on lines nested ~600 deep: at most _MAX_BRACKETS a
+    # line (the positions between two newlines are the line's brackets)
+    plain &= np.diff(np.flatnonzero(is_nl), prepend=-1) - 1 <= _MAX_BRACKETS
     for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
         if buf.find(lead) < 0:
             continue
@@ -263,7 +265,7 @@ class _Stager:
         if not buf:
             empty = np.zeros(0, np.int64)
             return empty, empty, [], empty
-        starts, ends, plain = _scan(buf, self.work(len(buf)))
+        starts, ends, plain = _scan(buf, self.work(2 * len(buf)))
         frames, routed = self.frames(buf, starts, ends, np.flatnonzero(plain))
         rest = np.sort(np.concatenate([np.flatnonzero(~plain), *routed]))
         return starts, ends, frames, rest

@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from forensics.model import Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import STEP_KEY
 from parsers._jsonl_fields import _flatten, _safe_tag, step_keys
 from parsers._jsonl_segments import _Segmenter
+from parsers._jsonl_text import constant, text_runs
 
 MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
 
@@ -46,56 +46,37 @@ class _Stream:
                 ``value`` float64, ``null`` bool or None, then per record: ``wall`` float64 (NaN: none).
             non_numeric: key -> text values that were not numbers, in this block.
         """
-        for k, c in non_numeric.items():
-            self.non_numeric[k] = self.non_numeric.get(k, 0) + c
+        for key, c in non_numeric.items():
+            self.non_numeric[key] = self.non_numeric.get(key, 0) + c
         rec_step, counts, tag, val, null, rec_wall = cols
         n = len(tag)
         if not n:
             return
-        used = np.bincount(tag) > 0
-        if len(used) > len(self.used_tags):
-            self.used_tags = np.concatenate([self.used_tags, np.zeros(len(used) - len(self.used_tags), bool)])
-        self.used_tags[:len(used)] |= used
         has_rows = counts > 0
         if not has_rows.all():
             rec_step, counts, rec_wall = rec_step[has_rows], counts[has_rows], rec_wall[has_rows]
+        k = int(counts[0])
+        uniform = bool((counts == k).all())  # every record logs k rows (then mostly one pattern repeated)
+        used = np.bincount(tag[:k] if uniform and (tag.reshape(-1, k) == tag[:k]).all() else tag) > 0
+        if len(used) > len(self.used_tags):
+            self.used_tags = np.concatenate([self.used_tags, np.zeros(len(used) - len(self.used_tags), bool)])
+        self.used_tags[:len(used)] |= used
         seg = self.segments(rec_step, counts, tag)
-        step, wall = np.repeat(rec_step, counts), np.repeat(rec_wall, counts)
-        metric_col, tag_col = st.text_columns(tag, counts)
+        reps = k if uniform else counts
+        step, wall = np.repeat(rec_step, reps), np.repeat(rec_wall, reps)
         missing = np.isnan(wall)
-        self.batches.append(pa.RecordBatch.from_arrays(
-            [st.constant(n, ""), pa.array(seg, pa.int32()), pa.array(step, pa.int64()), metric_col,
-             pa.array(val, pa.float64(), mask=null),
-             pa.array(wall, pa.float64(), mask=missing if missing.any() else None),
-             tag_col, st.constant(n, st.rel)], schema=METRICS_SCHEMA))
+        cols = [pa.array(seg, pa.int32()), pa.array(step, pa.int64()), pa.array(val, pa.float64(), mask=null),
+                pa.array(wall, pa.float64(), mask=missing if missing.any() else None)]
+        for lo, hi, metric_col, tag_col in st.text_runs(tag, counts):  # one batch per run of one key pattern
+            seg_a, step_a, val_a, wall_a = (c.slice(lo, hi - lo) for c in cols)
+            self.batches.append(pa.RecordBatch.from_arrays(
+                [st.constant(hi - lo, ""), seg_a, step_a, metric_col, val_a, wall_a, tag_col,
+                 st.constant(hi - lo, st.rel)], schema=METRICS_SCHEMA))
 
     def table(self) -> pa.Table:
         """The long metrics table (METRICS_SCHEMA), one chunk per block."""
         batches, self.batches = self.batches, []
         return pa.Table.from_batches(batches, schema=METRICS_SCHEMA)
-
-
-def _constant(n: int, text: str) -> pa.Array:
-    """``n`` copies of ``text`` as a string array, built from buffers (no Python loop).
-
-    A block holds at most a few million rows, so ``n * len(text)`` stays within int32 offsets.
-    """
-    raw = text.encode()
-    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(raw)) if raw else np.zeros(n + 1, np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
-
-
-def _tiled(names: pa.Array, pattern: np.ndarray, reps: int) -> pa.Array | None:
-    """The strings ``names[pattern]`` repeated ``reps`` times, built from buffers (None: past int32 offsets)."""
-    raw = [v.encode("utf-8", "surrogatepass") for v in names.take(pa.array(pattern, pa.int32())).to_pylist()]
-    data = b"".join(raw)
-    if len(data) * reps >= 1 << 31:
-        return None
-    offsets = np.zeros(len(raw) + 1, np.int64)
-    np.cumsum([len(b) for b in raw], out=offsets[1:])
-    full = (offsets[:-1][None, :] + np.arange(reps, dtype=np.int64)[:, None] * len(data)).ravel()
-    full = np.append(full, len(data) * reps).astype(np.int32)
-    return pa.StringArray.from_buffers(len(full) - 1, pa.py_buffer(full), pa.py_buffer(data * reps))
 
 
 class _State:
@@ -149,33 +130,16 @@ class _State:
         """``n`` copies of ``text``: a slice of one array kept per text (blocks share its buffers)."""
         have = self._constants.get(text)
         if have is None or len(have) < n:
-            have = self._constants[text] = _constant(max(n, 2 * len(have) if have is not None else n), text)
+            have = self._constants[text] = constant(max(n, 2 * len(have) if have is not None else n), text)
         return have.slice(0, n)
 
-    def text_columns(self, tag: np.ndarray, counts: np.ndarray) -> tuple[pa.Array, pa.Array]:
-        """(canonical metric, tag) string arrays of the rows ``tag`` (int32 tag ids), grouped by ``counts``.
+    def text_runs(self, tag: np.ndarray, counts: np.ndarray) -> list[tuple[int, int, pa.Array, pa.Array]]:
+        """(row start, row end, canonical metric, tag) string arrays of the rows ``tag`` (int32 tag ids).
 
-        When every record logs the same tags in the same order (the common trainer log), the rows are one
-        pattern repeated: slices of one tiled array kept per pattern, shared by the blocks (no per-row
-        string work, no copy per block). Else a ``take`` from the per-tag names.
+        Grouped by ``counts``: see :func:`parsers._jsonl_text.text_runs` (tiles shared by the blocks).
         """
         names, metrics = self.tag_arrays()
-        k = int(counts[0]) if len(counts) else 0
-        r = len(counts)
-        if k and len(tag) == k * r and (r == 1 or (counts == k).all()):
-            pattern = tag[:k]
-            if (tag.reshape(r, k) == pattern).all():
-                key = pattern.tobytes()
-                have = self._tiles.get(key)
-                if have is None or len(have[0]) < k * r:
-                    reps = max(r, 2 * len(have[0]) // k if have is not None else r)
-                    tiles = _tiled(metrics, pattern, reps), _tiled(names, pattern, reps)
-                    if tiles[0] is not None and tiles[1] is not None:
-                        have = self._tiles[key] = tiles  # type: ignore[assignment]
-                if have is not None and len(have[0]) >= k * r:
-                    return have[0].slice(0, k * r), have[1].slice(0, k * r)
-        idx = pa.array(tag, pa.int32())
-        return pc.take(metrics, idx), pc.take(names, idx)
+        return text_runs(self._tiles, names, metrics, tag, counts)
 
     def tag_arrays(self) -> tuple[pa.Array, pa.Array]:
         """(tag names, canonical metric names) as string arrays indexed by tag id."""

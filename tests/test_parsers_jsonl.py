@@ -434,6 +434,23 @@ def test_deeply_nested_line_is_one_skip(tmp_path: Path, engine: str, depth: int)
         assert not res.skipped and res.metrics.filter(pc.equal(res.metrics["step"], 100)).num_rows == 1
 
 
+def test_brackets_newlines_and_stars_are_told_apart(tmp_path: Path) -> None:
+    """The scan finds newlines and brackets in one pass ('*' shares their low bits).
+
+    A line nested 700 deep in lists (polars would crash on it) and one with 66 brackets go through the
+    per-line path, '*' in keys and text changes nothing, and both engines give the same table.
+    """
+    lines = [json.dumps({"step": i, "loss*": 1.0 / (i + 1), "note": "**", "train": {"a": i}}) for i in range(200)]
+    lines[50] = '{"step": 50, "x": ' + "[" * 700 + "1" + "]" * 700 + ', "loss*": 0.5}'
+    lines[60] = json.dumps({"step": 60, "loss*": 0.25, "deep": [[[1]]] * 32})  # 66 brackets
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    fast = jsonl.read(p, tmp_path, chunk_bytes=4096)
+    _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+    assert fast.meta["python_lines"] == 2
+    assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss*")).num_rows == 200
+
+
 @pytest.mark.parametrize("engine", jsonl.ENGINES)
 def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
     """An overlong line in the middle of a file is listed with its own line number; the rest is read."""
