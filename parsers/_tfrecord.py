@@ -69,9 +69,12 @@ def zero_crc(n: int) -> int:
 
 
 def rows(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """``buf[at[i]:at[i]+width]`` for every i, as a (len(at), width) uint8 array (needs ``width`` of padding)."""
-    view = as_strided(buf, (len(buf) - width + 1, width), (1, 1))
-    return view[at]
+    """``buf[at[i]:at[i]+width]`` for every i, as a (len(at), width) uint8 array (needs ``width`` of padding).
+
+    Gathered as one ``width``-byte item per row (a strided view of ``buf``, which must be contiguous).
+    """
+    view = np.ndarray((len(buf) - width + 1,), np.dtype((np.void, width)), buffer=buf, strides=(1,))
+    return view[at].view(np.uint8).reshape(len(at), width)
 
 
 def put_u32(buf: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:

@@ -160,14 +160,14 @@ def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
     """Decode one window: scalar Events vectorised into ``st.fast``, the rest by the general decoder, in order."""
     buf, base, good = win.buf, win.base, np.flatnonzero(win.ok)
     at, length = win.at[good], win.length[good]
-    fast = _tb_fast.scalar_events(buf, at + 12, at + 12 + length)
+    fast, tags = _tb_fast.scalar_events(buf, at + 12, at + 12 + length)
     rec = base + at[fast["index"]]
     generic = np.ones(len(at), bool)
     generic[fast["index"]] = False
     bad = np.flatnonzero(~win.ok)
     others = sorted([(int(base + win.at[k]), int(win.length[k]), True) for k in bad.tolist()]
                     + [(int(base + at[k]), int(length[k]), False) for k in np.flatnonzero(generic).tolist()])
-    ids = _tag_ids(buf, fast["tag_at"], fast["tag_len"], st)
+    ids = np.array([st.tag_id(t.decode("utf-8", "replace")) for t in tags], np.int32)[fast["tag"]]
     # the general decoder reads plugin names as they stand at its record: replay fast rows' metadata in order
     meta_rec, meta_ids = rec[fast["plugin"]], ids[fast["plugin"]]
     done = 0
@@ -186,17 +186,6 @@ def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
         enc[k] = st.enc_id(name)
     kind = fast["kind"]
     st.fast.append((rec, ids, fast["step"], fast["value"], fast["wall"], kind, fast["plugin"], enc[kind]))
-
-
-def _tag_ids(buf: np.ndarray, tag_at: np.ndarray, tag_len: np.ndarray, st: State) -> np.ndarray:
-    """Tag id (``st.tag_id``) of every fast row, interned once per distinct tag."""
-    if not len(tag_at):
-        return np.empty(0, np.int32)
-    groups = _tb_fast.tag_groups(buf, tag_at, tag_len)
-    first, codes = groups if groups is not None else (np.arange(len(tag_at)), np.arange(len(tag_at)))
-    names = [bytes(buf[a:a + n]).decode("utf-8", "replace")
-             for a, n in zip(tag_at[first].tolist(), tag_len[first].tolist(), strict=True)]
-    return np.array([st.tag_id(t) for t in names], np.int32)[codes]
 
 
 def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[tuple[int, int]],
