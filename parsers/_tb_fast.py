@@ -108,29 +108,21 @@ def value_fields(b: bytes) -> tuple[int, int, bool]:
 def _varints(buf: np.ndarray, at: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised :func:`varint`: (value int64, next offset, ok) at each offset, never reading past ``end``.
 
-    One byte read for all; varints of 2-8 bytes decoded from one 8-byte word (the first byte without
-    a continuation bit found by bit tricks); longer ones byte by byte. Needs 16 bytes of padding.
+    Varints of 1-8 bytes are decoded from one 8-byte word each: the first byte without a continuation
+    bit is found by bit tricks and the 7-bit groups are packed in three shift steps; longer ones are
+    read byte by byte. Needs 16 bytes of padding.
     """
-    inside = at < end
-    b = buf[at]
-    val, nxt, ok = b.astype(np.int64), at + 1, inside & (b < 0x80)
-    multi = np.flatnonzero(inside & (b >= 0x80))
-    if not len(multi):
-        return val, nxt, ok
-    am = at[multi]
-    w = tfr.rows(buf, am, 8).view("<u8").ravel()
+    w = tfr.rows(buf, at, 8).view("<u8").ravel()
     stop = ~w & np.uint64(0x8080808080808080)  # bit 7 of each byte that ends the varint
-    short = stop != 0
-    low = stop & (~stop + np.uint64(1))  # the first such byte's bit 7 alone: 2**(8j + 7)
-    keep = (low << np.uint64(1)) - np.uint64(1)  # bytes 0..j all ones (all 8 when j = 7, or none ends it)
-    x = w & keep
-    acc = x & np.uint64(0x7F)
-    for k in range(1, 8):  # the 7 low bits of byte k to bits 7k..7k+6
-        acc |= (x >> np.uint64(k)) & np.uint64(0x7F << 7 * k)
+    low = stop & (~stop + np.uint64(1))  # the first such byte's bit 7 alone: 2**(8j + 7) (0: none)
+    keep = (low << np.uint64(1)) - np.uint64(1)  # bytes 0..j all ones (all 8 when j = 7 or none ends it)
+    x = w & keep & np.uint64(0x7F7F7F7F7F7F7F7F)
+    for width, lanes in ((8, 0x007F007F007F007F), (16, 0x00003FFF00003FFF), (32, 0x000000000FFFFFFF)):
+        x = (x & np.uint64(lanes)) | ((x & np.uint64(lanes << width)) >> np.uint64(width - (width * 7) // 8))
     ones = (keep >> np.uint64(7)) & np.uint64(0x0101010101010101)  # one bit per byte kept
-    nb = ((ones * np.uint64(0x0101010101010101)) >> np.uint64(56)).astype(np.int64)  # their count: j + 1
-    val[multi], nxt[multi], ok[multi] = acc.view(np.int64), am + nb, short & (am + nb <= end[multi])
-    long = multi[~short]
+    nxt = at + ((ones * np.uint64(0x0101010101010101)) >> np.uint64(56)).astype(np.int64)  # at + j + 1
+    val, ok = x.view(np.int64), (stop != 0) & (nxt <= end)
+    long = np.flatnonzero(stop == 0)
     if len(long):
         val[long], nxt[long], ok[long] = _long_varints(buf, at[long], end[long])
     return val, np.where(ok, nxt, np.minimum(nxt, end)), ok  # a bad one points at most at its end
@@ -158,21 +150,28 @@ def scalar_events(buf: np.ndarray, p: np.ndarray, e: np.ndarray) -> tuple[dict[s
         ``plugin`` (bool: it carried ``scalars`` metadata).
     """
     k = np.flatnonzero((e - p >= 15) & (buf[p] == 0x09))
-    p, e = p[k], e[k]
-    i, step, keep = p + 9, np.zeros(len(k), np.int64), np.ones(len(k), bool)
-    hs = np.flatnonzero(buf[i] == 0x10)
-    v, nxt, ok = _varints(buf, i[hs] + 1, e[hs])
-    step[hs], i[hs], keep[hs] = v, nxt, ok
+    p, e = _pick(p, k), _pick(e, k)
+    i = p + 9
+    has = buf[i] == 0x10  # a step field (absent: step 0); read for all rows, kept where present
+    v, nxt, ok = _varints(buf, i + 1, e)
+    step, i, keep = np.where(has, v, 0), np.where(has, nxt, i), ok | ~has
     m = layouts(buf, i, e - i, keep)
-    f = np.flatnonzero(m.kind != GENERIC)
-    kind, vat, p = m.kind[f], m.vat[f], p[f]
+    f = np.flatnonzero(m.lid >= 0)
+    kind, vat, plugin, tag = m.readings(_pick(m.lid, f))
+    vat += _pick(i, f)
+    p = _pick(p, f)
     with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as struct.unpack does
         value = tfr.f32(buf, vat).astype(np.float64)
         dbl = np.flatnonzero(kind == DT_DOUBLE)
         value[dbl] = tfr.f64(buf, vat[dbl])
         wall = tfr.f64(buf, p + 1)
-    return {"index": k[f], "kind": kind, "step": step[f], "wall": wall, "value": value, "tag": m.tag[f],
-            "plugin": m.plugin[f]}, m.tags
+    return {"index": _pick(k, f), "kind": kind, "step": _pick(step, f), "wall": wall, "value": value,
+            "tag": tag, "plugin": plugin}, m.tags
+
+
+def _pick(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``a[idx]`` for sorted distinct indices ``idx``; ``a`` itself when they are all of its rows."""
+    return a if len(idx) == len(a) else a[idx]
 
 
 def summary_fields(b: bytes) -> tuple[int, int, int, int, bool] | None:
@@ -231,28 +230,37 @@ def _codes(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Layouts:
-    """What the rows of a window matched (:func:`layouts`).
+    """What the rows of a window matched (:func:`layouts`): a layout id per row and each layout's reading.
 
     Attributes:
-        kind: Per row, ``GENERIC`` (the general decoder reads it) or the encoding, int8.
-        vat: Offset of the number in the buffer, int64.
-        plugin: The value carried ``scalars`` metadata, bool.
-        tag: Index into ``tags`` (the tags' bytes, each once), int32.
+        lid: Per row, the layout id (int32; -1: the general decoder reads the row).
+        tags: The tags' bytes, each once.
     """
 
     def __init__(self, n: int) -> None:
-        self.kind, self.vat = np.zeros(n, np.int8), np.zeros(n, np.int64)
-        self.plugin, self.tag = np.zeros(n, bool), np.zeros(n, np.int32)
+        self.lid = np.full(n, -1, np.int32)
         self.tags: list[bytes] = []
         self._index: dict[bytes, int] = {}
+        self._readings: list[tuple[int, int, bool, int]] = []  # (kind, number offset from the row, plugin, tag)
 
-    def tag_code(self, tag: bytes) -> int:
-        """Index of ``tag`` in :attr:`tags` (added if new)."""
+    def add(self, fields: tuple[int, int, int, int, bool] | None, b: bytes) -> int:
+        """Id of the layout read as ``fields`` (:func:`summary_fields`) from the bytes ``b``; -1 for None."""
+        if fields is None:
+            return -1
+        tag = b[fields[0]:fields[0] + fields[1]]
         code = self._index.get(tag)
         if code is None:
             code = self._index[tag] = len(self.tags)
             self.tags.append(tag)
-        return code
+        self._readings.append((fields[2], fields[3], fields[4], code))
+        return len(self._readings) - 1
+
+    def readings(self, lid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(kind int8, offset of the number from the row's start int64, plugin bool, tag int32) of layout ids."""
+        cols = list(zip(*self._readings, strict=True)) or [(), (), (), ()]
+        types = (np.int8, np.int64, bool, np.int32)
+        kind, off, plugin, tag = (np.array(c, t) for c, t in zip(cols, types, strict=True))
+        return kind[lid], off[lid], plugin[lid], tag[lid]
 
 
 def _differs(words: np.ndarray, t: np.ndarray, care: np.ndarray) -> np.ndarray:
@@ -264,8 +272,8 @@ def _differs(words: np.ndarray, t: np.ndarray, care: np.ndarray) -> np.ndarray:
     return d != 0
 
 
-def _round(words: np.ndarray, length: int, out: Layouts, idx: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """One matching round over ``words`` (pending rows' bytes, ``idx`` their rows, ``r`` all rows' offsets).
+def _round(words: np.ndarray, length: int, out: Layouts, idx: np.ndarray) -> np.ndarray:
+    """One matching round over ``words`` (the pending rows' bytes; ``idx``: their rows).
 
     The first row is read exactly: every row whose bytes equal it outside its number takes its
     reading. The others are grouped by their bytes under the same mask (hashed: 500 tags of one
@@ -274,11 +282,12 @@ def _round(words: np.ndarray, length: int, out: Layouts, idx: np.ndarray, r: np.
     is decided too: the general decoder reads it).
     """
     nw = words.shape[1]
-    first = summary_fields(words[0].view(np.uint8)[:length].tobytes())
+    b = words[0].view(np.uint8)[:length].tobytes()
+    first = summary_fields(b)
     care = _care(length, nw, first)
     done = ~_differs(words, words[0], care)
-    _assign(out, idx[done], r, first, words[0].view(np.uint8)[:length].tobytes())
     rest = np.flatnonzero(~done)
+    out.lid[idx if not len(rest) else idx[done]] = out.add(first, b)
     if not len(rest):
         return done
     sub = words[rest]
@@ -286,26 +295,15 @@ def _round(words: np.ndarray, length: int, out: Layouts, idx: np.ndarray, r: np.
     if len(reps) > MAX_LAYOUTS:  # the first row's mask fits few of the others: next round
         return done
     cares = np.empty((len(reps), nw), np.uint64)
-    kinds, vats, plugins, tags = (np.zeros(len(reps), t) for t in (np.int8, np.int64, bool, np.int32))
+    lids = np.empty(len(reps), np.int32)
     for c, row in enumerate(reps.tolist()):
         b = sub[row].view(np.uint8)[:length].tobytes()
         f = summary_fields(b)
-        cares[c] = _care(length, nw, f)
-        if f is not None:
-            kinds[c], vats[c], plugins[c], tags[c] = f[2], f[3], f[4], out.tag_code(b[f[0]:f[0] + f[1]])
+        cares[c], lids[c] = _care(length, nw, f), out.add(f, b)
     same = ~_differs(sub, sub[reps[codes]], cares[codes])
-    hit, code = idx[rest[same]], codes[same]
-    out.kind[hit], out.vat[hit], out.plugin[hit], out.tag[hit] = kinds[code], r[hit] + vats[code], plugins[code], \
-        tags[code]
+    out.lid[idx[rest[same]]] = lids[codes[same]]
     done[rest[same]] = True
     return done
-
-
-def _assign(out: Layouts, hit: np.ndarray, r: np.ndarray, fields: tuple | None, b: bytes) -> None:
-    """Give the rows ``hit`` the reading ``fields`` of the bytes ``b`` (:func:`summary_fields`; None: general)."""
-    if fields is not None and len(hit):
-        out.kind[hit], out.vat[hit], out.plugin[hit] = fields[2], r[hit] + fields[3], fields[4]
-        out.tag[hit] = out.tag_code(b[fields[0]:fields[0] + fields[1]])
 
 
 def layouts(buf: np.ndarray, r: np.ndarray, rl: np.ndarray, keep: np.ndarray) -> Layouts:
@@ -319,15 +317,15 @@ def layouts(buf: np.ndarray, r: np.ndarray, rl: np.ndarray, keep: np.ndarray) ->
     sel = np.flatnonzero(keep & (rl >= 8) & (rl <= MAX_REST))
     if not len(sel):
         return out
-    key = ((rl[sel] - 8) * 256 + buf[r[sel] + 5]).astype(np.int16)  # < 2**15 as rl <= MAX_REST
+    key = ((_pick(rl, sel) - 8) * 256 + buf[_pick(r, sel) + 5]).astype(np.int16)  # < 2**15 as rl <= MAX_REST
     order = np.argsort(key, kind="stable")
     sel, key = sel[order], key[order]
     for g in np.split(sel, np.flatnonzero(key[1:] != key[:-1]) + 1):
         length = int(rl[g[0]])
         words = tfr.rows(buf, r[g], 8 * ((length + 7) // 8)).view("<u8")
         for _ in range(MAX_ROUNDS):
-            done = _round(words, length, out, g, r)
-            g, words = g[~done], words[~done]
-            if not len(g):
+            done = _round(words, length, out, g)
+            if done.all():
                 break
+            g, words = g[~done], words[~done]
     return out
