@@ -29,13 +29,13 @@ from typing import BinaryIO
 
 import crc32c
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 WINDOW = 32 << 20  # bytes read per window (the buffer is reused; a longer record grows it to fit)
 SEARCH = 4 << 20  # bytes per step of a resynchronisation search (its temporaries: a few times this)
 PAD = 16  # zero bytes after a window's data: fixed-width reads near its end stay inside the buffer
 MAX_GUESS = 1 << 24  # records of at least this many bytes are never in the guess (an exact step reads them)
 CHUNK = 1024  # records per sub-check when a window's aggregated payload CRC fails
+GUESS_BLOCK = 1 << 17  # offsets per block of the header guess (its temporaries stay in the CPU cache)
 _HEADER = struct.Struct("<QI")
 _ZEROS = bytes(1 << 20)
 _zero_crc: dict[int, int] = {}
@@ -78,8 +78,9 @@ def rows(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
 
 
 def put_u32(buf: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
-    """Write ``values`` (uint32, little-endian) at each offset of ``buf`` (offsets 4 or more bytes apart)."""
-    as_strided(buf, (len(buf) - 3, 4), (1, 1))[at] = values.astype("<u4").view(np.uint8).reshape(-1, 4)
+    """Write ``values`` (uint32, little-endian) at each offset of ``buf`` (contiguous; offsets 4+ bytes apart)."""
+    view = np.ndarray((len(buf) - 3,), np.dtype((np.void, 4)), buffer=buf, strides=(1,))
+    view[at] = values.astype("<u4").view(np.dtype((np.void, 4)))
 
 
 def u32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -102,17 +103,25 @@ def _guess(buf: np.ndarray, n: int, scratch: np.ndarray | None = None) -> np.nda
 
     Bytes 3..7 of such a header are zero; of a run of such offsets only the last is kept (a header's
     length bytes end where its CRC starts; when that CRC starts with a zero byte, an exact step reads it).
+    Computed in blocks of :data:`GUESS_BLOCK` offsets, so that the temporaries stay in the CPU cache.
     """
     if n < 12:
         return np.empty(0, np.int64)
     m = n - 11
-    scratch = np.empty(2 * m + 2, np.uint8) if scratch is None or len(scratch) < 2 * m + 2 else scratch
-    two = np.bitwise_or(buf[3:m + 5], buf[4:m + 6], out=scratch[:m + 2])  # two[j] = bytes j+3 | j+4
-    four = np.bitwise_or(two[:m], two[2:m + 2], out=scratch[m + 2:2 * m + 2])  # bytes q+3 .. q+6
-    np.bitwise_or(four, buf[7:m + 7], out=four)
-    zero = np.equal(four, 0, out=two[:m].view(bool))  # bytes q+3..q+7 are zero
-    last = np.flatnonzero(np.greater(zero[:-1], zero[1:], out=four[:m - 1].view(bool)))  # ... and not at q+1
-    return np.append(last, m - 1) if zero[m - 1] else last
+    width = min(GUESS_BLOCK, m) + 3
+    scratch = np.empty(2 * width, np.uint8) if scratch is None or len(scratch) < 2 * width else scratch
+    out = []
+    for q0 in range(0, m, GUESS_BLOCK):
+        k = min(GUESS_BLOCK, m - q0) + (q0 + GUESS_BLOCK < m)  # offsets q0 .. q0+k-1 (one more but at the end)
+        two = np.bitwise_or(buf[q0 + 3:q0 + k + 5], buf[q0 + 4:q0 + k + 6], out=scratch[:k + 2])
+        four = np.bitwise_or(two[:k], two[2:k + 2], out=scratch[width:width + k])  # bytes q+3 .. q+6
+        np.bitwise_or(four, buf[q0 + 7:q0 + k + 7], out=four)
+        zero = np.equal(four, 0, out=two[:k].view(bool))  # bytes q+3..q+7 are zero
+        last = np.flatnonzero(np.greater(zero[:-1], zero[1:], out=four[:k - 1].view(bool)))  # ... and not at q+1
+        out.append(last + q0)
+        if q0 + GUESS_BLOCK >= m and zero[k - 1]:
+            out.append(np.array([m - 1], np.int64))
+    return np.concatenate(out)
 
 
 def _pruned(g: np.ndarray, gnext: np.ndarray, n: int, rounds: int = 2) -> np.ndarray:
