@@ -36,6 +36,7 @@ PAD = 16  # zero bytes after a window's data: fixed-width reads near its end sta
 MAX_GUESS = 1 << 24  # records of at least this many bytes are never in the guess (an exact step reads them)
 CHUNK = 1024  # records per sub-check when a window's aggregated payload CRC fails
 GUESS_BLOCK = 1 << 17  # offsets per block of the header guess (its temporaries stay in the CPU cache)
+CRC_BLOCK = 4096  # frames per block of the aggregated payload CRC check (its patched copy stays in the cache)
 _HEADER = struct.Struct("<QI")
 _ZEROS = bytes(1 << 20)
 _zero_crc: dict[int, int] = {}
@@ -204,29 +205,48 @@ def _per_length(length: np.ndarray, fn: Callable[[int], int]) -> np.ndarray:
 
 def _payload_crc_ok(buf: np.ndarray, at: np.ndarray, length: np.ndarray, lcrc: np.ndarray | None = None,
                     scratch: np.ndarray | None = None) -> np.ndarray:
-    """Per frame: does the payload CRC hold? Aggregated (module docstring), exact per frame on failure."""
+    """Per frame: does the payload CRC hold? Aggregated (module docstring), exact per frame on failure.
+
+    The patched copy is made :data:`CRC_BLOCK` frames at a time (it stays in the CPU cache), each
+    block's CRC continuing the previous one.
+    """
     ok = np.ones(len(at), bool)
     if not len(at):
         return ok
-    lo, hi = int(at[0]), int(at[-1] + 16 + length[-1])
-    if scratch is None or len(scratch) < hi - lo + PAD:
-        scratch = np.empty(hi - lo + PAD, np.uint8)
-    copy = scratch[:hi - lo + PAD]
-    copy[:] = buf[lo:hi + PAD]
-    trail = at - lo + 12 + length
-    fix = unmask(u32(copy, trail)) ^ _per_length(length, zero_crc)
-    put_u32(copy, trail, fix)
+    end = at + 16 + length
+    trail = at + 12 + length
+    fix = unmask(u32(buf, trail)) ^ _per_length(length, zero_crc)
     # the headers (their CRCs are checked exactly) contribute what the zero bytes they replace would
-    fix_h = unmask(u32(copy, at - lo + 8) if lcrc is None else lcrc) ^ np.uint32(zero_crc(8))
-    put_u32(copy, at - lo + 8, fix_h)
-    view = memoryview(copy)
-    if crc32c.crc32c(view[:hi - lo]) == zero_crc(hi - lo):
+    fix_h = unmask(u32(buf, at + 8) if lcrc is None else lcrc) ^ np.uint32(zero_crc(8))
+    crc, lo, hi = 0, int(at[0]), int(end[-1])
+    for s in range(0, len(at), CRC_BLOCK):
+        e = min(s + CRC_BLOCK, len(at))
+        a, b = int(at[s]), int(end[e - 1])
+        if scratch is None or len(scratch) < b - a:
+            scratch = np.empty(b - a, np.uint8)
+        copy = scratch[:b - a]
+        copy[:] = buf[a:b]
+        put_u32(copy, trail[s:e] - a, fix[s:e])
+        put_u32(copy, at[s:e] - a + 8, fix_h[s:e])
+        crc = crc32c.crc32c(copy, crc)
+    if crc == zero_crc(hi - lo):
         return ok
+    return _payload_crc_exact(buf, at, length, fix, fix_h, scratch)
+
+
+def _payload_crc_exact(buf: np.ndarray, at: np.ndarray, length: np.ndarray, fix: np.ndarray, fix_h: np.ndarray,
+                       scratch: np.ndarray | None) -> np.ndarray:
+    """Per frame, after an aggregated check failed: chunks of :data:`CHUNK` frames, then frame by frame."""
+    ok = np.ones(len(at), bool)
     for s in range(0, len(at), CHUNK):
-        a, e = int(at[s] - lo), int(at[min(s + CHUNK, len(at)) - 1] - lo + 16 + length[min(s + CHUNK, len(at)) - 1])
-        if crc32c.crc32c(view[a:e]) == zero_crc(e - a):
+        e = min(s + CHUNK, len(at))
+        a, b = int(at[s]), int(at[e - 1] + 16 + length[e - 1])
+        copy = np.array(buf[a:b])
+        put_u32(copy, at[s:e] + 12 + length[s:e] - a, fix[s:e])
+        put_u32(copy, at[s:e] - a + 8, fix_h[s:e])
+        if crc32c.crc32c(copy) == zero_crc(b - a):
             continue
-        for k in range(s, min(s + CHUNK, len(at))):
+        for k in range(s, e):
             p, n = int(at[k]), int(length[k])
             ok[k] = mask(crc32c.crc32c(buf[p + 12:p + 12 + n])) == struct.unpack_from("<I", buf, p + 12 + n)[0]
     return ok

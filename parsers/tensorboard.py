@@ -198,12 +198,10 @@ def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[t
     """
     n = len(step)
     order = np.argsort(tag.astype(np.int16) if tag.max(initial=0) < 1 << 15 else tag, kind="stable")  # int16: radix
-    prev = np.full(n, -1, np.int64)
-    same = tag[order[1:]] == tag[order[:-1]]
-    prev[order[1:][same]] = order[:-1][same]
-    cand = np.nonzero((prev >= 0) & (step < step[np.maximum(prev, 0)]))[0]
+    ts, ss = tag[order], step[order]  # rows of each tag together, in file order
+    k = np.flatnonzero((ts[1:] == ts[:-1]) & (ss[1:] < ss[:-1])) + 1  # a step below the tag's previous one
     marks = sorted([(int(np.searchsorted(rec, r, "right")), 0, s) for r, s in starts]
-                   + [(int(r), 1, int(prev[r])) for r in cand])
+                   + [(int(r), 1, int(p)) for r, p in zip(order[k].tolist(), order[k - 1].tolist(), strict=True)])
     bounds, events = [0], []
     for row, what, x in marks:
         if what == 0 and row > bounds[-1]:
