@@ -173,7 +173,7 @@ def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
     done = 0
     for pos, n, crc_bad in [*others, (None, 0, False)]:
         upto = len(meta_rec) if pos is None else int(np.searchsorted(meta_rec, pos))
-        for ti in np.unique(meta_ids[done:upto]).tolist():
+        for ti in np.flatnonzero(np.bincount(meta_ids[done:upto])).tolist():  # (np.unique imports numpy.ma)
             st.plugin[st.tags[ti]] = "scalars"
         done = upto
         if pos is not None and crc_bad:
