@@ -176,7 +176,8 @@ def run_analysis(item: Item) -> None:
             "hypotheses": [(h.cause, h.confidence) for h in a.hypotheses],
             "actions": a.recovery.actions_text() if a.recovery else "",
             # the coverage: the cap of a fault's confidence, and the factor api.py applies to a healthy one
-            "coverage": {k: cov[k] for k in ("share_evaluated", "cap", "factor") if k in cov},
+            "coverage": {k: cov[k] for k in ("share_evaluated", "cap", "cap_floor", "factor", "detector_share",
+                                             "rivals_unchecked") if k in cov},
         }
     except Exception as exc:  # noqa: BLE001 - a crash is a miss, reported with its type
         item.found = {"error": f"{type(exc).__name__}: {exc}", "summary": traceback.format_exc(limit=1)}

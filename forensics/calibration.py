@@ -11,14 +11,16 @@ the causes its generator injects: with the loss alone, a NaN is "data_batch" on 
 run it may be an lr blow-up or an fp16 overflow that no lr or loss-scale series was logged to show. So the
 calibrated confidence of a fault or a transient is CAPPED by the coverage (:func:`coverage`):
 ``cap = CAP_FLOOR + (1 - CAP_FLOOR) x share_evaluated - 0.03 x skipped inputs`` (at most 0.15 off),
-where ``share_evaluated`` is the share of the log detectors that ran (detectors that read checkpoints or
-notes do not count: the tuning runs have none, so their absence is already in the fit). The shape of the
-cap is our rule; its floor was chosen on the TUNING part only (floors 0.5..1.0 tried: the lowest that keeps
-the tuning ECE under 0.1, 0.7; higher floors calibrate the corpus better but let a loss-only NaN run reach
-0.95), and both maps in ``benchmarks/fit_calibration.py`` also take
-``share_evaluated`` as a feature. A healthy verdict is lowered by the coverage factor of
-:func:`forensics.api._coverage` instead. The Decision carries the numbers
-(``Decision.coverage``) and the JSON shows them under ``meta.coverage``.
+where ``share_evaluated`` is the share of the diagnosis's RIVAL causes that a logged signal could check
+(:func:`forensics.coverage.rivals_checked`, docs/detectors.md#coverage: a loss-only NaN leaves an lr blow-up,
+a growth and an fp16 overflow unchecked, share 0, cap 0.5). Until stop 22 the share was that of the log
+detectors that ran, which lowered every run that logs few metrics alike, whether or not the missing metrics
+could have changed its answer (validation ECE 0.110, the capped runs right 95 % at 0.73). The shape of the
+cap is our rule; its floor is chosen on the TUNING part only by the rule fixed at stop 22 (the lowest floor
+that keeps the tuning ECE under 0.1: with the rival share every floor 0.5..1.0 gives 0.035-0.045, so 0.5),
+and both maps in ``benchmarks/fit_calibration.py`` also take ``share_evaluated`` as a feature. A healthy
+verdict is lowered by the coverage factor of :func:`forensics.api._coverage` instead. The Decision carries
+the numbers (``Decision.coverage``) and the JSON shows them under ``meta.coverage``.
 
 Set ``FORENSICS_RAW_CONFIDENCE=1`` to get the raw scores, uncapped (used only to refit the map).
 """
@@ -44,32 +46,38 @@ GROUPS = ("healthy", "transient", "lr_schedule_reset", "overflow", "data_batch",
 
 ARTEFACT_PREFIXES = ("CK", "NT")
 """Codes of detectors that read files beside the logs (checkpoints, notes): not counted in the coverage."""
-CAP_FLOOR = 0.7
-"""The cap with no log detector evaluated (chosen on the tuning part, see the module docstring; it was 0.5, which
-left the fitted confidences of the runs read since the Lightning-folder fix under-confident: ECE 0.12-0.14)."""
+CAP_FLOOR = 0.5
+"""The cap when no rival of the diagnosis could be checked (chosen on the tuning part, see the module
+docstring; 0.7 at stop 22, when the share was that of the detectors evaluated)."""
 CAP_PER_INPUT = 0.03
 CAP_INPUTS_MAX = 0.15
 """Each skipped or damaged input lowers the cap by 0.03, at most 0.15 (as :func:`forensics.api._coverage`)."""
 
 
-def coverage(skipped: Iterable[Any], codes: Iterable[str], skipped_inputs: int = 0) -> dict[str, Any]:
-    """How much of the log evidence the verdict rests on, and the confidence cap that follows.
+def coverage(skipped: Iterable[Any], codes: Iterable[str], skipped_inputs: int = 0,
+             rivals: tuple[float, list[str], list[str]] | None = None) -> dict[str, Any]:
+    """How much of the evidence the verdict rests on, and the confidence cap that follows.
 
     Args:
         skipped: The decision's skips (``Skip.what`` starts with the detector code for a detector skip).
         codes: The codes of every detector that was asked to run.
         skipped_inputs: Input files (or parts) that were skipped or damaged.
+        rivals: :func:`forensics.coverage.rivals_checked` of the diagnosis: ``(share, checked, unchecked)``;
+            None: the share of log detectors evaluated stands in for it.
 
     Returns:
-        ``share_evaluated`` (0..1), ``detectors_evaluated``, ``detectors_total`` (log detectors only),
-        ``not_evaluated`` (codes), ``skipped_inputs``, ``cap`` (up to 0.98, see the module docstring)
-        and ``cap_floor``.
+        ``share_evaluated`` (0..1: the share of the diagnosis's rivals a logged signal could check, the cap's
+        input), ``rivals_checked`` / ``rivals_unchecked``, ``detector_share``, ``detectors_evaluated``,
+        ``detectors_total`` (log detectors only), ``not_evaluated`` (codes), ``skipped_inputs``, ``cap`` (up to
+        0.98, see the module docstring) and ``cap_floor``.
     """
     logs = sorted({c for c in codes if not c.startswith(ARTEFACT_PREFIXES)})
     not_run = sorted({str(getattr(s, "what", s)).split(" ")[0] for s in skipped} & set(logs))
-    share = (len(logs) - len(not_run)) / len(logs) if logs else 1.0
+    detector_share = (len(logs) - len(not_run)) / len(logs) if logs else 1.0
+    share, checked, unchecked = rivals if rivals is not None else (detector_share, [], [])
     cap = CAP_FLOOR + (1 - CAP_FLOOR) * share - min(CAP_INPUTS_MAX, CAP_PER_INPUT * skipped_inputs)
-    return {"share_evaluated": round(share, 3), "detectors_evaluated": len(logs) - len(not_run),
+    return {"share_evaluated": round(share, 3), "rivals_checked": list(checked), "rivals_unchecked": list(unchecked),
+            "detector_share": round(detector_share, 3), "detectors_evaluated": len(logs) - len(not_run),
             "detectors_total": len(logs), "not_evaluated": not_run, "skipped_inputs": int(skipped_inputs),
             "cap": round(min(0.98, cap), 3), "cap_floor": CAP_FLOOR}
 
@@ -143,22 +151,25 @@ def mapped(prm: dict[str, Any], raw: float, verdict: str, cause: str | None, sha
 
 
 def calibrate_decision(raw: float, verdict: str, cause: str | None, skipped: Iterable[Any], codes: Iterable[str],
-                       skipped_inputs: int = 0) -> tuple[float, dict[str, Any]]:
+                       skipped_inputs: int = 0,
+                       rivals: tuple[float, list[str], list[str]] | None = None) -> tuple[float, dict[str, Any]]:
     """The calibrated, coverage-capped confidence of a decision, and its coverage (what the engine stores).
 
     Returns:
         (confidence, coverage): :func:`coverage` plus ``capped`` (the cap lowered the confidence) and ``note``
-        (one line for a report's header, e.g. "confidence capped at 0.76: 9 of 19 log detectors not evaluated").
+        (one line for a report's header, e.g. "confidence capped at 0.76: not checked: overflow (log loss_scale
+        or skipped_step)").
     """
-    cov = coverage(skipped, codes, skipped_inputs)
+    cov = coverage(skipped, codes, skipped_inputs, rivals)
     conf = calibrate(raw, verdict, cause, cov)
     uncapped = calibrate(raw, verdict, cause, {**cov, "cap": 1.0})  # the same map and share, no cap
     cov["capped"] = bool(conf < uncapped - 1e-9)
     n_off = cov["detectors_total"] - cov["detectors_evaluated"]
-    why = [f"{n_off} of {cov['detectors_total']} log detectors not evaluated"] if n_off else []
+    why = [f"rival causes not checked: {'; '.join(cov['rivals_unchecked'])}"] if cov["rivals_unchecked"] else []
     if skipped_inputs:
         why.append(f"{skipped_inputs} input(s) skipped or damaged")
+    if n_off and not cov["capped"]:
+        why.append(f"{n_off} of {cov['detectors_total']} log detectors not evaluated")
     cov["note"] = (f"confidence capped at {cov['cap']:.2f}: " + "; ".join(why) if cov["capped"]
                    else "; ".join(why) or "every log detector was evaluated")
     return conf, cov
-

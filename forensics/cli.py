@@ -240,13 +240,13 @@ def compare(proxy: Path, target: Path, fmt: str, output: Path | None, summary: b
         from forensics.compare import compare as run_compare
         from reports.compare_report import render as render_compare
 
-        result = run_compare(proxy, target)
         runs = (None, None)
         if fmt == "html":  # the report's charts draw the two runs' series: the renderer reads nothing itself
             from forensics.api import load
 
-            runs = (load(proxy), load(target))
+            runs = (load(proxy), load(target))  # read once: compare works on the same two runs
             output = output or Path("forensics-compare.html")
+        result = run_compare(proxy, target, loaded=runs if runs[0] is not None else None)
         _emit(render_compare(result, fmt, *runs), output)
         if output is not None or summary:  # stdout is not the payload, or asked for
             dep, top = result["departure"], (result["explanations"] or [None])[0]

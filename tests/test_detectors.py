@@ -162,6 +162,21 @@ def db01_bad_batch(_: Path) -> RunData:
     return table_run({"loss": loss, "grad_norm": _noise(300, 0.1)})
 
 
+def db02_recurring(_: Path) -> RunData:
+    """The same batch every 40 steps from step 30: small bumps during the fast early fall, a full spike at 230."""
+    loss = _loss(300)
+    for k, step in enumerate(range(30, 300, 40)):
+        loss[step] *= 1.06 if k < 5 else 1.6
+    return table_run({"loss": loss})
+
+
+def db02_single_spike(_: Path) -> RunData:
+    """One full spike at 230 and no recurrence: DB02 gives nothing (DB01/SP01 report it)."""
+    loss = _loss(300)
+    loss[230] *= 1.6
+    return table_run({"loss": loss})
+
+
 def do01_ordering(_: Path) -> RunData:
     """The train loss steps up by 0.12 at step 400; the eval loss does not."""
     s = np.arange(600)
@@ -290,6 +305,9 @@ CASES = (
     Case("rs01_weights_lost", "RS01", rs01_weights_lost, must=(("RS01", 200, 1, "weights"),)),
     Case("wu01_warmup_spike", "WU01", wu01_warmup_spike, must=(("WU01", 120, 0, "lr_too_high"),)),
     Case("db01_bad_batch", "DB01", db01_bad_batch, must=(("DB01", 210, 0, "bad_batch"),)),
+    Case("db02_recurring", "DB02", db02_recurring, must=(("DB02", 30, 0, "bad_batch"),)),
+    Case("db02_single_spike", "DB02", db02_single_spike, must_not=("DB02",)),
+    Case("db02_healthy", "DB02", lambda _: table_run({"loss": _loss(300)}), must_not=("DB02",)),
     Case("do01_ordering", "DO01", do01_ordering, must=(("DO01", 400, 0, "ordering"),)),
     Case("up01_update_growth", "UP01", up01_update_growth, must=(("UP01", 164, 0, "lr_too_high"),)),
     Case("pr01_precursor", "PR01", pr01_precursor, must=(("PR01", 252, 0, "lr_too_high"),)),

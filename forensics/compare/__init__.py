@@ -41,7 +41,7 @@ from forensics.compare.departure import (
 from forensics.compare.explain import ANALYSIS_LINKS, MECHANISMS, SIGNAL_SETTINGS, explain, trial_for
 from forensics.compare.lr import LR_SHARE, log_differences, lr_evidence, lr_schedule_of
 from forensics.config_diff import diff, extract_config
-from forensics.model import Verdict
+from forensics.model import RunData, Verdict
 
 __all__ = [
     "ANALYSIS_LINKS", "CONTROLS", "FLOOR", "FLOOR_GROWTH", "GROWTH", "K_SIGMA", "LOSSES", "LR_SHARE", "MECHANISMS",
@@ -50,12 +50,15 @@ __all__ = [
 ]
 
 
-def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
+def compare(proxy_path: str | Path, target_path: str | Path,
+            loaded: tuple[RunData, RunData] | None = None) -> dict[str, Any]:
     """Compare a proxy run with its target run (DESIGN.md section 7, ``compare``).
 
     Args:
         proxy_path: The run folder of the proxy (the run that trained well).
         target_path: The run folder of the target (the run that did not).
+        loaded: The two runs already read from those folders (the HTML report reads them to draw the series,
+            so the CLI reads each once), or None to read them here.
 
     Returns:
         The JSON-ready dict: ``schema_version``, ``proxy``, ``target``, ``differences`` (each with ``source``:
@@ -70,7 +73,7 @@ def compare(proxy_path: str | Path, target_path: str | Path) -> dict[str, Any]:
     from forensics.api import analyze_run, load
     from forensics.config_diff import flat_config, mup_check, same
 
-    proxy, target = load(proxy_path), load(target_path)
+    proxy, target = loaded if loaded is not None else (load(proxy_path), load(target_path))
     pc, tc = extract_config(proxy), extract_config(target)
     differences = [dict(d, source="config") for d in diff(pc, tc)]
     recorded = {d["setting"] for d in differences}

@@ -19,6 +19,7 @@ from forensics.detectors.checkpoint_state_mismatch import CheckpointStateMismatc
 from forensics.detectors.checkpoint_update_growth import CheckpointUpdateGrowth
 from forensics.detectors.data_bad_batch import BadBatch
 from forensics.detectors.data_ordering_shift import OrderingShift
+from forensics.detectors.data_recurring_batch import RecurringBatch
 from forensics.detectors.grad_norm_departure import GradNormDeparture
 from forensics.detectors.grad_scaling_constant_factor import GradScalingFactor
 from forensics.detectors.hardware_signature import HardwareSignature
@@ -50,6 +51,7 @@ DETECTORS: tuple[Detector, ...] = (
     ResumeState(),
     WarmupInstability(),
     BadBatch(),
+    RecurringBatch(),
     OrderingShift(),
     UpdateScaleGrowth(),
     PrecursorDrift(),

@@ -31,6 +31,7 @@ RESUME_STATE = "RS01"
 LR_SCHEDULE = "LR01"
 """lr.schedule_reset."""
 BAD_BATCH = "DB01"
+RECURRING_BATCH = "DB02"
 WARMUP = "WU01"
 LOSS_SCALE = "OV01"
 ACTIVATION = "OV02"
@@ -40,8 +41,8 @@ DATA_ORDERING = "DO01"
 GRAD_SCALING = "GS01"
 
 DETECTOR_CODES = (NONFINITE, LOSS_SPIKE, DIVERGENCE, GRAD_NORM, UPDATE_RATIO, ATTENTION_LOGITS, STALL, NOTES,
-                  INTEGRITY, RESUME_STATE, LR_SCHEDULE, BAD_BATCH, WARMUP, LOSS_SCALE, ACTIVATION, PRECURSOR,
-                  HARDWARE, DATA_ORDERING, GRAD_SCALING)
+                  INTEGRITY, RESUME_STATE, LR_SCHEDULE, BAD_BATCH, RECURRING_BATCH, WARMUP, LOSS_SCALE, ACTIVATION,
+                  PRECURSOR, HARDWARE, DATA_ORDERING, GRAD_SCALING)
 """Every detector code named here (each must be in :data:`forensics.detectors.DETECTORS`)."""
 
 FAILURE_PRECURSORS = (GRAD_NORM, LOSS_SPIKE, DIVERGENCE, NONFINITE, STALL)
@@ -69,7 +70,8 @@ NOT_ON_CHAIN = (INTEGRITY, FAILED_ATTEMPTS, NOTES)
 
 SIGNAL = MappingProxyType({
     GRAD_NORM: "grad_norm", LOSS_SPIKE: "loss", NONFINITE: "non-finite value", DIVERGENCE: "loss",
-    BAD_BATCH: "loss", WARMUP: "loss", LR_SCHEDULE: "lr", RESUME_STATE: "loss at the resume",
+    BAD_BATCH: "loss", RECURRING_BATCH: "recurring loss excursions", WARMUP: "loss", LR_SCHEDULE: "lr",
+    RESUME_STATE: "loss at the resume",
     LOSS_SCALE: "loss_scale", ACTIVATION: "activation", UPDATE_RATIO: "update_ratio", PRECURSOR: "precursor",
     ATTENTION_LOGITS: "attn_logit_max", HARDWARE: "throughput", DATA_ORDERING: "loss level",
     GRAD_SCALING: "loss / eval_loss",

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from forensics.coverage import rivals_checked
 from forensics.detectors import DETECTORS, Detector
 from forensics.engine import chain as chain_rules
 from forensics.engine import codes, keys, onset, rules
@@ -106,13 +107,16 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
 
     The raw score of the chosen answer is mapped by :func:`forensics.calibration.calibrate` (a fit on the
     tuning part of the varied corpus, stored in ``forensics/calibration.json``) and capped by the coverage
-    (``Decision.coverage``: the share of log detectors evaluated, skipped inputs, the cap).
+    (``Decision.coverage``: the share of the diagnosis's rival causes a logged signal could check,
+    :func:`forensics.coverage.rivals_checked`; skipped inputs; the cap).
     """
     from forensics.calibration import calibrate_decision  # noqa: PLC0415 - reads its JSON on first use
 
     d = decide_attempts(run, detectors)
+    nonfinite = any(f.code == codes.NONFINITE for f in d.findings)
+    rivals = rivals_checked(d.cause, run.has, nonfinite, d.facts.fp16 if d.facts is not None else None)
     conf, cov = calibrate_decision(d.confidence, d.verdict, d.cause, d.skipped, [x.code for x in detectors],
-                                   len(run.skipped))
+                                   len(run.skipped), rivals)
     return dataclasses.replace(d, confidence=conf, coverage=cov, main_evidence=main_evidence(d.cause, d.findings))
 
 
