@@ -5,13 +5,14 @@
 
 with exactly one value: its tag, then ``simple_value`` or a rank-0 float/double tensor, optionally
 with ``scalars`` plugin metadata (what ``torch.utils.tensorboard``'s ``add_scalar``, both styles, and
-``tf.summary.scalar`` write). The fixed part (wall time, step, the three nested lengths, the tag) is
-parsed with whole-array operations over every frame of a window; the value fields, whose layout
-repeats, are matched against templates: the first frame of a layout is decoded by
-:func:`value_fields` (the exact rules) and every frame whose bytes equal it outside the number takes
-the same reading. Anything else goes to the general decoder (``parsers/_tb_proto.py``), so the fast
-path never decides anything the general decoder would decide differently
-(``tests/test_parsers_tensorboard.py`` checks both give the same table).
+``tf.summary.scalar`` write). Wall time and step are parsed with whole-array operations over every
+frame of a window; the rest of the Event (from ``summary`` on: lengths, tag, value fields), whose
+bytes repeat per tag, is matched by layout (:func:`layouts`): the first frame of a layout is read by
+:func:`summary_fields` (the exact rules) and every frame whose bytes equal it outside the number
+takes the same reading, tag included; frames of other layouts of the same length are grouped by a
+hash of their bytes, so many tags cost one pass. Anything else goes to the general decoder
+(``parsers/_tb_proto.py``), so the fast path never decides anything the general decoder would decide
+differently (``tests/test_parsers_tensorboard.py`` checks both give the same table).
 """
 
 from __future__ import annotations

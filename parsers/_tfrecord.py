@@ -7,11 +7,13 @@ A TensorBoard event file is a sequence of TFRecord frames
 window, finds the chain of frames with whole-array operations:
 
 1. every offset whose bytes 3..7 are zero could start a header of a record under 16 MiB (the
-   guess, a superset of the real headers); the chain is followed through the guess from the
-   window's first frame, one exact header read in Python where a frame is missing from it;
+   guess, a superset of the real headers, computed in cache-sized blocks); the chain is followed
+   through the guess from the window's first frame, one exact header read in Python where a frame
+   is missing from it;
 2. the length CRCs of the chain are checked exactly: one ``crc32c`` call per distinct length;
-3. the payload CRCs are checked in one ``crc32c`` pass over a copy of the window where each
-   stored CRC is replaced by ``unmask(stored) ^ crc32c(zeros(len))``. CRC-32C is affine, so the
+3. the payload CRCs are checked in one running ``crc32c`` over a copy of the window (made in
+   cache-sized blocks) where each stored CRC is replaced by ``unmask(stored) ^ crc32c(zeros(len))``
+   (and each header's length CRC likewise, those being checked in step 2). CRC-32C is affine, so the
    copy's CRC equals that of as many zero bytes exactly when every record's CRC holds (an error
    in one record always shows; two bad records could only cancel with odds of 2**-32); a window
    that fails is checked again by chunks and then record by record, so each bad record is found.
