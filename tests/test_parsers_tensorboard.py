@@ -672,3 +672,27 @@ def test_many_tags_of_one_length_and_mixed_layouts(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(tb.State, "generic", generic)
     monkeypatch.setattr(tb._tb_fast, "MAX_LAYOUTS", 2)  # too many layouts for a round: one per round, then general
     _same(*_both(path, tmp_path, monkeypatch), "many tags, few layouts a round")
+
+
+def test_ingest_of_a_tensorboard_run_imports_no_pandas(tmp_path, decoder) -> None:
+    """``forensics ingest`` of a TensorBoard run never imports pandas (~0.2 s of start-up in every process).
+
+    ``pa.scalar``, ``pc.equal(column, 0)`` and ``Schema.empty_table()`` import it through pyarrow.
+    """
+    import subprocess
+    import sys
+
+    if decoder == "python":
+        pytest.skip("the subprocess reads with the default walk (windows for a file this size)")
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    _write(run / "events.out.tfevents.1.host", [_event(s, _value("loss", simple=1 / (s + 1))) for s in range(12000)])
+    assert (run / "events.out.tfevents.1.host").stat().st_size >= tb.FAST_MIN_BYTES  # the vectorised walk
+    code = ("import sys; from forensics.cli import main\n"
+            "sys.argv = ['forensics', 'ingest', sys.argv[1], '-o', sys.argv[2]]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('pandas' in sys.modules, 'numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "out")], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(root)}, cwd=root).stdout.split()
+    assert out[-2:] == ["False", "False"], out
+    assert (tmp_path / "out" / "metrics.parquet").exists()
