@@ -50,8 +50,17 @@ CAP_FLOOR = 0.5
 """The cap when no rival of the diagnosis could be checked (chosen on the tuning part, see the module
 docstring; 0.7 at stop 22, when the share was that of the detectors evaluated)."""
 CAP_PER_INPUT = 0.03
+"""Each skipped or damaged input lowers the cap by 0.03 (as :func:`forensics.api._coverage`; our choice)."""
 CAP_INPUTS_MAX = 0.15
-"""Each skipped or damaged input lowers the cap by 0.03, at most 0.15 (as :func:`forensics.api._coverage`)."""
+"""The skipped or damaged inputs lower the cap by at most 0.15 in all (as :func:`forensics.api._coverage`)."""
+CONFIDENCE_MIN = 0.02
+"""Lowest calibrated confidence: the corpus the map is fitted on cannot support certainty either way (our choice)."""
+CONFIDENCE_MAX = 0.98
+"""Highest calibrated confidence, and the highest cap (the same reason as :data:`CONFIDENCE_MIN`)."""
+LOGIT_CLIP = 1e-3
+"""The raw score is clipped to [0.001, 0.999] before its logit is taken (keeps the feature finite; our choice)."""
+CAPPED_TOL = 1e-9
+"""The cap counts as having lowered a confidence only by more than this (float noise; not a threshold)."""
 
 
 def coverage(skipped: Iterable[Any], codes: Iterable[str], skipped_inputs: int = 0,
@@ -79,7 +88,7 @@ def coverage(skipped: Iterable[Any], codes: Iterable[str], skipped_inputs: int =
     return {"share_evaluated": round(share, 3), "rivals_checked": list(checked), "rivals_unchecked": list(unchecked),
             "detector_share": round(detector_share, 3), "detectors_evaluated": len(logs) - len(not_run),
             "detectors_total": len(logs), "not_evaluated": not_run, "skipped_inputs": int(skipped_inputs),
-            "cap": round(min(0.98, cap), 3), "cap_floor": CAP_FLOOR}
+            "cap": round(min(CONFIDENCE_MAX, cap), 3), "cap_floor": CAP_FLOOR}
 
 
 def group(verdict: str, cause: str | None) -> str:
@@ -95,7 +104,7 @@ def group(verdict: str, cause: str | None) -> str:
 
 def features(raw: float, verdict: str, cause: str | None, share: float = 1.0) -> list[float]:
     """Feature vector of one answer: logit of the raw score, the coverage share, one indicator per group."""
-    p = min(max(float(raw), 1e-3), 1 - 1e-3)
+    p = min(max(float(raw), LOGIT_CLIP), 1 - LOGIT_CLIP)
     g = group(verdict, cause)
     return [math.log(p / (1 - p)), float(share)] + [1.0 if g == k else 0.0 for k in GROUPS]
 
@@ -126,7 +135,7 @@ def calibrate(raw: float, verdict: str, cause: str | None, cov: dict[str, Any] |
     p = mapped(prm, raw, verdict, cause, 1.0 if cov is None else float(cov["share_evaluated"]))
     if cov is not None and verdict not in (Verdict.HEALTHY, Verdict.INCONCLUSIVE):
         p = min(p, float(cov["cap"]))
-    return float(min(max(p, 0.02), 0.98))
+    return float(min(max(p, CONFIDENCE_MIN), CONFIDENCE_MAX))
 
 
 def mapped(prm: dict[str, Any], raw: float, verdict: str, cause: str | None, share: float = 1.0) -> float:
@@ -163,7 +172,7 @@ def calibrate_decision(raw: float, verdict: str, cause: str | None, skipped: Ite
     cov = coverage(skipped, codes, skipped_inputs, rivals)
     conf = calibrate(raw, verdict, cause, cov)
     uncapped = calibrate(raw, verdict, cause, {**cov, "cap": 1.0})  # the same map and share, no cap
-    cov["capped"] = bool(conf < uncapped - 1e-9)
+    cov["capped"] = bool(conf < uncapped - CAPPED_TOL)
     n_off = cov["detectors_total"] - cov["detectors_evaluated"]
     why = [f"rival causes not checked: {'; '.join(cov['rivals_unchecked'])}"] if cov["rivals_unchecked"] else []
     if skipped_inputs:

@@ -171,15 +171,13 @@ def _explain(run) -> str:  # noqa: ANN001
 
 @main.command()
 def detectors() -> None:
-    """List the detector registry: code, name, required metrics, defaults."""
-    import dataclasses
-
+    """List the detector registry: code, name, what each needs, every default (its typed fields)."""
     from forensics.detectors import DETECTORS
 
     for d in DETECTORS:
-        defaults = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
-        req = ", ".join(d.requires) or "(see docstring)"
-        click.echo(f"{d.code:6} {d.name:32} requires: {req}  defaults: {defaults}")
+        defaults = d.defaults()
+        shown = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) if defaults else "none (no thresholds)"
+        click.echo(f"{d.code:6} {d.name:32} requires: {d.requirement()}  defaults: {shown}")
 
 
 @main.command()

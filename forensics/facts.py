@@ -34,6 +34,13 @@ MID_RUN_INTERVALS = 2
 """...a first logged step within this many logging intervals of 0 is the first log of a fresh run (our choice)."""
 _META_WALK_LIMIT = 20000
 """Objects of ``run.meta`` walked looking for device counts (a bound on hostile configurations)."""
+_META_LIST_ITEMS = 200
+"""Items of one list in ``run.meta`` walked looking for device counts (the same bound, per list; our choice)."""
+EVENT_CHARS = 120
+"""Characters of a loss-scaler event line quoted as the reason a run is fp16 (display; our choice)."""
+FAILURE_TAIL_POINTS = 3
+"""A non-finite loss or grad norm among a series' last three points is a failure even if the rest is finite (the
+run stopped there; our choice)."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +219,7 @@ def infer_fp16_from_metrics(run: RunData) -> str | None:
             if row["kind"] == "loss_scale_change" or _SCALER_EVENT.search(msg):
                 if row["kind"] == "error" and "minimum" not in msg.lower():
                     continue
-                return f"a loss-scaler event: {msg[:120]}"
+                return f"a loss-scaler event: {msg[:EVENT_CHARS]}"
     return None
 
 
@@ -232,7 +239,7 @@ def failure_step(run: RunData) -> int | None:
         bad = ~np.isfinite(s.values)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            if np.mean(~np.isfinite(s.values[i:])) >= 0.5 or i >= len(s) - 3:
+            if np.mean(~np.isfinite(s.values[i:])) >= 0.5 or i >= len(s) - FAILURE_TAIL_POINTS:
                 st = int(s.steps[i])
                 best = st if best is None else min(best, st)
     for d in departures(run, "loss"):
@@ -331,5 +338,5 @@ def _meta_count(run: RunData, keys: tuple[str, ...]) -> int | None:
                     if n >= 1:
                         best = max(best or 0, n)
         elif isinstance(obj, (list, tuple)):
-            stack.extend(obj[:200])
+            stack.extend(obj[:_META_LIST_ITEMS])
     return best

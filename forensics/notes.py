@@ -38,6 +38,9 @@ ADDRESSES = {
 }
 """A failed remedy argues against the cause it addresses."""
 
+QUOTE_CHARS = 300
+"""Characters of a notes line kept as the quote of a failed remedy or an idea (display; our choice)."""
+
 
 def read_notes(run: RunData) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """(failed remedies, proposed remedies): remedy -> the notes lines that say so."""
@@ -53,9 +56,9 @@ def read_notes(run: RunData) -> tuple[dict[str, list[str]], dict[str, list[str]]
                 if not pat.search(unit):
                     continue
                 if in_ideas:
-                    ideas.setdefault(name, []).append(unit[:300])
+                    ideas.setdefault(name, []).append(unit[:QUOTE_CHARS])
                 elif FAILED.search(unit) and not (name == "lower_lr" and "back to" in unit.lower()):
-                    failed.setdefault(name, []).append(unit[:300])
+                    failed.setdefault(name, []).append(unit[:QUOTE_CHARS])
             if not unit.startswith("|"):
                 in_ideas = in_ideas and bool(IDEAS.search(unit))
     return failed, ideas

@@ -223,6 +223,9 @@ def _promote(metrics: pl.DataFrame) -> tuple[str, str, str] | None:
 
 COUNTERS = ("skipped_step", "nan_step")
 """Canonical names that mean a count per step; a writer may print them as a running total."""
+COUNTER_MIN_ROWS = 3
+"""Fewest rows of a per-step counter before it can be told a running total (our choice: it must rise at least once
+after its first value)."""
 
 
 def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
@@ -236,7 +239,7 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
     """
     for name in COUNTERS:
         df = metrics.filter(pl.col("metric") == name)
-        if df.height < 3:
+        if df.height < COUNTER_MIN_ROWS:
             continue
         v = df.get_column("value")
         if v.null_count() or not bool((v == v.floor()).all()):

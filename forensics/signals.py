@@ -23,6 +23,12 @@ WINDOW = 128
 """Trailing window length in logged points (OLMo-core default)."""
 MIN_REL_JUMP = 0.10
 """A spike must also exceed the trailing median by 10% (log 1.1): guards over-smooth series. Our choice."""
+MIN_Z_POINTS = 8
+"""Fewest logged points of a metric for any z at all (our choice: fewer is no history to compare with)."""
+MIN_WINDOW_POINTS = 12
+"""Finite points the trailing window needs before a z is defined (docs/detectors.md#conventions)."""
+SIGMA_FLOOR = 0.01
+"""Floor of the spread in log units, so a perfectly smooth series gives no huge z (docs/detectors.md#conventions)."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,11 @@ def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, 
     if key in run._cache:  # noqa: SLF001 - RunData's cache is ours
         return run._cache[key]  # type: ignore[return-value]
     s = run.series(metric)
-    if s is None or len(s) < 8:
+    if s is None or len(s) < MIN_Z_POINTS:
         run._cache[key] = None
         return None
     lx = to_log(s.values)
-    z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=12, abs_floor=0.01)
+    z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=MIN_WINDOW_POINTS, abs_floor=SIGMA_FLOOR)
     if metric == "loss":  # the objective falls fast early on; grad norms keep their trailing band
         z = _trend_robust_z(lx, z, med, sig)
     out = (s, lx, z, np.exp(med))
@@ -77,6 +83,12 @@ def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, 
 
 LOCAL = 16
 """Points of the short trailing median that centres the trend-robust z (our choice)."""
+LOCAL_MIN_POINTS = 8
+"""Finite points the short trailing median needs (half of :data:`LOCAL`; our choice)."""
+NOISE_MIN_POINTS = 10
+"""Finite differences the trailing noise of first differences needs (our choice)."""
+TREND_Z_MIN_POINTS = 24
+"""Fewest finite points for the trend-robust z (our choice: twice the :data:`MIN_WINDOW_POINTS` a trailing z needs)."""
 
 
 def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndarray) -> np.ndarray:
@@ -89,11 +101,11 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     is defined (enough history) and only ever raises z for a point ABOVE both medians.
     """
     n = lx.shape[0]
-    if n < 24:
+    if n < TREND_Z_MIN_POINTS:
         return z
     ok = np.isfinite(lx)
     idx = np.flatnonzero(ok)
-    if idx.size < 24:
+    if idx.size < TREND_Z_MIN_POINTS:
         return z
     import polars as pl
 
@@ -101,16 +113,17 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     # |diff| ending at point j-1 (so the point judged is not in its own noise estimate)
     d = np.concatenate([[np.nan], np.abs(np.diff(v))])
     dser = pl.Series("d", d).fill_nan(None)
-    noise_med = dser.rolling_median(window_size=WINDOW, min_samples=10).shift(2).fill_null(float("nan")).to_numpy()
-    local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=8).shift(1) \
+    noise_med = dser.rolling_median(window_size=WINDOW, min_samples=NOISE_MIN_POINTS).shift(2) \
         .fill_null(float("nan")).to_numpy()
-    noise = np.maximum(MAD_TO_SIGMA * noise_med / np.sqrt(2), 0.01)
+    local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=LOCAL_MIN_POINTS).shift(1) \
+        .fill_null(float("nan")).to_numpy()
+    noise = np.maximum(MAD_TO_SIGMA * noise_med / np.sqrt(2), SIGMA_FLOOR)
     with np.errstate(all="ignore"):
         zt = (v - local) / noise
     out = z.copy()
     m = med[idx]
     better = np.isfinite(zt) & np.isfinite(m) & (v > m) & (v > local) & (~np.isfinite(out[idx]) | (zt > out[idx]))
-    better[:12] = False
+    better[:MIN_WINDOW_POINTS] = False
     out[idx[better]] = zt[better]
     return out
 
@@ -152,6 +165,8 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
 
 RECOVERY_POINTS = 10
 """Consecutive points back inside the band that make a recovery (our choice, docs/detectors.md#conventions)."""
+FALLBACK_SIGMA = 0.05
+"""Band half-width (log units, per sigma) when the onset's sigma cannot be read back from its z (our choice)."""
 
 
 def _recovery(vals: np.ndarray, lx: np.ndarray, z: np.ndarray, med: np.ndarray, i: int,
@@ -168,7 +183,7 @@ def _recovery(vals: np.ndarray, lx: np.ndarray, z: np.ndarray, med: np.ndarray, 
     zi = z[onset_i]
     if np.isfinite(zi) and np.isfinite(lx[onset_i]) and zi != 0:
         base_sig = (lx[onset_i] - np.log(base_med)) / zi
-    width = base_sig if base_sig and base_sig > 0 else 0.05
+    width = base_sig if base_sig and base_sig > 0 else FALLBACK_SIGMA
     k: int | None = None
     if np.isfinite(base_med) and i + 1 < n:
         band = np.log(base_med) + 2 * width
@@ -184,6 +199,10 @@ def _recovery(vals: np.ndarray, lx: np.ndarray, z: np.ndarray, med: np.ndarray, 
     span = vals[i:(k + 1 if k is not None else n)]
     fin = span[np.isfinite(span)]
     return k, float(fin.max()) if fin.size else float("nan")
+
+
+IMPROVE_PARTS = 4
+"""The loss after a step is split in quarters: the last one's median must be below the first's (our choice)."""
 
 
 def loss_improves_after(run: RunData, step: int, min_points: int = 8) -> tuple[float, float] | None:
@@ -210,7 +229,7 @@ def loss_improves_after(run: RunData, step: int, min_points: int = 8) -> tuple[f
         v = v[:bad[0]]
     if v.size < min_points:
         return None
-    k = max(2, v.size // 4)
+    k = max(2, v.size // IMPROVE_PARTS)
     early, late = float(np.median(v[:k])), float(np.median(v[-k:]))
     return (early, late) if late < early else None
 

@@ -14,6 +14,15 @@ import numpy as np
 
 MAD_TO_SIGMA = 1.4826
 """Consistency constant: sigma = 1.4826 * MAD for normally distributed data."""
+TINY = 1e-12
+"""Floor that keeps a log or a division finite, far below any logged value (our choice; not a threshold)."""
+SHORT_SERIES_PART = 4
+"""A series shorter than the window needs finite points in a quarter of its length (docs/detectors.md#conventions)."""
+MIN_SLOPE_POINTS = 3
+"""Fewest points a Theil-Sen slope after an onset is computed from (fewer: NaN; our choice, a slope of two points
+is one difference)."""
+IRLS_TOL = 1e-12
+"""The Huber fit stops once no intercept or slope moves by more than this (standardised units; our choice)."""
 
 
 def to_log(values: np.ndarray) -> np.ndarray:
@@ -59,7 +68,7 @@ def trailing_robust_z(
     if n < 2:
         return nan.copy(), nan.copy(), nan.copy()
     w = max(2, min(window, n - 1))
-    need = min(min_points, max(2, n // 4))
+    need = min(min_points, max(2, n // SHORT_SERIES_PART))
     if n * w <= EXACT_LIMIT:
         return _trailing_robust_z_exact(x, w, need, rel_floor, abs_floor)
     ser = pl.Series("x", x).fill_nan(None)
@@ -230,7 +239,7 @@ def sustained_rise_many(
     resid = y - trend
     rb = resid[:, :nb]
     sigma = MAD_TO_SIGMA * np.median(np.abs(rb - np.median(rb, axis=1, keepdims=True)), axis=1)
-    floor = np.log1p(min_rel) if log else min_rel * np.maximum(np.abs(np.median(y[:, :nb], axis=1)), 1e-12)
+    floor = np.log1p(min_rel) if log else min_rel * np.maximum(np.abs(np.median(y[:, :nb], axis=1)), TINY)
     thr = np.maximum(k_sigma * sigma, floor)
     # first i >= nb with min_run points above from i on, and hold_frac of all the points from i on above
     c = np.concatenate([np.zeros((rows, 1)), np.cumsum(resid > thr[:, None], axis=1)], axis=1)
@@ -239,7 +248,7 @@ def sustained_rise_many(
     out: list[Drift | None] = [None] * rows
     for r in np.flatnonzero(hit.any(axis=1)).tolist():
         i = int(i_all[np.argmax(hit[r])])
-        after = _theil_slope(y[r, i:], st[i:]) if n - i >= 3 else float("nan")
+        after = _theil_slope(y[r, i:], st[i:]) if n - i >= MIN_SLOPE_POINTS else float("nan")
         vr = v[r]
         out[r] = Drift(
             onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=float(np.exp(trend[r, i]) if log else
@@ -315,7 +324,7 @@ def robust_trend_many(x: np.ndarray, y: np.ndarray, at: np.ndarray, iterations: 
         with np.errstate(all="ignore"):
             b_new = np.where(det > 0, (sw * sxy - sx * sy) / det, 0.0)
             a_new = (sy - b_new * sx) / sw
-        done = np.all(np.abs(a_new - a) < 1e-12) and np.all(np.abs(b_new - b) < 1e-12)
+        done = np.all(np.abs(a_new - a) < IRLS_TOL) and np.all(np.abs(b_new - b) < IRLS_TOL)
         a, b = a_new, b_new
         if done:
             break

@@ -47,6 +47,25 @@ def test_detectors_lists_registry() -> None:
         assert d.code in res.output
 
 
+def test_detectors_lists_every_default_and_requirement() -> None:
+    """Each detector's line names every typed field with its default and what the detector needs (issue 14)."""
+    import dataclasses
+
+    from forensics.detectors import DETECTORS
+
+    res = _run("detectors")
+    lines = {line.split()[0]: line for line in res.output.splitlines() if line.strip()}
+    for d in DETECTORS:
+        line = lines[d.code]
+        for f in dataclasses.fields(d):
+            assert f"{f.name}={getattr(d, f.name)!r}" in line, (d.code, f.name)
+        req = line.split("requires: ", 1)[1].split("  defaults: ", 1)[0]
+        assert req and "docstring" not in req, (d.code, req)
+        assert all(m in req for m in d.requires), (d.code, req)
+        if not dataclasses.fields(d):
+            assert "defaults: none" in line, line
+
+
 @pytest.mark.skipif(not (SAMPLES / "healthy").is_dir(), reason="sample runs not generated")
 def test_json_to_stdout_and_exit_codes() -> None:
     """JSON goes to stdout (parseable), the summary to stderr only with --summary; healthy exits 0, a fault 1."""

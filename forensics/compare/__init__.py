@@ -29,6 +29,7 @@ from forensics.compare.departure import (
     GROWTH,
     K_SIGMA,
     LOSSES,
+    SAME_REL,
     SIGNALS,
     SMOOTH,
     SUSTAIN,
@@ -85,10 +86,10 @@ def compare(proxy_path: str | Path, target_path: str | Path,
     ps_log, ts_log = lr_schedule_of(proxy, {}), lr_schedule_of(target, {})
     if ps_log is not None and ts_log is not None:  # equal in the logged lr: ruled out, even without a config
         for k in ("peak_lr", "warmup_steps"):
-            if math.isclose(ps_log[k], ts_log[k], rel_tol=0.01):
+            if math.isclose(ps_log[k], ts_log[k], rel_tol=SAME_REL):
                 same_keys.add(k)
     rp, rt = tokens_per_step(proxy, {}), tokens_per_step(target, {})
-    if rp and rt and math.isclose(rp, rt, rel_tol=0.01):
+    if rp and rt and math.isclose(rp, rt, rel_tol=SAME_REL):
         same_keys.add("global_batch_size")
     analysis = analyze_run(target)
     explanations = explain(differences, deps, first, analysis if analysis.verdict != Verdict.HEALTHY else None,

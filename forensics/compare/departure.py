@@ -55,6 +55,13 @@ WINDOW = 20
 """Trailing aligned points over which the proxy's noise band is estimated (our choice)."""
 SMOOTH = 5
 """Points of the running median whose residuals are the proxy's noise (our choice)."""
+MIN_BAND_POINTS = 3
+"""Finite residuals a window needs for its noise band (fewer: the median band of the other windows; our choice)."""
+MIN_ALIGNED = 4
+"""Finite aligned proxy points needed before any departure is looked for (our choice)."""
+SAME_REL = 0.01
+"""Two logged settings (tokens per step, peak lr, warm-up) within 1% of each other are the same (our choice: the
+rounding of printed values)."""
 def _tokens_curve(run: RunData, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """(steps, cumulative tokens) from the logged ``tokens`` series, else global batch x seq length x step."""
     s = run.series("tokens")
@@ -138,7 +145,7 @@ def noise_band(fp: np.ndarray) -> np.ndarray | None:
         hi = max(i + 1, min(WINDOW, n))
         w = resid[max(0, hi - WINDOW):hi]
         w = w[np.isfinite(w)]
-        if w.size >= 3:
+        if w.size >= MIN_BAND_POINTS:
             sigma[i] = math.sqrt(2) * MAD_TO_SIGMA * float(np.median(np.abs(w - np.median(w))))
     if np.isnan(sigma).all():
         return None
@@ -170,7 +177,7 @@ def departure_of(steps: np.ndarray, proxy: np.ndarray, target: np.ndarray, *, lo
     else:
         fp, ft = proxy.copy(), target.copy()
     n = fp.size
-    if np.isfinite(fp).sum() < 4:
+    if np.isfinite(fp).sum() < MIN_ALIGNED:
         return None
     sigma = noise_band(fp)
     if sigma is None:
@@ -222,7 +229,7 @@ def departures(proxy: RunData, target: RunData, pc: dict[str, Any] | None = None
     tok = None
     if pcur is not None and tcur is not None:
         rp, rt = tokens_per_step(proxy, pc), tokens_per_step(target, tc)
-        if rp and rt and abs(rt / rp - 1) > 0.01:
+        if rp and rt and abs(rt / rp - 1) > SAME_REL:
             tok = (pcur, tcur)
     shared = sorted(set(proxy.metric_names) & set(target.metric_names), key=_series_order)
     out: dict[str, dict[str, Any] | None] = {}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from forensics.calibration import CONFIDENCE_MAX, CONFIDENCE_MIN
 from forensics.compare.departure import K_SIGMA, LOSSES
 from forensics.model import Mechanism
 
@@ -58,6 +60,37 @@ ANALYSIS_LINKS: dict[str, tuple[str, ...]] = {
 """The target's own analyze() mechanism -> the settings whose change it supports."""
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The terms added to a setting's prior (:data:`MECHANISMS`) by the evidence, see :func:`explain`.
+
+    All ours, set on the proxy/target pairs of ``sample_logs/make_compare_runs.py`` and the compare tests: the
+    order of the evidence matters more than the values (which series departs first decides most, then what
+    the lr schedules say, then the target's own analysis).
+    """
+
+    first_primary: float = 0.35
+    first_predicted: float = 0.2
+    first_other: float = 0.15
+    also_departs: float = 0.1
+    lr_decides: float = 0.35
+    lr_other: float = 0.25
+    derived: float = 0.3
+    analysis_links: float = 0.15
+    from_logs: float = 0.05
+    analysis_only_share: float = 0.5
+    inferred_prior_share: float = 0.6
+    inferred_rank_step: float = 0.05
+
+
+TERMS = Terms()
+"""The terms in use."""
+TRIAL_MARGIN_STEPS = 50
+"""The trial runs at least this many steps past the departure (or half the departure step, if more; our choice)."""
+TRIAL_DEFAULT_STEPS = 1000
+"""Trial length without a departure: the target's total steps, at most this many (our choice)."""
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -103,7 +136,7 @@ def explain(differences: list[dict[str, Any]], deps: dict[str, dict[str, Any] | 
         out.extend(inferred)
     if analysis is not None and analysis.cause and not covered:
         out.append({"setting": None, "mechanism": mech_an or analysis.cause,
-                    "confidence": round(0.5 * float(analysis.confidence), 3),
+                    "confidence": round(TERMS.analysis_only_share * float(analysis.confidence), 3),
                     "for": [f"the target's own analysis: {analysis.summary}"],
                     "against": ["no recorded configuration difference acts through this mechanism"], "decided_by": []})
     out.sort(key=lambda e: -e["confidence"])
@@ -124,18 +157,18 @@ def _departure_terms(score: float, first: dict[str, Any] | None, deps: dict[str,
              f"vs proxy {_fmt(dep.get('proxy'))}, gap {_fmt(dep.get('delta'))} vs band "
              f"{_fmt(dep.get('threshold'))})")
     if base == sigs[0]:
-        score += 0.35
+        score += TERMS.first_primary
         pro.append(f"{where}: the signal {mech} predicts")
         decided.append(f"first departing series {first['signal']}")
     elif base in sigs:
-        score += 0.2
+        score += TERMS.first_predicted
         pro.append(f"{where}: one of the signals {mech} predicts")
     else:
-        score -= 0.15
+        score -= TERMS.first_other
         con.append(f"{where}; {mech} predicts {', '.join(sigs)} first")
     also = [s for s in sigs if s != base and deps.get(s)]
     if also:
-        score += 0.1
+        score += TERMS.also_departs
         pro.append("also departs: " + ", ".join(f"{s} at step {deps[s]['step']}" for s in also))  # type: ignore[index]
     return score, pro, con, decided
 
@@ -145,10 +178,10 @@ def _lr_terms(score: float, key: str, lr_ev: dict[str, Any] | None) -> tuple[flo
     if lr_ev is None or key not in ("peak_lr", "warmup_steps"):
         return score, [], [], []
     if lr_ev["decides"] == key:
-        return score + 0.35, [lr_ev["why"]], [], [
+        return score + TERMS.lr_decides, [lr_ev["why"]], [], [
             "the lr ratio at the departure: " + ("schedule shape" if key == "warmup_steps" else "peak ratio")]
     if lr_ev["decides"] in ("peak_lr", "warmup_steps"):
-        return score - 0.25, [], [lr_ev["why"]], []
+        return score - TERMS.lr_other, [], [lr_ev["why"]], []
     if lr_ev["decides"] == "ambiguous":
         return score, [], [f"{lr_ev['why']}; what would separate them: {lr_ev['separate']}"], []
     return score, [], [], []
@@ -166,18 +199,19 @@ def _explain_difference(d: dict[str, Any], differences: list[dict[str, Any]], de
     pro, con, decided = pro + lr_pro, con + lr_con, decided + lr_decided
     derived = _derived_from(d, differences)
     if derived:
-        score -= 0.3
+        score -= TERMS.derived
         con.append(f"follows from the {derived} difference" + (
             "" if derived == "warmup_steps" else " (warm-up steps unchanged)"))
         d.setdefault("derived_from", derived)
     links = bool(mech_an and d["setting"] in ANALYSIS_LINKS.get(mech_an, ()))
     if links:
-        score += 0.15
+        score += TERMS.analysis_links
         pro.append(f"the target's own analysis, {analysis.summary}")
     if d.get("source") == "logs":
-        score -= 0.05
+        score -= TERMS.from_logs
         con.append("not in either configuration: read from the logged series")
-    return {"setting": d["setting"], "mechanism": mech, "confidence": round(min(0.98, max(0.02, score)), 3),
+    conf = round(min(CONFIDENCE_MAX, max(CONFIDENCE_MIN, score)), 3)
+    return {"setting": d["setting"], "mechanism": mech, "confidence": conf,
             "for": pro, "against": con, "decided_by": decided}, links
 
 
@@ -190,13 +224,13 @@ def _inferred(first: dict[str, Any], known: set[str], analysis: Any | None,
         if setting in known:
             continue
         mech, _sigs, prior = MECHANISMS[setting]
-        score = max(0.02, 0.6 * prior - 0.05 * i)
+        score = max(CONFIDENCE_MIN, TERMS.inferred_prior_share * prior - TERMS.inferred_rank_step * i)
         pro = [f"{first['signal']} departs first, at step {first['step']}: {mech} acts through it"]
         if mech_an and setting in ANALYSIS_LINKS.get(mech_an, ()):
-            score += 0.15
+            score += TERMS.analysis_links
             covered = True
             pro.append(f"the target's own analysis, {analysis.summary}")
-        out.append({"setting": setting, "mechanism": mech, "confidence": round(min(0.98, score), 3),
+        out.append({"setting": setting, "mechanism": mech, "confidence": round(min(CONFIDENCE_MAX, score), 3),
                     "for": pro,
                     "against": [f"neither configuration records {setting}: inferred from the departing series "
                                 "only; check the two runs' code or launch flags"],
@@ -231,7 +265,8 @@ def trial_for(top: dict[str, Any] | None, differences: list[dict[str, Any]], fir
         d = {"setting": top["setting"], "proxy": "the proxy's setting (not recorded)", "target": "an unrecorded value"}
     total = target_cfg.get("total_steps")
     dep = first["step"] if first else None
-    steps = dep + max(50, dep // 2) if dep is not None else min(total or 1000, 1000)
+    steps = dep + max(TRIAL_MARGIN_STEPS, dep // 2) if dep is not None else min(total or TRIAL_DEFAULT_STEPS,
+                                                                                 TRIAL_DEFAULT_STEPS)
     if total:
         steps = min(steps, int(total))
     sig = first["signal"] if first else "loss"

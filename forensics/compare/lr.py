@@ -7,11 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from forensics.compare.departure import tokens_per_step
+from forensics.compare.departure import SAME_REL, tokens_per_step
 from forensics.model import RunData
 
 LR_SHARE = 0.75
 """Share of log(lr ratio at the departure) one cause must carry to decide peak lr vs warm-up (our choice)."""
+MIN_LR_POINTS = 3
+"""Fewest logged lr points to read a schedule from the logs (else the configuration; our choice)."""
+PEAK_REACHED = 0.99
+"""The warm-up ends at the first logged lr at 99% of the peak (our choice: a ramp that approaches its peak
+asymptotically, or a printed rounding, still ends)."""
+SAME_LR = 1.05
+"""Two lrs within a factor 1.05 at the departure are equal there: neither peak nor warm-up acts (our choice)."""
 
 
 def lr_schedule_of(run: RunData, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -23,11 +30,11 @@ def lr_schedule_of(run: RunData, cfg: dict[str, Any]) -> dict[str, Any] | None:
         only), or ``None`` when neither records a lr.
     """
     s = run.series("lr")
-    if s is not None and len(s) >= 3 and np.isfinite(s.values).any():
+    if s is not None and len(s) >= MIN_LR_POINTS and np.isfinite(s.values).any():
         v = np.where(np.isfinite(s.values), s.values, np.nan)
         peak = float(np.nanmax(v))
         if peak > 0:
-            reach = int(np.flatnonzero(v >= 0.99 * peak)[0])
+            reach = int(np.flatnonzero(v >= PEAK_REACHED * peak)[0])
             ramp = v[0] < 0.5 * peak
             return {"peak_lr": peak, "warmup_steps": int(s.steps[reach] - s.steps[0] + 1) if ramp else 0,
                     "source": "logs", "steps": s.steps, "lr": v}
@@ -75,7 +82,7 @@ def lr_evidence(ps: dict[str, Any] | None, ts: dict[str, Any] | None,
              f"({lt:.3g} vs {lp:.3g}); peak lr ratio x{peak:.3g}, schedule shape x{shape:.3g}")
     sep = ("rerun the target with the proxy's warm-up and its own peak lr for a few hundred steps past the "
            "departure: a departure that goes away points at the warm-up, one that stays at the peak lr")
-    if abs(math.log(q)) < math.log(1.05):
+    if abs(math.log(q)) < math.log(SAME_LR):
         decides = "neither"
         why = where + ": the lrs were equal there, neither the peak nor the warm-up acts at that step"
     elif b / (a + b) >= LR_SHARE:
@@ -115,7 +122,7 @@ def log_differences(proxy: RunData, target: RunData, pc: dict[str, Any], tc: dic
     for key, (p, t) in vals.items():
         if key in recorded or pc.get(key) is not None or tc.get(key) is not None:
             continue
-        if p is None or t is None or math.isclose(float(p), float(t), rel_tol=0.01):
+        if p is None or t is None or math.isclose(float(p), float(t), rel_tol=SAME_REL):
             continue
         matters, why = why_matters(key, p, t, {}, {})
         unit = " (tokens per step: no seq_len recorded)" if key == "global_batch_size" and not (

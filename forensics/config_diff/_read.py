@@ -52,6 +52,11 @@ _MICRO_BATCH = ("micro_batch_size", "per_device_train_batch_size", "train_micro_
                 "batch_size", "train_batch_size")
 _DATA_PARALLEL = ("data_parallel_size", "dp_size", "world_size", "n_gpu", "num_processes")
 _WARMUP_FRACTION = ("warmup_ratio", "lr_warmup_fraction", "warmup_fraction")
+Z_LOSS_DEFAULT = 1e-4
+"""The z-loss coefficient a bare ``z_loss: true`` stands for: PaLM's 1e-4 * log^2 Z (Chowdhery et al. 2022,
+arXiv 2204.02311, section 5; docs/detectors.md#ol01)."""
+SAME_REL = 1e-9
+"""Two numeric settings equal up to this relative difference are the same (float printing; not a threshold)."""
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -183,7 +188,7 @@ def extract_config(run: RunData) -> dict[str, Any]:
     take("qk_layernorm", ALIASES["qk_layernorm"], _bool)
     take("mup", ALIASES["mup"], lambda v: _bool(v) if _bool(v) is not None else True)
     take("z_loss", ALIASES["z_loss"], lambda v: _num(v) if _num(v) is not None else (
-        (1e-4 if _bool(v) else 0.0) if _bool(v) is not None else None))
+        (Z_LOSS_DEFAULT if _bool(v) else 0.0) if _bool(v) is not None else None))
     take("precision", ALIASES["precision"], canonical_precision)
     if "precision" not in cfg:
         for flag in ("bf16", "fp16"):
@@ -232,7 +237,7 @@ def same(a: Any, b: Any) -> bool:
         return a is b or (a is not None and b is not None and bool(a) == bool(b) and type(a) is type(b))
     fa, fb = _num(a), _num(b)
     if fa is not None and fb is not None:
-        return math.isclose(fa, fb, rel_tol=1e-9, abs_tol=0.0)
+        return math.isclose(fa, fb, rel_tol=SAME_REL, abs_tol=0.0)
     if isinstance(a, str) and isinstance(b, str):
         return a.strip().lower() == b.strip().lower()
     return a == b

@@ -92,8 +92,12 @@ LOGIT_BAND = 2.0
 EARLY_SHARE = 10
 """The early window is the first 1/EARLY_SHARE of the logged points (at least :data:`EARLY_MIN` points)."""
 EARLY_MIN = 3
+"""Fewest points of the early window, however short the log (our choice: three points give a median one outlier
+cannot move)."""
 LOGIT_MIN_POINTS = 10
 """Fewest logged output-logit points for the log check."""
+NAMES_SHOWN = 4
+"""Setting names quoted in a "not recorded" message before "..." (display; our choice)."""
 
 
 def _check(what: str, status: str, detail: str) -> dict[str, Any]:
@@ -163,7 +167,7 @@ def _output_mult_checks(pf: Mapping[str, Any], tf: Mapping[str, Any], mp: float 
     op, ot = _num(_first(pf, _OUTPUT_MULT)), _num(_first(tf, _OUTPUT_MULT))
     if not (op and ot and mp and mt):
         return [_check("output multiplier", "not_verifiable", "no output multiplier recorded in both configurations "
-                       f"({', '.join(_OUTPUT_MULT[:4])}, ...)")]
+                       f"({', '.join(_OUTPUT_MULT[:NAMES_SHOWN])}, ...)")]
     if math.isclose(ot / op, mp / mt, rel_tol=LR_TOL):
         return [_check("output multiplier", "ok", f"x{ot / op:.4g} = 1 / width multiplier ratio (an effective "
                        "multiplier)")]

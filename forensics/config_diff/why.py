@@ -14,11 +14,11 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from forensics.config_diff._read import _num, same
+from forensics.model_parts import FP16_MAX
 
 # ----------------------------------------------------------------------------------------------- rules
 
 W23 = "Wortsman et al. 2023, arXiv 2309.14322"
-_FP16_MAX = 65504.0
 
 
 NORM_EPS_FACTOR = 100.0
@@ -129,7 +129,7 @@ def _precision(c: Change) -> tuple[bool, str]:
     """Rule for ``precision``."""
     p, t = c.p, c.t
     if "fp16" in (p, t):
-        return True, (f"precision {p} -> {t}: fp16 overflows above {_FP16_MAX:.0f}, so growing attention or output "
+        return True, (f"precision {p} -> {t}: fp16 overflows above {FP16_MAX:.0f}, so growing attention or output "
                       "logits become inf (activation overflow, loss-scale collapse); bf16 keeps fp32's range "
                       "(Micikevicius et al. 2018, arXiv 1710.03740)")
     return True, f"precision {p} -> {t}: fewer mantissa bits round small updates away (bf16 has 8)"

@@ -6,6 +6,7 @@ and ``detect(run) -> list[Finding]``.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -26,6 +27,8 @@ class Detector(ABC):
             makes all of them mandatory). Events-only detectors set ``requires = ()``.
         uses_facts: ``missing`` and ``detect`` take the run's :class:`forensics.facts.RunFacts` as a second
             argument (computed once by the runner; ``None`` makes the detector compute them).
+        needs: What a detector with its own ``missing`` looks for, in words (``forensics detectors`` prints it,
+            :meth:`requirement`); empty: the first line of its ``missing`` docstring is printed instead.
     """
 
     code: ClassVar[str]
@@ -33,6 +36,7 @@ class Detector(ABC):
     requires: ClassVar[tuple[str, ...]] = ()
     requires_all: ClassVar[bool] = False
     uses_facts: ClassVar[bool] = False
+    needs: ClassVar[str] = ""
 
     def missing(self, run: RunData, facts: object = None) -> str | None:
         """Why this detector cannot run on ``run`` (a skip reason), or ``None`` when it can."""
@@ -48,6 +52,26 @@ class Detector(ABC):
     def defaults(self) -> dict[str, object]:
         """Every threshold of this detector: its typed fields (``forensics detectors`` prints them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def requirement(self) -> str:
+        """What this detector needs to run, in words (``forensics detectors`` prints it).
+
+        The declared ``requires`` metrics when there are any, else ``needs``, else the first line of the
+        detector's own ``missing`` docstring, else that it runs on every run.
+        """
+        if self.requires:
+            if len(self.requires) == 1:
+                return self.requires[0]
+            return ("all of " if self.requires_all else "one of ") + ", ".join(self.requires)
+        if self.needs:
+            return self.needs
+        if type(self).missing is not Detector.missing:
+            doc = (inspect.getdoc(type(self).missing) or "").split("\n\n")[0].replace("\n", " ").replace("``", "")
+            doc = doc.rstrip(".")
+            if doc.startswith("Skip reason when "):
+                return "skipped when " + doc.removeprefix("Skip reason when ")
+            return doc.removeprefix("Needs ") or "(see its missing())"
+        return "nothing: runs on every run"
 
     @abstractmethod
     def detect(self, run: RunData) -> list[Finding]:

@@ -34,6 +34,10 @@ from forensics.stats import sustained_rise
 
 _DEVICE_WORDS = ("ecc", "xid", "cuda error", "nccl", "uncorrectable", "device-side", "illegal memory",
                  "segmentation fault", "bus error", "hardware")
+MESSAGE_CHARS = 160
+"""Characters of the device error line quoted in the message (display; our choice)."""
+EVIDENCE_CHARS = 300
+"""Characters of the device error line kept in the evidence (display; our choice)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class HardwareSignature(Detector):
 
     code = "HW01"
     name = "hardware.signature"
+    needs = "nothing: reads error events, grad_norm, throughput or step_time where logged"
     min_repeats: int = 5
     min_shift: float = 0.03
     min_digits: int = 6
@@ -50,6 +55,13 @@ class HardwareSignature(Detector):
     slow_baseline_frac: float = 0.3
     slow_min_points: int = 20
     loss_margin_steps: int = 50
+    slow_median_points: int = 20
+    device_confidence: float = 0.85
+    device_after_departure_confidence: float = 0.5
+    collective_confidence: float = 0.65
+    collective_zero_loss_confidence: float = 0.8
+    slow_confidence: float = 0.7
+    slow_one_device_confidence: float = 0.35
 
     def detect(self, run: RunData) -> list[Finding]:
         """Findings for each signature present."""
@@ -78,9 +90,11 @@ class HardwareSignature(Detector):
         against = tuple(f"loss departed earlier at step {d.onset_step}" for d in prior[:1])
         return [self.finding(
             cause=Cause.HARDWARE_OR_DISTRIBUTED, mechanism=Mechanism.DEVICE_FAULT, step=onset,
-            segment=int(first["segment"]), confidence=0.5 if against else 0.85, severity=Severity.CRITICAL,
-            message=f"device error after step {last_logged}: {str(first['message'])[:160]}",
-            evidence={"error": str(first["message"])[:300], "source": first["source"], "errors": len(hits),
+            segment=int(first["segment"]),
+            confidence=self.device_after_departure_confidence if against else self.device_confidence,
+            severity=Severity.CRITICAL,
+            message=f"device error after step {last_logged}: {str(first['message'])[:MESSAGE_CHARS]}",
+            evidence={"error": str(first["message"])[:EVIDENCE_CHARS], "source": first["source"], "errors": len(hits),
                       "last_logged_step": last_logged, "metrics_healthy_before": not prior},
             against=against,
         )]
@@ -113,7 +127,9 @@ class HardwareSignature(Detector):
                 zero_loss = bool(k.size and loss.values[k[0]] == 0.0)
             return [self.finding(
                 cause=Cause.HARDWARE_OR_DISTRIBUTED, mechanism=Mechanism.COLLECTIVE_BUG, step=step,
-                segment=segment_at(g, step), confidence=0.8 if zero_loss else 0.65, severity=Severity.CRITICAL,
+                segment=segment_at(g, step),
+                confidence=self.collective_zero_loss_confidence if zero_loss else self.collective_confidence,
+                severity=Severity.CRITICAL,
                 message=f"grad norm is exactly {txt} on {int(np.sum(v[i:] == w[0]))} logged steps from step {step}"
                 + (" with loss 0.0" if zero_loss else "")
                 + ": a constant produced by the reduction, not by training.",
@@ -136,15 +152,15 @@ class HardwareSignature(Detector):
             if loss_bad:
                 continue
             i = d.onset_index
-            before = float(np.nanmedian(s.values[max(0, i - 20):i]))
-            after = float(np.nanmedian(s.values[i:i + 20]))
+            before = float(np.nanmedian(s.values[max(0, i - self.slow_median_points):i]))
+            after = float(np.nanmedian(s.values[i:i + self.slow_median_points]))
             world = stated_world_size(run)
             against: tuple[str, ...] = ()
-            conf = 0.7
+            conf = self.slow_confidence
             if world == 1:
                 # one device: no node to exclude; a slower step is as likely the host, the data loader or a
                 # neighbour job (NVRx straggler detection compares ranks: it needs more than one)
-                conf = 0.35
+                conf = self.slow_one_device_confidence
                 against = ("the run uses one device (world size 1): no other rank to compare with and no node to "
                            "exclude; a slower step is as likely the host, the data loader or another job",)
             return [self.finding(

@@ -32,20 +32,25 @@ class LossDivergence(Detector):
     min_rise: float = 0.05
     k_sigma: float = 5.0
     smooth: int = 9
+    min_points: int = 20
+    onset_rel_band: float = 0.001
+    min_tail_points: int = 5
+    min_tail_share: float = 0.05
+    confidence: float = 0.7
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding with the onset of the final rise."""
         s = run.series("loss")
-        if s is None or len(s) < 20:
+        if s is None or len(s) < self.min_points:
             return []
         v = s.values.copy()
         fin = np.isfinite(v)
-        if fin.sum() < 20:
+        if fin.sum() < self.min_points:
             return []
         sm = pl.Series(np.where(fin, v, np.nan)).fill_nan(None).rolling_median(
             self.smooth, min_samples=max(1, self.smooth // 2), center=True).to_numpy()
         ok = np.isfinite(sm)
-        if ok.sum() < 20:
+        if ok.sum() < self.min_points:
             return []
         resid = (v - sm)[fin & ok]
         noise = MAD_TO_SIGMA * float(np.nanmedian(np.abs(resid - np.nanmedian(resid)))) if resid.size else 0.0
@@ -61,15 +66,15 @@ class LossDivergence(Detector):
         if last_ok.size == 0 or tail[last_ok[-1]] <= band:
             return []
         # onset: the last time the smoothed loss was within [lo, lo + small] before rising for good
-        within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + max(noise, 1e-3 * abs(lo))))
+        within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + max(noise, self.onset_rel_band * abs(lo))))
         start = max(i_min + (int(within[-1]) + 1 if within.size else 0), i_raw + 1)
         start = min(start, len(s) - 1)
-        if len(s) - start < 5 or (len(s) - i_min) < 0.05 * len(s):
+        if len(s) - start < self.min_tail_points or (len(s) - i_min) < self.min_tail_share * len(s):
             return []
         step = int(s.steps[start])
         end = float(tail[last_ok[-1]])
         return [self.finding(
-            cause=None, mechanism=None, step=step, segment=segment_at(s, step), confidence=0.7,
+            cause=None, mechanism=None, step=step, segment=segment_at(s, step), confidence=self.confidence,
             severity=Severity.HIGH,
             message=f"loss rises from its minimum {fmt(lo)} (step {int(s.steps[i_min])}) to {fmt(end)} "
             f"and does not come back; the rise starts at step {step}.",

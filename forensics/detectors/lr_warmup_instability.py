@@ -22,7 +22,7 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.stats import mad_sigma
+from forensics.stats import TINY, mad_sigma
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,24 @@ class WarmupInstability(Detector):
     after_peak: float = 1.5
     min_spikes: int = 1
     noise_k: float = 6.0
+    min_loss_points: int = 10
+    min_lr_points: int = 5
+    min_ramp_points: int = 3
+    min_warmup_loss_points: int = 5
+    min_noise_points: int = 8
+    isolated_points: int = 3
+    blow_ups_checked: int = 3
+    confidence: float = 0.6
+    isolated_confidence: float = 0.35
+    blow_up_confidence: float = 0.65
+    max_listed: int = 20
 
     def _blow_up(self, run: RunData, loss, lr, lv: np.ndarray, i_peak: int, peak_step: int,  # noqa: ANN001
                  end: float) -> list[Finding]:
         """A loss departure during the warm-up that never recovers (the loss had no time to fall 25% first)."""
         from forensics.signals import departures
 
-        for d in departures(run, "loss", limit=3):
+        for d in departures(run, "loss", limit=self.blow_ups_checked):
             if d.onset_step > peak_step or d.onset_step > end or d.recovered_step is not None or d.nonfinite:
                 continue
             k = int(np.searchsorted(lr.steps, d.onset_step))
@@ -59,9 +70,10 @@ class WarmupInstability(Detector):
                     onset = int(loss.steps[j + 1])
             return [self.finding(
                 cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=onset,
-                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=0.65, severity=Severity.HIGH,
+                segment=int(loss.segments[min(d.index, len(loss) - 1)]), confidence=self.blow_up_confidence,
+                severity=Severity.HIGH,
                 message=f"the loss blows up to {fmt(d.value)} at step {d.step} and never recovers while the lr is "
-                f"still warming up ({100 * frac:.0f}% of its peak {fmt(float(lv[i_peak]))} at step {peak_step}): the "
+                f"still warming up ({frac:.0%} of its peak {fmt(float(lv[i_peak]))} at step {peak_step}): the "
                 "lr ramp reaches a step size the model cannot take.",
                 evidence={"blow_up_step": d.step, "onset_step": d.onset_step, "loss": d.value,
                           "trailing_median": d.baseline, "lr_fraction_of_peak": frac, "peak_lr": float(lv[i_peak]),
@@ -72,26 +84,26 @@ class WarmupInstability(Detector):
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding at the first warm-up spike, with all of them as evidence."""
         loss, lr = run.series("loss"), run.series("lr")
-        if loss is None or lr is None or len(loss) < 10 or len(lr) < 5:
+        if loss is None or lr is None or len(loss) < self.min_loss_points or len(lr) < self.min_lr_points:
             return []
         lv = np.where(np.isfinite(lr.values), lr.values, np.nan)
         if not np.isfinite(lv).any() or np.nanmax(lv) <= 0:
             return []
         i_peak = int(np.nanargmax(lv))
         peak_step = int(lr.steps[i_peak])
-        if i_peak < 3 or lv[0] >= 0.5 * lv[i_peak]:
+        if i_peak < self.min_ramp_points or lv[0] >= 0.5 * lv[i_peak]:
             return []  # no warm-up in this log (or it starts mid-run)
         end = lr.steps[0] + self.after_peak * (peak_step - lr.steps[0])
         sel = np.flatnonzero((loss.steps <= end) & np.isfinite(loss.values))
-        if sel.size < 5:
+        if sel.size < self.min_warmup_loss_points:
             return []
         v, st = loss.values[sel], loss.steps[sel]
         run_min = np.minimum.accumulate(v)
         fallen = run_min <= v[0] * (1 - self.min_fall)
         # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
-        lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], 1e-12, None))
+        lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], TINY, None))
         dl = np.diff(lg)
-        noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= 8 else 0.0
+        noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= self.min_noise_points else 0.0
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
         with np.errstate(all="ignore"):  # every point against the running minimum before it, whole column
             spikes = (np.flatnonzero(fallen[:-1] & (np.log(v[1:] / run_min[:-1]) >= thr)) + 1).tolist()
@@ -99,7 +111,7 @@ class WarmupInstability(Detector):
             return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0 = spikes[0]
         # one point that returns at once is noise, not an lr too high for the model
-        nxt = v[i0 + 1:i0 + 4]
+        nxt = v[i0 + 1:i0 + 1 + self.isolated_points]
         half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
         # (after the peak only: during the ramp a spike is the lr's until shown otherwise)
         isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half)) and int(st[i0]) > peak_step
@@ -111,7 +123,8 @@ class WarmupInstability(Detector):
         return [self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=int(st[i0]),
             segment=int(loss.segments[sel][i0]),
-            confidence=0.35 if isolated else 0.6, severity=Severity.LOW if isolated else Severity.MEDIUM,
+            confidence=self.isolated_confidence if isolated else self.confidence,
+            severity=Severity.LOW if isolated else Severity.MEDIUM,
             against=against,
             message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
             f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
@@ -120,7 +133,7 @@ class WarmupInstability(Detector):
                f"just after the lr reached its peak {fmt(float(lv[i_peak]))} at the end of the warm-up (step "
                f"{peak_step})")
             + (f"; {len(spikes)} such spikes" if len(spikes) > 1 else "") + ".",
-            evidence={"spike_steps": [int(st[i]) for i in spikes[:20]], "peak_lr": float(lv[i_peak]),
+            evidence={"spike_steps": [int(st[i]) for i in spikes[:self.max_listed]], "peak_lr": float(lv[i_peak]),
                       "peak_step": peak_step, "loss_at_spike": float(v[i0]),
                       "running_min_before": float(run_min[i0 - 1]), "recovered_step": recovered},
         )]

@@ -26,6 +26,7 @@ class NotesAttempts(Detector):
 
     code = "NT01"
     name = "notes.attempts"
+    needs = "notes (markdown or text) in the run folder"
 
     def missing(self, run: RunData) -> str | None:
         """Needs notes (markdown/text) in the run folder."""

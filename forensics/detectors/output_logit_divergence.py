@@ -19,8 +19,11 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.model_parts import is_output_head_metric
+from forensics.model_parts import OUTPUT_HEADS, is_output_head_metric
 from forensics.stats import sustained_rise
+
+_LOGIT_SERIES = ("output_logit_max", "log_z")
+"""The logit statistics OL01 reads (canonical metric names; docs/detectors.md#ol01)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class OutputLogitDivergence(Detector):
 
     code = "OL01"
     name = "output.logit_divergence"
+    needs = (f"one of {', '.join(_LOGIT_SERIES)}, or the norm of an output layer (module "
+             f"{', '.join(sorted(OUTPUT_HEADS))}; not a grad norm)")
     k_sigma: float = 4.0
     min_rel_logits: float = 0.25
     min_rel_head_norm: float = 0.02
@@ -38,7 +43,7 @@ class OutputLogitDivergence(Detector):
     confidence: float = 0.75
 
     def _candidates(self, run: RunData) -> list[str]:
-        out = [m for m in ("output_logit_max", "log_z") if run.has(m)]
+        out = [m for m in _LOGIT_SERIES if run.has(m)]
         out += [m for m in run.metric_names if is_output_head_metric(m) and "grad" not in m.lower()]
         return out
 

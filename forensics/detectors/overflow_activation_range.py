@@ -32,7 +32,13 @@ class ActivationOverflow(Detector):
     code = "OV02"
     name = "overflow.activation_range"
     uses_facts = True
+    needs = (f"an activation-magnitude series (a name with {', '.join(_ACT_WORDS)}); in an fp16 run also "
+             "attn_logit_max, output_logit_max or the loss")
     near_fraction: float = 0.9
+    over_fp16_confidence: float = 0.9
+    over_confidence: float = 0.7
+    near_confidence: float = 0.55
+    loss_only_confidence: float = 0.55
 
     def _fp16_nonfinite_loss(self, run: RunData) -> list[Finding]:
         """An fp16 run whose loss turns non-finite with no activation series: an overflow, moderately sure."""
@@ -46,7 +52,7 @@ class ActivationOverflow(Detector):
         return [self.finding(
             cause=Cause.OVERFLOW, mechanism=Mechanism.ACTIVATION_OVERFLOW, step=step,
             segment=int(loss.segments[bad[0]]),
-            confidence=0.55, severity=Severity.HIGH,
+            confidence=self.loss_only_confidence, severity=Severity.HIGH,
             message=f"the loss of this fp16 run turns non-finite at step {step}; with no activation or loss-scale "
             "series logged, an fp16 overflow is the most likely reading (log absmax/loss scale to confirm).",
             evidence={"first_nonfinite_step": step, "fp16_known": True, "activation_series": False},
@@ -91,13 +97,15 @@ class ActivationOverflow(Detector):
         step, m, s, i, near_step = best
         over_step = step if (not np.isfinite(s.values[i]) or s.values[i] > FP16_MAX) else None
         module = m.split("/", 1)[1] if "/" in m else m
-        conf = 0.9 if (fp16 and over_step is not None) else 0.7 if over_step is not None else 0.55
+        conf = (self.over_fp16_confidence if (fp16 and over_step is not None) else self.over_confidence
+                if over_step is not None else self.near_confidence)
+        near = f"within {1 - self.near_fraction:.0%} of"
         return [self.finding(
             cause=Cause.OVERFLOW, mechanism=Mechanism.ACTIVATION_OVERFLOW, step=step, segment=segment_at(s, step),
             confidence=conf, severity=Severity.CRITICAL,
             message=f"{m} reaches {fmt(float(s.values[i]))} at step {step}, "
-            + ("beyond" if over_step is not None else "within 10% of") + " the fp16 limit of 65504"
-            + (f"; it had been within 10% of the limit since step {near_step}"
+            + ("beyond" if over_step is not None else near) + " the fp16 limit of 65504"
+            + (f"; it had been {near} the limit since step {near_step}"
                if near_step is not None and near_step < step else "") + ".",
             evidence={"metric": m, "module": module, "value_at_onset": float(s.values[i]), "fp16_max": FP16_MAX,
                       "first_over_step": over_step, "first_near_limit_step": near_step,

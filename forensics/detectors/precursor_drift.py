@@ -26,6 +26,15 @@ from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.stats import mad_sigma, sustained_rise
 
 _PRECURSORS = ("update_ratio", "grad_norm", "param_norm", "attn_logit_max", "output_logit_max")
+HINGE_MIN_POINTS = 10
+"""Fewest positive points for the broken-stick fit (our choice: a line and a knee need some support each)."""
+HINGE_MIN_CANDIDATES = 3
+"""Fewest candidate knees before the detection step (our choice)."""
+HINGE_CANDIDATES = 400
+"""Most candidate knees tried, evenly spaced (budget by design, docs/detectors.md#budget: one least-squares
+fit per candidate; 400 places the knee to within 1/400 of the window, our choice)."""
+HINGE_MIN_BASELINE = 5
+"""Fewest points of the pre-knee Theil-Sen trend (our choice)."""
 
 
 def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | None:
@@ -47,11 +56,11 @@ def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | N
     ok = np.isfinite(values) & (values > 0)
     x, y = np.asarray(steps, float)[ok], np.log(np.asarray(values, float)[ok])
     cands = np.flatnonzero(x <= detected)
-    if x.size < 10 or cands.size < 3:
+    if x.size < HINGE_MIN_POINTS or cands.size < HINGE_MIN_CANDIDATES:
         return None
     cands = cands[: max(0, cands.size - 1)]
-    if cands.size > 400:
-        cands = cands[np.linspace(0, cands.size - 1, 400).astype(int)]
+    if cands.size > HINGE_CANDIDATES:
+        cands = cands[np.linspace(0, cands.size - 1, HINGE_CANDIDATES).astype(int)]
     best_t, best_sse = None, np.inf
     base = np.column_stack([np.ones_like(x), x - x[0]])
     for i in cands:
@@ -67,7 +76,7 @@ def hinge_onset(steps: np.ndarray, values: np.ndarray, detected: int) -> int | N
     # from the knee on, the first point after which every point up to the detection is above the noise
     from scipy.stats import theilslopes
 
-    half = max(5, int(np.searchsorted(x, best_t)))
+    half = max(HINGE_MIN_BASELINE, int(np.searchsorted(x, best_t)))
     fit = theilslopes(y[:half], x[:half])
     resid = y - (fit.intercept + fit.slope * x)
     sigma = mad_sigma(resid[:half])
@@ -89,6 +98,12 @@ class PrecursorDrift(Detector):
     lookback: int = 2000
     min_rise: float = 0.10
     min_growth: float = 1.5
+    min_points: int = 24
+    baseline_frac: float = 0.5
+    k_sigma: float = 5.0
+    min_run: int = 5
+    hold_frac: float = 0.9
+    confidence: float = 0.6
 
     def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """At most one finding: the earliest precursor ramp before the failure."""
@@ -101,10 +116,11 @@ class PrecursorDrift(Detector):
             if s is None:
                 continue
             sel = np.flatnonzero(s.steps < fail)[-self.lookback:]
-            if sel.size < 24:
+            if sel.size < self.min_points:
                 continue
-            d = sustained_rise(s.steps[sel], s.values[sel], log=True, baseline_frac=0.5, k_sigma=5.0,
-                               min_rel=self.min_rise, min_run=5, hold_frac=0.9)
+            d = sustained_rise(s.steps[sel], s.values[sel], log=True, baseline_frac=self.baseline_frac,
+                               k_sigma=self.k_sigma, min_rel=self.min_rise, min_run=self.min_run,
+                               hold_frac=self.hold_frac)
             if d is None or d.slope_after <= 0 or d.growth < self.min_growth:
                 continue
             knee = hinge_onset(s.steps[sel], s.values[sel], d.onset_step)
@@ -116,7 +132,7 @@ class PrecursorDrift(Detector):
         step, m, d, s = best
         return [self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=step, segment=segment_at(s, step),
-            confidence=0.6, severity=Severity.HIGH,
+            confidence=self.confidence, severity=Severity.HIGH,
             message=f"{m} ramps up from step {step} (trend {fmt(d.baseline)}, x{d.growth:.3g} by the failure at "
             f"step {fail}): the failure has a precursor.",
             evidence={"metric": m, "onset_step": step, "failure_step": fail, "trend_at_onset": d.baseline,

@@ -33,6 +33,11 @@ LR_TOLERANCE = "1%"
 """The resumed lr matches the schedule within this (lrs are logged with 4+ significant digits)."""
 FALLBACK_LENGTH = 100
 """Trial window judged when no trial states its length."""
+HIGH_PERCENTILE = 95
+"""The baseline's 95th percentile is stated beside its median and sigma (our choice: with :data:`LOW_PERCENTILE`
+the usual two-sided 90% range, a band that assumes no normal law)."""
+LOW_PERCENTILE = 5
+"""The baseline's 5th percentile (see :data:`HIGH_PERCENTILE`)."""
 CAUSAL_SERIES = {
     Cause.HARDWARE_OR_DISTRIBUTED: ("loss", "grad_norm", "throughput", "step_time"),
     Cause.LR_SCHEDULE_RESET: ("loss", "grad_norm", "lr"),
@@ -69,8 +74,8 @@ def pre_onset_stats(run: RunData, onset: int, window: int = STATS_WINDOW) -> dic
             med = float(np.median(v))
             out[f"{m}_median"] = med
             out[f"{m}_sigma"] = float(MAD_TO_SIGMA * np.median(np.abs(v - med)))
-            out[f"{m}_p95"] = float(np.percentile(v, 95))
-            out[f"{m}_p05"] = float(np.percentile(v, 5))
+            out[f"{m}_p95"] = float(np.percentile(v, HIGH_PERCENTILE))
+            out[f"{m}_p05"] = float(np.percentile(v, LOW_PERCENTILE))
     lr = run.series("lr")
     if lr is not None and len(lr):
         v = lr.values[np.isfinite(lr.values)]

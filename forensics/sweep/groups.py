@@ -14,6 +14,8 @@ from forensics.sweep.runs import lr_sensitivity
 STABLE_MARGIN = 0.05
 """A stable run's final loss is within this share of (L0 - best loss) of the best loss (our choice)."""
 _DERIVED = {"peak_lr", "warmup_tokens"}
+SAME_LR_REL = 1e-6
+"""Two runs' lrs within this relative difference are the same grid value (float printing; not a threshold)."""
 
 
 def group_summary(key: dict[str, Any], runs: list[dict[str, Any]], common: list[float] | None = None
@@ -26,7 +28,7 @@ def group_summary(key: dict[str, Any], runs: list[dict[str, Any]], common: list[
     sens = lr_sensitivity(lrs, losses, l0) if math.isfinite(l0) else float("nan")
     sens_common = None
     if common and math.isfinite(l0):
-        keep = [i for i, lr in enumerate(lrs) if any(math.isclose(lr, c, rel_tol=1e-6) for c in common)]
+        keep = [i for i, lr in enumerate(lrs) if any(math.isclose(lr, c, rel_tol=SAME_LR_REL) for c in common)]
         if keep:
             sens_common = lr_sensitivity([lrs[i] for i in keep], [losses[i] for i in keep], l0)
     ok = [(r["lr"], r["final_loss"]) for r in runs if r["final_loss"] is not None and not r["diverged"]]
@@ -64,13 +66,14 @@ def nesting(rows: list[dict[str, Any]], keys: list[str], value: Any) -> list[str
     """The varying settings ordered by the folder depth at which they first split the runs."""
     def depth(k: str) -> int:
         parts = [PurePosixPath(r["run"]).parts for r in rows]
-        for i in range(max(len(p) for p in parts)):
+        deepest = max(len(p) for p in parts)
+        for i in range(deepest):
             seen: dict[tuple[str, ...], set[str]] = {}
             for r, p in zip(rows, parts, strict=True):
                 seen.setdefault(tuple(p[:i + 1]), set()).add(repr(value(r, k)))
             if all(len(v) == 1 for v in seen.values()):
                 return i
-        return 99
+        return deepest  # splits the runs at no folder level: after every setting that does
     return sorted(keys, key=lambda k: (depth(k), keys.index(k)))
 
 

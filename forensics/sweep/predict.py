@@ -11,13 +11,18 @@ from forensics.sweep.runs import TREND_SIGNALS
 
 WEAK_SEPARATION = 0.1
 """Below this gap (nats) between stable and unstable runs' log max, a signal threshold is called weak (our choice)."""
+MIN_SIZES = 3
+"""Fewest measured sizes (points of a line) that leave a residual to estimate the fit's error from (a line through
+two points fits them exactly; standard least squares: n - 2 degrees of freedom)."""
+FAR_EXTRAPOLATION = 4
+"""A target more than 4x the largest measured size gets a note that the power law is assumed (our choice)."""
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     """Least-squares line y = a + b x with the residual standard error (None with two points)."""
     b, a = np.polyfit(x, y, 1)
     se = None
-    if x.size >= 3:
+    if x.size >= MIN_SIZES:
         res = y - (a + b * x)
         se = float(math.sqrt(float(np.sum(res ** 2)) / (x.size - 2)))
     return {"a": float(a), "b": float(b), "se": se}
@@ -46,7 +51,7 @@ def predict_stable_lr(members: list[dict[str, Any]], size_key: str, target: floa
     sizes = np.array([float(g["key"][size_key]) for g in members])
     grid = sorted(set.intersection(*(set(g["lrs"]) for g in members)))
     notes: list[str] = []
-    few = sizes.size < 3
+    few = sizes.size < MIN_SIZES
     if few:
         notes.append(f"{sizes.size} sizes: each fit is a line through {sizes.size} points, with no error estimate; "
                      "the prediction is given +- one lr grid step; add a third size to estimate its uncertainty")
@@ -78,7 +83,7 @@ def predict_stable_lr(members: list[dict[str, Any]], size_key: str, target: floa
         out["interval"] = _direct_interval(grid, d)
     if out["predicted_largest_stable_lr"] is None:
         notes.append("no prediction: no signal separates stable from unstable runs and some size has no stable lr")
-    elif target > sizes.max() * 4:
+    elif target > sizes.max() * FAR_EXTRAPOLATION:
         notes.append(f"extrapolating {target / sizes.max():.3g}x beyond the largest measured size: the power law "
                      "is an assumption, not a measurement")
     return out
@@ -132,8 +137,8 @@ def _separating_signal(members: list[dict[str, Any]], sizes: np.ndarray,
                     continue
                 stable = r["lr"] in g["stable_lrs"]
                 pts.append((s, r["lr"], math.log(v), stable))
-        st = [p[2] for p in pts if p[3]]
-        un = [p[2] for p in pts if not p[3]]
+        st = [logmax for _s, _lr, logmax, stable in pts if stable]
+        un = [logmax for _s, _lr, logmax, stable in pts if not stable]
         if not st or not un or max(st) >= min(un):
             continue
         gap = min(un) - max(st)

@@ -12,6 +12,9 @@ from forensics.sweep.runs import TREND_SIGNALS
 
 SIZE_KEYS = ("d_model", "n_layers")
 """The size settings a family of groups may differ in (width, depth)."""
+PARAMS_PER_LAYER = 12
+"""Parameters per layer in units of d_model^2: attention 4 d^2 + MLP 8 d^2 (Kaplan et al. 2020, arXiv 2001.08361,
+table 1)."""
 
 
 def params_to_size(target_params: float, size_key: str, fixed: dict[str, Any], vocab: int | None) -> float | None:
@@ -26,12 +29,12 @@ def params_to_size(target_params: float, size_key: str, fixed: dict[str, Any], v
         layers = float(fixed.get("n_layers") or 0)
         if layers <= 0:
             return None
-        a, b, c = 12 * layers, 2 * v, -float(target_params)
-        return float((-b + math.sqrt(b * b - 4 * a * c)) / (2 * a))
+        a = PARAMS_PER_LAYER * layers  # the positive root of a d^2 + 2 V d - N = 0
+        return float((-v + math.sqrt(v * v + a * float(target_params))) / a)
     d = float(fixed.get("d_model") or 0)
     if d <= 0:
         return None
-    return float((target_params - 2 * v * d) / (12 * d * d))
+    return float((target_params - 2 * v * d) / (PARAMS_PER_LAYER * d * d))
 
 
 
