@@ -65,7 +65,7 @@ def wall(argv: list[str], repeat: int = 1) -> tuple[float, float]:
     recompile this project's modules (~0.1 s) but not tbparse's, installed with their bytecode.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an installed package (pip compiles it; tbparse's is)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an installed package (see the docstring)
     best, cpu = float("inf"), float("inf")
     for _ in range(repeat):
         r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
