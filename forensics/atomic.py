@@ -14,6 +14,22 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+_DEFAULT_MODE = 0o666
+"""The mode ``open()`` creates files with before the umask (reports are meant to be shared)."""
+
+
+def _read_umask() -> int:
+    """The process umask, read once at import, before any worker thread exists.
+
+    POSIX reads it only by setting and restoring it; doing that later would race with threads creating files.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
 
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
@@ -29,6 +45,7 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, _DEFAULT_MODE & ~_UMASK)  # mkstemp makes 0600; an output gets what open() would give
         os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ from forensics.cli_common import (
     EXIT_INCONCLUSIVE,
     EXIT_OK,
     FORMATS,
+    warn_unmatched,
 )
 from forensics.cli_common import emit as _emit
 from forensics.cli_common import errors as _errors
@@ -74,6 +75,7 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
 
         with following(True if follow_symlinks else None):
             run = load(run_dir, mapping)
+        warn_unmatched(run.meta.get("names") or {}, mapping)
         if strict and run.skipped:
             _fail(f"{run_dir}: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
                   f"{run.skipped[0].what}: {run.skipped[0].reason}",
@@ -125,6 +127,7 @@ def ingest(run_dir: Path, output: Path, metric_map: tuple[str, ...], explain: bo
         from forensics.api import load
 
         run = load(run_dir, mapping)
+        warn_unmatched(run.meta.get("names") or {}, mapping)
     with _errors(output):
         output.mkdir(parents=True, exist_ok=True)
         run.metrics.write_parquet(output / "metrics.parquet")

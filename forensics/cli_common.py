@@ -74,14 +74,30 @@ def shown(path: object) -> str:
 
 def metric_map(pairs: tuple[str, ...]) -> dict[str, str]:
     """``("loss=train/total",)`` -> ``{"loss": "train/total"}``; a malformed pair is a usage error."""
+    from forensics.schema import CANONICAL_METRICS  # noqa: PLC0415 - keeps the CLI's start-up light
+
     out: dict[str, str] = {}
     for p in pairs:
         name, sep, column = p.partition("=")
         if not sep or not name.strip() or not column.strip():
             raise click.BadParameter(f"{p!r}: expected NAME=COLUMN, e.g. loss=train/total_loss",
                                      param_hint="--metric")
+        if name.strip() not in CANONICAL_METRICS:
+            raise click.BadParameter(f"{p!r}: {name.strip()!r} is not a canonical metric; one of: "
+                                     + ", ".join(CANONICAL_METRICS), param_hint="--metric")
         out[name.strip()] = column.strip()
     return out
+
+
+def warn_unmatched(names: dict[str, object], mapping: dict[str, str]) -> None:
+    """On stderr, one warning per ``--metric NAME=COLUMN`` whose column no input holds (the mapping is ignored)."""
+    for canon, raw in mapping.items():
+        why = names.get(raw)
+        text = why.get("why", "") if isinstance(why, dict) else str(why or "")
+        if "no series named" in text:
+            click.echo(f"forensics: warning: --metric {canon}={raw}: no series named {raw!r} was found; "
+                       "the mapping was not applied (`forensics ingest RUN -o OUT --explain` lists the names read)",
+                       err=True)
 
 
 def format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:

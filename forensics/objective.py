@@ -228,6 +228,12 @@ COUNTER_MIN_ROWS = 3
 after its first value)."""
 
 
+PER_INTERVAL_TAGS = ("number of skipped iterations", "number of nan iterations")
+"""Counters that a writer resets after every log line, so they are never running totals (a real trap: Megatron-LM's
+``training_log`` prints the skipped and NaN iterations of the last ``--log-interval`` iterations and then zeroes
+them; a constant 1 on every line is one skip per interval, not one skip in all)."""
+
+
 def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
     """A running total logged under a per-step counter's name becomes the per-step count, with why.
 
@@ -235,10 +241,11 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
     go down and rise at least once over at least 3 rows (DeepSpeed's ``skipped=K``, a script's
     ``skipped: 6``); its per-step value is the difference from the previous row (the first row keeps its
     value). Readers that already convert (``parsers.lines.deepspeed``) log per-step counts, which go down,
-    so they are left alone.
+    so they are left alone, and so are the counters Megatron resets per log interval (:data:`PER_INTERVAL_TAGS`).
     """
     for name in COUNTERS:
-        df = metrics.filter(pl.col("metric") == name)
+        per_interval = pl.col("tag").cast(pl.Utf8).str.to_lowercase().is_in(PER_INTERVAL_TAGS)
+        df = metrics.filter((pl.col("metric") == name) & ~per_interval)
         if df.height < COUNTER_MIN_ROWS:
             continue
         v = df.get_column("value")

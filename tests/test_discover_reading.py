@@ -121,6 +121,18 @@ def test_running_total_counter_becomes_per_step(tmp_path):
     assert "running total" in run.meta["names"]["skipped"]["why"]
 
 
+def test_megatron_skipped_iterations_are_per_log_interval(tmp_path):
+    """Megatron resets ``number of skipped iterations`` after every line: 1 on each of 31 lines is 31 skips."""
+    lines = [f" iteration {i:8d}/ 100 | lm loss: {2 - i / 100:.6E} | loss scale: {2.0 ** (16 - max(0, i - 69)):.1f} "
+             f"| number of skipped iterations: {1 if i >= 70 else 0:3d} | number of nan iterations:   0 |"
+             for i in range(1, 101)]
+    (tmp_path / "stdout.log").write_text("\n".join(lines) + "\n")
+    run = load(tmp_path)
+    s = run.series("skipped_step")
+    assert s is not None and s.values.sum() == 31, s.values
+    assert "running total" not in str(run.meta["names"].get("number of skipped iterations", ""))
+
+
 def test_forensics_toml_is_read_under_the_file_policy(tmp_path):
     """A forensics.toml that is a link into /proc (endless, or the environment) is an input error, never read."""
     import os
@@ -136,3 +148,4 @@ def test_forensics_toml_is_read_under_the_file_policy(tmp_path):
     (run / "forensics.toml").unlink()
     os.mkfifo(run / "forensics.toml")  # a FIFO is not a settings file: passed over, never opened
     assert find(run).path is None
+

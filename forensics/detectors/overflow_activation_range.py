@@ -49,12 +49,14 @@ class ActivationOverflow(Detector):
         if not bad.size:
             return []
         step = int(loss.steps[bad[0]])
+        missing = "activation series" + ("" if run.has("loss_scale") else " or loss scale")
+        confirm = "absmax" + ("" if run.has("loss_scale") else "/loss scale")
         return [self.finding(
             cause=Cause.OVERFLOW, mechanism=Mechanism.ACTIVATION_OVERFLOW, step=step,
             segment=int(loss.segments[bad[0]]),
             confidence=self.loss_only_confidence, severity=Severity.HIGH,
-            message=f"the loss of this fp16 run turns non-finite at step {step}; with no activation or loss-scale "
-            "series logged, an fp16 overflow is the most likely reading (log absmax/loss scale to confirm).",
+            message=f"the loss of this fp16 run turns non-finite at step {step}; with no {missing} logged, an fp16 "
+            f"overflow is the most likely reading (log {confirm} to confirm).",
             evidence={"first_nonfinite_step": step, "fp16_known": True, "activation_series": False},
         )]
 

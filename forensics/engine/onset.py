@@ -41,16 +41,27 @@ def onset(ev: Evidence, cause: str, fallback: int | None) -> int | None:
 
 
 def _scaler_steps(run: RunData, before: int) -> list[int]:
-    """Steps of fp16 skips (``skipped_step`` > 0) and loss-scale back-offs before ``before``, latest first."""
+    """Steps of fp16 skips before ``before``, latest first.
+
+    The skipped steps are read from what names them directly: ``skipped_step`` > 0 and non-finite grad norms
+    (an overflowing step's unscaled gradients are inf or NaN). Only when neither shows a skip are they read
+    from the loss-scale back-offs, at the step that logs the smaller scale: Megatron-LM, DeepSpeed ("Grad
+    overflow on iteration N ... Reducing dynamic loss scale") and a ``GradScaler.get_scale()`` logged after
+    ``update()`` all report the halving at the step that overflowed (a scale logged before ``update()`` shows
+    it one step later, which the direct signals above correct when they are logged).
+    """
     steps: list[int] = []
     sk = run.series("skipped_step")
     if sk is not None and len(sk):
         steps += sk.steps[np.nan_to_num(sk.values, nan=0.0) > 0].tolist()
+    gn = run.series("grad_norm")
+    if gn is not None and len(gn):
+        steps += gn.steps[~np.isfinite(gn.values)].tolist()
     ls = run.series("loss_scale")
-    if ls is not None and len(ls) > 1:
+    if not steps and ls is not None and len(ls) > 1:
         v = ls.values
         down = np.flatnonzero((v[1:] < v[:-1]) & np.isfinite(v[1:]) & np.isfinite(v[:-1]))
-        steps += ls.steps[down].tolist()  # the step before the smaller scale was the skipped one
+        steps += ls.steps[down + 1].tolist()
     return sorted({int(x) for x in steps if x < before}, reverse=True)
 
 
