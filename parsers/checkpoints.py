@@ -313,8 +313,8 @@ def read_checkpoints(run_dir: str | Path, run_name: str) -> tuple[pl.DataFrame, 
     units = find_checkpoints(root)
     skipped: list[Skip] = []
     if not units:
-        return (pl.from_arrow(TENSORS_SCHEMA.empty_table()), pl.from_arrow(UPDATES_SCHEMA.empty_table()),  # type: ignore[return-value]
-                [], skipped)
+        empty = (pl.from_arrow(pa.Table.from_batches([], s)) for s in (TENSORS_SCHEMA, UPDATES_SCHEMA))  # (no pandas)
+        return (*empty, [], skipped)  # type: ignore[return-value]
     for u in units:
         _load_unit(root, u, skipped)
     units = [u for u in units if u.tensors or u.info["problems"] or u.info["format"] != "none"]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -221,9 +222,18 @@ def _checked(t: pa.Table, schema: pa.Schema) -> pa.Table:
 def _with_run(t: pa.Table, schema: pa.Schema, run: str, offset: int) -> pa.Table:
     """An events table with ``run`` set and ``offset`` added to its local segments (Arrow)."""
     t = _checked(t, schema)
-    t = t.set_column(0, schema.field("run"), pa.repeat(pa.scalar(run, pa.string()), t.num_rows))
-    seg = pc.add(t.column("segment").cast(pa.int64()), offset).cast(pa.int32())
+    t = t.set_column(0, schema.field("run"), pa.repeat(_scalar(run), t.num_rows))
+    seg = pc.add(t.column("segment").cast(pa.int64()), _scalar(offset)).cast(pa.int32())
     return t.set_column(t.schema.get_field_index("segment"), schema.field("segment"), seg)
+
+
+def _scalar(value: str | int) -> pa.Scalar:
+    """``value`` as an Arrow string or int64 scalar without ``pa.scalar`` (its conversion imports pandas, ~0.2 s)."""
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        offsets = pa.py_buffer(np.array([0, len(data)], np.int32))
+        return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])[0]
+    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(np.array([value], np.int64))])[0]
 
 
 def _restart_event(run: str, rel: str, segment: int, last: int, first: int) -> pa.Table:

@@ -19,10 +19,15 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.model import ParseResult
 from parsers.walk import natural
+
+_SEG0 = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(np.zeros(1, np.int32))])[0]
+"""Local segment 0 as an Arrow scalar (``pc.equal(seg, 0)`` converts the 0 with ``pa.scalar``, which imports pandas)."""
 
 
 def bounds(pr: ParseResult) -> dict[str, Any]:
@@ -33,8 +38,8 @@ def bounds(pr: ParseResult) -> dict[str, Any]:
     seg = t.column("segment")
     n_local = pc.max(seg).as_py() + 1
     step = t.column("step")
-    first = step.filter(pc.equal(seg, 0))  # the step column only: a whole-table filter copies every column
-    last = step if n_local == 1 else step.filter(pc.equal(seg, n_local - 1))
+    first = step.filter(pc.equal(seg, _SEG0))  # the step column only: a whole-table filter copies every column
+    last = step if n_local == 1 else step.filter(pc.equal(seg, pc.max(seg)))
     walls = pc.min_max(t.column("wall_time")).as_py()
     first_wall, last_wall = (w if w is not None and math.isfinite(w) else None for w in walls.values())
     return {"rows": t.num_rows, "segments": n_local, "first_wall": first_wall, "last_wall": last_wall,

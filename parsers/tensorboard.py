@@ -160,20 +160,20 @@ def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
     """Decode one window: scalar Events vectorised into ``st.fast``, the rest by the general decoder, in order."""
     buf, base, good = win.buf, win.base, np.flatnonzero(win.ok)
     at, length = win.at[good], win.length[good]
-    fast = _tb_fast.scalar_events(buf, at + 12, at + 12 + length)
+    fast, tags = _tb_fast.scalar_events(buf, at + 12, at + 12 + length)
     rec = base + at[fast["index"]]
     generic = np.ones(len(at), bool)
     generic[fast["index"]] = False
     bad = np.flatnonzero(~win.ok)
     others = sorted([(int(base + win.at[k]), int(win.length[k]), True) for k in bad.tolist()]
                     + [(int(base + at[k]), int(length[k]), False) for k in np.flatnonzero(generic).tolist()])
-    ids = _tag_ids(buf, fast["tag_at"], fast["tag_len"], st)
+    ids = np.array([st.tag_id(t.decode("utf-8", "replace")) for t in tags], np.int32)[fast["tag"]]
     # the general decoder reads plugin names as they stand at its record: replay fast rows' metadata in order
     meta_rec, meta_ids = rec[fast["plugin"]], ids[fast["plugin"]]
     done = 0
     for pos, n, crc_bad in [*others, (None, 0, False)]:
         upto = len(meta_rec) if pos is None else int(np.searchsorted(meta_rec, pos))
-        for ti in np.unique(meta_ids[done:upto]).tolist():
+        for ti in np.flatnonzero(np.bincount(meta_ids[done:upto])).tolist():  # (np.unique imports numpy.ma)
             st.plugin[st.tags[ti]] = "scalars"
         done = upto
         if pos is not None and crc_bad:
@@ -188,17 +188,6 @@ def _window(win: _tfrecord.Window, st: State, skipped: list[Skip]) -> None:
     st.fast.append((rec, ids, fast["step"], fast["value"], fast["wall"], kind, fast["plugin"], enc[kind]))
 
 
-def _tag_ids(buf: np.ndarray, tag_at: np.ndarray, tag_len: np.ndarray, st: State) -> np.ndarray:
-    """Tag id (``st.tag_id``) of every fast row, interned once per distinct tag."""
-    if not len(tag_at):
-        return np.empty(0, np.int32)
-    groups = _tb_fast.tag_groups(buf, tag_at, tag_len)
-    first, codes = groups if groups is not None else (np.arange(len(tag_at)), np.arange(len(tag_at)))
-    names = [bytes(buf[a:a + n]).decode("utf-8", "replace")
-             for a, n in zip(tag_at[first].tolist(), tag_len[first].tolist(), strict=True)]
-    return np.array([st.tag_id(t) for t in names], np.int32)[codes]
-
-
 def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[tuple[int, int]],
               ) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     """Local segment of every row (rows in file order) and the restart events.
@@ -209,12 +198,10 @@ def _segments(rec: np.ndarray, tag: np.ndarray, step: np.ndarray, starts: list[t
     """
     n = len(step)
     order = np.argsort(tag.astype(np.int16) if tag.max(initial=0) < 1 << 15 else tag, kind="stable")  # int16: radix
-    prev = np.full(n, -1, np.int64)
-    same = tag[order[1:]] == tag[order[:-1]]
-    prev[order[1:][same]] = order[:-1][same]
-    cand = np.nonzero((prev >= 0) & (step < step[np.maximum(prev, 0)]))[0]
+    ts, ss = tag[order], step[order]  # rows of each tag together, in file order
+    k = np.flatnonzero((ts[1:] == ts[:-1]) & (ss[1:] < ss[:-1])) + 1  # a step below the tag's previous one
     marks = sorted([(int(np.searchsorted(rec, r, "right")), 0, s) for r, s in starts]
-                   + [(int(r), 1, int(prev[r])) for r in cand])
+                   + [(int(r), 1, int(p)) for r, p in zip(order[k].tolist(), order[k - 1].tolist(), strict=True)])
     bounds, events = [0], []
     for row, what, x in marks:
         if what == 0 and row > bounds[-1]:

@@ -643,3 +643,56 @@ def test_large_written_file_is_read_in_bounded_memory(real_run, tmp_path, decode
     assert rows == tb.read(_main_file(real_run), real_run).metrics.num_rows and skips == 1
     assert "zero-filled tail" in " ".join(out[2:-1])
     assert peak < 400 << 20, f"peak RSS {peak >> 20} MiB for a {p.stat().st_size >> 20} MiB file"
+
+
+def test_many_tags_of_one_length_and_mixed_layouts(tmp_path, monkeypatch) -> None:
+    """600 per-layer tags of one length, in three layouts, steps of 1-3 varint bytes: both walks agree.
+
+    The vectorised walk reads them by layout (one hashed round for all tags of a length): every
+    scalar event is decoded there, none is left to the general decoder.
+    """
+    payloads = []
+    for step in (1, 200, 70000):
+        for k in range(600):
+            tag = f"layer_{k:03d}/grad_norm"
+            val = (dict(simple=k * 0.5) if k % 3 == 0 else
+                   dict(tensor=_vi(1, 1) + _ld(2, b"") + _ld(5, struct.pack("<f", k)), plugin="scalars")
+                   if k % 3 == 1 else dict(tensor=_vi(1, 2) + _ld(6, struct.pack("<d", k / 7))))
+            payloads.append(_event(step, _value(tag, **val)))
+    path = _write(tmp_path / "events.out.tfevents.many", payloads)
+    a, b = _both(path, tmp_path, monkeypatch)
+    _same(a, b, "many tags")
+    assert a.metrics.num_rows == 1800 and a.metrics.column("tag").to_pylist()[601] == "layer_001/grad_norm"
+    calls = []
+    generic = tb.State.generic
+    monkeypatch.setattr(tb.State, "generic", lambda self, p: (calls.append(p), generic(self, p)))
+    monkeypatch.setattr(tb, "FAST_MIN_BYTES", 0)
+    tb.read(path, tmp_path)
+    assert len(calls) == 1  # the file_version record only
+    monkeypatch.setattr(tb.State, "generic", generic)
+    monkeypatch.setattr(tb._tb_fast, "MAX_LAYOUTS", 2)  # too many layouts for a round: one per round, then general
+    _same(*_both(path, tmp_path, monkeypatch), "many tags, few layouts a round")
+
+
+def test_ingest_of_a_tensorboard_run_imports_no_pandas(tmp_path, decoder) -> None:
+    """``forensics ingest`` of a TensorBoard run never imports pandas (~0.2 s of start-up in every process).
+
+    ``pa.scalar``, ``pc.equal(column, 0)`` and ``Schema.empty_table()`` import it through pyarrow.
+    """
+    import subprocess
+    import sys
+
+    if decoder == "python":
+        pytest.skip("the subprocess reads with the default walk (windows for a file this size)")
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    _write(run / "events.out.tfevents.1.host", [_event(s, _value("loss", simple=1 / (s + 1))) for s in range(12000)])
+    assert (run / "events.out.tfevents.1.host").stat().st_size >= tb.FAST_MIN_BYTES  # the vectorised walk
+    code = ("import sys; from forensics.cli import main\n"
+            "sys.argv = ['forensics', 'ingest', sys.argv[1], '-o', sys.argv[2]]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('pandas' in sys.modules, 'numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "out")], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(root)}, cwd=root).stdout.split()
+    assert out[-2:] == ["False", "False"], out
+    assert (tmp_path / "out" / "metrics.parquet").exists()
