@@ -242,11 +242,15 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
     go down and rise at least once over at least 3 rows (DeepSpeed's ``skipped=K``, a script's
     ``skipped: 6``); its per-step value is the difference from the previous row (the first row keeps its
     value). Readers that already convert (``parsers.lines.deepspeed``) log per-step counts, which go down,
-    so they are left alone, and so are the counters Megatron resets per log interval (:data:`PER_INTERVAL_TAGS`).
+    so they are left alone, and so are the counters Megatron resets per log interval (:data:`PER_INTERVAL_TAGS`)
+    and a series logged under the canonical per-step name itself (``skipped_step``: a reader's converted count,
+    or a writer's 0/1 per step, which reads 1, 1, 1, ... when every step is skipped).
     """
     for name in COUNTERS:
-        per_interval = pl.col("tag").cast(pl.Utf8).str.to_lowercase().is_in(PER_INTERVAL_TAGS)
-        df = metrics.filter(pl.col("metric") == name).filter(~per_interval)  # the tags cast on this counter's rows only
+        tag = pl.col("tag").cast(pl.Utf8).str.to_lowercase()
+        named_per_step = tag.is_in(PER_INTERVAL_TAGS) | (tag == name)  # a reader's converted count, a 0/1 flag
+        rows = metrics.filter(pl.col("metric") == name)  # the tags cast on this counter's rows only
+        df, kept = rows.filter(~named_per_step), rows.filter(named_per_step)
         if df.height < COUNTER_MIN_ROWS:
             continue
         v = df.get_column("value")
@@ -258,7 +262,7 @@ def per_step_counters(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFr
         if d.len() == 0 or bool((d < 0).any()) or not bool((d > 0).any()):
             continue
         per_step = g.with_columns(pl.col("_d").fill_null(pl.col("value")).alias("value")).drop("_i", "_d")
-        metrics = pl.concat([metrics.filter(pl.col("metric") != name), per_step.select(metrics.columns)],
+        metrics = pl.concat([metrics.filter(pl.col("metric") != name), kept, per_step.select(metrics.columns)],
                             how="vertical_relaxed")
         for t in sorted(set(df.get_column("tag").to_list())):
             names[t] = {"metric": name, "why": f"{t!r} is a running total (it never goes down): read as the "

@@ -188,11 +188,11 @@ class LossScaleCollapse(Detector):
         """Steps (int64, for ``np.isin``) of back-offs that are the scaler's calibration at the start of a segment.
 
         A dynamic scaler starts high (2**16 in torch/Megatron, 2**32 in DeepSpeed's default power) and halves
-        on each overflowing step until the gradients fit: a run of back-offs from the first logged scale of a
-        segment, each within ``burst_gap_intervals`` (3) logging intervals of the previous one, before the scale
-        has ever held or grown, is calibration (docs/detectors.md#ov01: "ignore the calibration burst"), whatever
-        its length. Whole columns: the back-offs of each segment in log order, the first that ends the run found
-        with one reduction per segment.
+        on each overflowing step until the gradients fit: a run of back-offs from the first logged step of a
+        segment (any series), each within ``burst_gap_intervals`` (3) logging intervals of the previous one,
+        before the scale has ever held or grown, is calibration (docs/detectors.md#ov01: "ignore the calibration
+        burst"), whatever its length. Whole columns: the back-offs of each segment in log order, the first that
+        ends the run found with one reduction per segment.
         """
         st, sv, sg = backoffs
         if not st.size:
@@ -202,13 +202,11 @@ class LossScaleCollapse(Detector):
         head = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])  # first back-off of each segment
         sc_st, sc_v = scales
         interval = max(1, int(np.median(np.diff(sc_st)))) if sc_st.size > 2 else 1
-        start = st[head].copy()  # a segment with no logged scale starts at its first back-off
-        s = run.series("loss_scale")
-        if s is not None and len(s):
-            segs, first = np.unique(s.segments.astype(np.int64), return_index=True)
-            at = np.minimum(np.searchsorted(segs, sg[head]), segs.size - 1)
-            known = segs[at] == sg[head]
-            start[known] = s.steps[first][at[known]]
+        # a segment starts at its first logged step of ANY series: DeepSpeed prints the scale only when it
+        # changes, so the loss-scale series of a late collapse begins at the collapse, which is no start-up
+        starts = run.segment_starts()
+        start = np.array([min(int(b), starts.get(int(g), int(b))) for b, g in zip(st[head], sg[head], strict=True)],
+                         dtype=st.dtype)
         # the run of a segment ends at the first back-off too far from the previous one, or after the scale held
         lo = np.searchsorted(sc_st, st[:-1], side="right")
         hi = np.searchsorted(sc_st, st[1:], side="left")

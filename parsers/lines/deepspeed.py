@@ -81,7 +81,9 @@ def _step_line(s: re.Match, state: dict, ts: float | None) -> LineRecord:
     state["ds_skipped"] = skipped
     delta = skipped - prev if skipped >= prev else skipped
     lrs = [to_num(x) for x in s.group(3).split(",") if x.strip()]
-    out = [metric("skipped", float(delta), "skipped_step")]
+    # named for what it now holds, the per-step count (forensics.objective.per_step_counters leaves such a series
+    # alone: every step skipped gives 1, 1, 1, ..., which must not be read as a running total a second time)
+    out = [metric("skipped_step", float(delta), "skipped_step")]
     if lrs and lrs[0] is not None:
         out.insert(0, metric("lr", lrs[0]))
     return LineRecord("deepspeed", step=step, metrics=out, wall_time=ts)
