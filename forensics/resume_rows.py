@@ -224,3 +224,58 @@ def update_scale_jump(run: RunData, lr: pl.DataFrame, s0: int, seg: int, restart
         level = float(np.median(np.log(nb)) - np.median(np.log(na)))
     return {"factor": round(float(np.exp(level)), 3), "z": round(level / sig, 1), "relogged": relogged,
             "noise_log": round(sig, 4)}
+
+
+LR_KEY_SPAN = 2**40
+"""Steps (from the first) are below this: a row's key is ``segment x LR_KEY_SPAN + step`` (int64, no overflow up
+to 8M virtual segments)."""
+
+
+class LrIndex:
+    """The lr rows of :func:`rows` (sorted by virtual segment, step) for RS01's per-resume lookups.
+
+    One build per run; each lookup is a binary search, so a run with thousands of resumes costs segments x
+    log(rows) rather than a filter and a sort of every earlier row per resume.
+    """
+
+    def __init__(self, lr: pl.DataFrame) -> None:
+        """Index ``lr`` (columns ``segment``, ``step``, ``value``; empty allowed)."""
+        seg = lr.get_column("segment").to_numpy().astype(np.int64) if lr.height else np.zeros(0, np.int64)
+        st = lr.get_column("step").to_numpy().astype(np.int64) if lr.height else np.zeros(0, np.int64)
+        self.base = int(st.min()) if st.size else 0
+        key = seg * LR_KEY_SPAN + (st - self.base)
+        order = np.argsort(key, kind="stable")  # already sorted by rows(); stable keeps read order of ties
+        self.key = key[order]
+        self.values = (lr.get_column("value").to_numpy().astype(np.float64)[order] if lr.height
+                       else np.zeros(0, np.float64))
+        self.segments = np.unique(seg)
+
+    def first(self, seg: int) -> tuple[int, float] | None:
+        """(step, lr) of the first row of virtual segment ``seg``, or None when it logged no lr."""
+        i = int(np.searchsorted(self.key, seg * LR_KEY_SPAN, side="left"))
+        if i >= self.key.size or self.key[i] // LR_KEY_SPAN != seg:
+            return None
+        return int(self.key[i] % LR_KEY_SPAN) + self.base, float(self.values[i])
+
+    def before(self, seg: int, step: int) -> tuple[float, bool] | None:
+        """The lr the earlier segments logged at ``step`` (exact: True), else their last lr before it (False).
+
+        Among earlier segments that logged the step, the latest wins; else the largest earlier step, the latest
+        segment on a tie. None when no earlier segment logged an lr at or before ``step``.
+        """
+        ks = self.segments[self.segments < seg]
+        if ks.size == 0:
+            return None
+        q = ks * LR_KEY_SPAN + (step - self.base)
+        j = np.searchsorted(self.key, q, side="right") - 1
+        same = (j >= 0) & (self.key[np.maximum(j, 0)] == q)
+        if same.any():
+            return float(self.values[j[np.flatnonzero(same)[-1]]]), True
+        j = np.searchsorted(self.key, q, side="left") - 1
+        ok = (j >= 0) & (self.key[np.maximum(j, 0)] // LR_KEY_SPAN == ks)
+        if not ok.any():
+            return None
+        cand = j[ok]
+        steps = self.key[cand] % LR_KEY_SPAN
+        best = np.flatnonzero(steps == steps.max())[-1]
+        return float(self.values[cand[best]]), False

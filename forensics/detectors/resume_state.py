@@ -40,6 +40,7 @@ Source: docs/detectors.md#rs01 (the thresholds, where each comes from, the publi
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,10 +48,21 @@ import polars as pl
 
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.resume_rows import VSEG, ResumeWindows, metric_jump, restarts_of, sigma_log, update_scale_jump
+from forensics.resume_rows import (
+    VSEG,
+    LrIndex,
+    ResumeWindows,
+    metric_jump,
+    restarts_of,
+    sigma_log,
+    update_scale_jump,
+)
 from forensics.resume_rows import rows as _rows
 from forensics.signals import SPIKE_Z
 
+_LR_INDEX = threading.local()
+"""Per thread: the last lr frame RS01 indexed and its index (keyed by identity; the service's worker threads
+each keep their own)."""
 LR_FLOOR = 1e-30
 """Floor of the lr a relative lr change is divided by: guards an lr of zero, far below any real lr (ours)."""
 PERCENT = 100
@@ -146,23 +158,23 @@ class ResumeState(Detector, ResumeWindows):
     def _lr_continuous(self, lr: pl.DataFrame, a_rows: pl.DataFrame, s0: int, seg: int) -> bool | None:
         if lr.height == 0:
             return None
-        cur = lr.filter(pl.col("segment") == seg).sort("step")
-        prev = lr.filter(pl.col("segment") < seg).sort("step")
-        if cur.height == 0 or prev.height == 0:
+        index = self._lr_index(lr)
+        first = index.first(seg)
+        if first is None:
             return None
-        obs = float(cur.get_column("value")[0])
-        st0 = int(cur.get_column("step")[0])
-        same = prev.filter(pl.col("step") == st0)
-        if same.height:
-            exp = float(same.get_column("value")[-1])
-        else:
-            before = prev.filter(pl.col("step") < st0).tail(2)
-            if before.height == 0:
-                return None
-            exp = float(before.get_column("value")[-1])
-            tol = max(self.lr_tol, self.lr_tol_unrelogged)
-            return abs(obs - exp) <= tol * max(abs(exp), LR_FLOOR)
-        return abs(obs - exp) <= self.lr_tol * max(abs(exp), LR_FLOOR)
+        st0, obs = first
+        found = index.before(seg, st0)
+        if found is None:
+            return None
+        exp, exact = found
+        tol = self.lr_tol if exact else max(self.lr_tol, self.lr_tol_unrelogged)
+        return abs(obs - exp) <= tol * max(abs(exp), LR_FLOOR)
+
+    def _lr_index(self, lr: pl.DataFrame) -> LrIndex:
+        """The run's :class:`LrIndex`, built once per ``lr`` frame (RS01 asks per resume, twice)."""
+        if getattr(_LR_INDEX, "frame", None) is not lr:
+            _LR_INDEX.frame, _LR_INDEX.index = lr, LrIndex(lr)
+        return _LR_INDEX.index
 
     def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
                lr: pl.DataFrame, restarts: list[tuple[int, int]]) -> Finding | None:
