@@ -8,6 +8,15 @@ from dataclasses import dataclass
 from forensics.facts import RunFacts
 from forensics.model import RunData, Trial
 
+LR_DIGITS = 7
+"""Significant digits of an lr in a trial's settings: a float32 holds about 7.2 decimal digits, so a logged lr of
+1.5e-4 read back as 0.0001500000071 is shown as 0.00015; no trainer sets an lr finer."""
+
+
+def lr_digits(lr: float) -> float:
+    """``lr`` rounded to :data:`LR_DIGITS` significant digits (paste-ready, no float32 noise)."""
+    return float(f"{lr:.{LR_DIGITS}g}")
+
 CLIP_NORM = 1.0
 """Global-norm clipping threshold proposed (OPT-175B logbook; Wortsman et al. 2023 defaults)."""
 CLIP_BITES = 5.0
@@ -63,7 +72,7 @@ class PlanContext:
     def lr_trial(self, factor: float, change: str) -> Trial:
         """An arm at ``factor`` x the peak lr with the re-warm-up and the clipping of this plan."""
         return Trial(f"lr x{factor:g}", change, self.length,
-                     {"peak_lr_factor": factor, "peak_lr": self.peak_lr and self.peak_lr * factor,
+                     {"peak_lr_factor": factor, "peak_lr": self.peak_lr and lr_digits(self.peak_lr * factor),
                       "warmup_steps": self.rewarm, "clip_grad_norm": self.clip})
 
 
