@@ -57,6 +57,25 @@ def html_text(text: str) -> str:
     return text if _plain(text) else _visible(text, keep_newline=True)
 
 
+def html_code_spans(text: object) -> object:
+    """HTML for a sentence whose `backticked` spans are commands or names: escaped, the spans as ``<code>``.
+
+    The planner and the criteria write commands in backticks (Markdown's code span); the HTML page shows them
+    as code instead of literal backticks. Everything else is escaped as autoescape would (bidi and invisible
+    characters made visible first, :func:`html_text`).
+    """
+    from markupsafe import Markup, escape
+
+    if not isinstance(text, str) or isinstance(text, Markup) or "`" not in text:
+        return text
+    safe = str(escape(html_text(text)))
+    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", safe))
+
+
+_CODE_SPAN = re.compile(r"`([^`<>]+)`")
+"""A Markdown code span (after escaping, so no tag can be inside)."""
+
+
 def terminal(text: str) -> str:
     r"""Text safe to print on a terminal: no escape sequence, no carriage return, one line per newline given.
 
