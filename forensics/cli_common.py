@@ -91,13 +91,12 @@ def metric_map(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def warn_unmatched(names: dict[str, object], mapping: dict[str, str]) -> None:
     """On stderr, one warning per ``--metric NAME=COLUMN`` whose column no input holds (the mapping is ignored)."""
-    for canon, raw in mapping.items():
-        why = names.get(raw)
-        text = why.get("why", "") if isinstance(why, dict) else str(why or "")
-        if "no series named" in text:
-            click.echo(f"forensics: warning: --metric {canon}={raw}: no series named {raw!r} was found; "
-                       "the mapping was not applied (`forensics ingest RUN -o OUT --explain` lists the names read)",
-                       err=True)
+    from forensics.objective import unmatched_mappings  # noqa: PLC0415 - keeps the CLI's start-up light
+
+    for canon, raw in unmatched_mappings(names, mapping):
+        click.echo(f"forensics: warning: --metric {canon}={raw}: no series named {raw!r} was found; "
+                   "the mapping was not applied (`forensics ingest RUN -o OUT --explain` lists the names read)",
+                   err=True)
 
 
 def format_and_output(fmt: str, output: Path | None) -> tuple[str, Path | None]:

@@ -54,6 +54,26 @@ def _constant_zero(df: pl.DataFrame) -> bool:
     return v.len() > 0 and bool((v == 0.0).all())
 
 
+UNMATCHED = "no series named"
+"""What :func:`apply_user_map` says of a mapping whose column no input holds (:func:`unmatched_mappings` reads it)."""
+
+
+def unmatched_mappings(names: dict[str, Any], mapping: dict[str, str]) -> list[tuple[str, str]]:
+    """The ``(canonical, column)`` pairs of ``mapping`` that :func:`apply_user_map` could not apply.
+
+    Args:
+        names: ``RunData.meta["names"]`` (raw name -> ``{"why": ...}`` or the why text).
+        mapping: The user's ``{canonical: column}``.
+    """
+    out = []
+    for canon, raw in mapping.items():
+        why = names.get(raw)
+        text = why.get("why", "") if isinstance(why, dict) else str(why or "")
+        if UNMATCHED in text:
+            out.append((canon, raw))
+    return out
+
+
 def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.DataFrame, dict[str, str]]:
     """Rename series as the user said: ``{canonical: raw tag or metric}`` (``--metric loss=COLUMN``).
 
@@ -64,7 +84,7 @@ def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.D
     for canon, raw in mapping.items():
         hit = (pl.col("tag") == raw) | (pl.col("metric") == raw)
         if metrics.filter(hit).height == 0:
-            why[raw] = f"user mapping {canon}={raw}: no series named {raw!r} was found"
+            why[raw] = f"user mapping {canon}={raw}: {UNMATCHED} {raw!r} was found"
             continue
         metrics = metrics.with_columns(
             pl.when(pl.col("metric") == canon).then(pl.col("tag")).otherwise(pl.col("metric")).alias("metric"))

@@ -40,7 +40,6 @@ Source: docs/detectors.md#rs01 (the thresholds, where each comes from, the publi
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,9 +59,6 @@ from forensics.resume_rows import (
 from forensics.resume_rows import rows as _rows
 from forensics.signals import SPIKE_Z
 
-_LR_INDEX = threading.local()
-"""Per thread: the last lr frame RS01 indexed and its index (keyed by identity; the service's worker threads
-each keep their own)."""
 LR_FLOOR = 1e-30
 """Floor of the lr a relative lr change is divided by: guards an lr of zero, far below any real lr (ours)."""
 PERCENT = 100
@@ -137,6 +133,7 @@ class ResumeState(Detector, ResumeWindows):
         if len(segs) < 2:
             return []
         lr = _rows(run, "lr", restarts)
+        lr_index = LrIndex(lr)  # one index per run: each resume's lr lookup is a binary search
         first = loss.filter(pl.col("segment") == segs[0])
         fv = first.get_column("value").to_numpy().astype(float)
         fv = fv[np.isfinite(fv)]
@@ -150,38 +147,35 @@ class ResumeState(Detector, ResumeWindows):
             if cur.height < self.head_points or prev.height < self.min_points_before:
                 continue
             s0 = int(cur.get_column("step")[0])
-            f = self._judge(run, prev, cur, s0, b, l_init, lr, restarts)
+            f = self._judge(run, prev, cur, s0, b, l_init, (lr, lr_index), restarts)
             if f is not None:
                 out.append(f)
         return out
 
-    def _lr_continuous(self, lr: pl.DataFrame, a_rows: pl.DataFrame, s0: int, seg: int) -> bool | None:
-        if lr.height == 0:
-            return None
-        index = self._lr_index(lr)
-        first = index.first(seg)
+    def _lr_continuous(self, lr_index: LrIndex, seg: int) -> bool | None:
+        """Whether the first lr of virtual segment ``seg`` continues the earlier segments' (None: no lr to say)."""
+        first = lr_index.first(seg)
         if first is None:
             return None
         st0, obs = first
-        found = index.before(seg, st0)
+        found = lr_index.before(seg, st0)
         if found is None:
             return None
         exp, exact = found
         tol = self.lr_tol if exact else max(self.lr_tol, self.lr_tol_unrelogged)
         return abs(obs - exp) <= tol * max(abs(exp), LR_FLOOR)
 
-    def _lr_index(self, lr: pl.DataFrame) -> LrIndex:
-        """The run's :class:`LrIndex`, built once per ``lr`` frame (RS01 asks per resume, twice)."""
-        if getattr(_LR_INDEX, "frame", None) is not lr:
-            _LR_INDEX.frame, _LR_INDEX.index = lr, LrIndex(lr)
-        return _LR_INDEX.index
-
     def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
-               lr: pl.DataFrame, restarts: list[tuple[int, int]]) -> Finding | None:
-        """The first signature that the resume at ``s0`` shows, in the order weights, gradients, data, loss."""
-        if self._lr_continuous(lr, prev, s0, seg) is False:
+               lrs: tuple[pl.DataFrame, LrIndex], restarts: list[tuple[int, int]]) -> Finding | None:
+        """The first signature that the resume at ``s0`` shows, in the order weights, gradients, data, loss.
+
+        ``lrs``: the lr rows and their :class:`LrIndex`.
+        """
+        lr, lr_index = lrs
+        continuous = self._lr_continuous(lr_index, seg)
+        if continuous is False:
             return None  # the lr changed at the resume: LR01 judges it, and it explains a loss change
-        c = self._context(prev, cur, s0, seg, l_init, lr)
+        c = self._context(prev, cur, s0, seg, l_init, continuous)
         if c is None:
             return None
         c.restarts = restarts
@@ -191,7 +185,7 @@ class ResumeState(Detector, ResumeWindows):
                 or self._batch_position(run, c) or self._data(c) or self._loss_jump(c))
 
     def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
-                 lr: pl.DataFrame) -> _Resume | None:
+                 lr_continuous: bool | None) -> _Resume | None:
         """Loss levels before and after the resume, its noise, and the comparison at re-logged steps."""
         pv = prev.filter(pl.col("step") < s0).get_column("value").to_numpy().astype(float)[-self.pre_points:]
         pv = pv[np.isfinite(pv)]
@@ -204,7 +198,7 @@ class ResumeState(Detector, ResumeWindows):
         jump = float(np.log(l_post / l_pre)) if l_pre > 0 and l_post > 0 else 0.0
         ev: dict[str, object] = {"resume_step": s0, "segment": seg // VSEG, "loss_before": l_pre, "loss_after": l_post,
                                  "initial_loss": l_init, "loss_noise_log": round(sig, 4),
-                                 "lr_continuous": self._lr_continuous(lr, prev, s0, seg)}
+                                 "lr_continuous": lr_continuous}
         # the re-logged steps: identical values say the state was restored
         overlap = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
         ratio = rms = None
