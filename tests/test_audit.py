@@ -339,8 +339,10 @@ def test_cli_audit_run_over_its_memory_budget_is_an_error_row(root: Path, tmp_pa
 
 
 def test_a_deep_sweep_path_gets_a_short_name_and_every_run_a_row(tmp_path: Path) -> None:
-    """A 3-level hparam-style run path of ~250 characters (each folder name legal) does not kill the audit with
-    "File name too long": its outputs get a shortened name plus a hash, and the short run beside it a row too."""
+    """A ~250-character, 3-level hparam-style run path does not kill the audit with "File name too long".
+
+    Its outputs get a shortened name plus a hash, and the short run beside it a row too.
+    """
     root = tmp_path / "root"
     deep = root / "sweep_transformer_d512_L12_H8" / ("lr=3e-4,wd=0.1,warmup=2000,beta2=0.95,clip=1.0,batch=512,"
                                                     "seq=2048,dropout=0.0,init=small,norm=rmsnorm") / (
@@ -354,8 +356,10 @@ def test_a_deep_sweep_path_gets_a_short_name_and_every_run_a_row(tmp_path: Path)
 
 
 def test_a_folder_no_parser_reads_gets_an_error_row(tmp_path: Path) -> None:
-    """A run whose only log no parser recognises (a NUL-filled or semicolon-separated export, say) is listed with an
-    error row, not left out of the audit without a word; a README beside runs is no run."""
+    """A run whose only log no parser recognises is listed with an error row, not left out without a word.
+
+    (A NUL-filled log, say; a README beside the runs is no run.)
+    """
     root = tmp_path / "root"
     good, bad = root / "good", root / "bad"
     good.mkdir(parents=True)
