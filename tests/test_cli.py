@@ -124,8 +124,10 @@ def test_python_dash_m_runs_the_cli() -> None:
 
 
 def test_json_error_contract_holds_for_usage_errors_compare_and_sweep(tmp_path) -> None:
-    """``-f json`` always prints one JSON error object: a bad option value (click's usage error), a missing
-    compare target, a missing sweep root; without ``-f json`` a usage error stays click's usage text.
+    """``-f json`` always prints one JSON error object, also for usage errors, compare and sweep.
+
+    A bad option value (click's usage error), a missing compare target, a missing sweep root; without
+    ``-f json`` a usage error stays click's usage text.
     """
     import json
     from pathlib import Path
