@@ -28,8 +28,9 @@ def test_notes_files_are_read(tmp_path: Path) -> None:
 
 
 def test_a_code_snapshot_readme_or_changelog_is_not_notes(tmp_path: Path) -> None:
-    """A README copied in with the code (top level or under ``code_snapshot/``), a changelog and ``docs/`` are not
-    read as the team's attempts, however many remedy words they hold.
+    """A README copied in with the code, a changelog and ``docs/`` are not read as the team's attempts.
+
+    (At the top level or under ``code_snapshot/``, however many remedy words they hold.)
     """
     run = _run(tmp_path / "b")
     for rel in ("README.md", "code_snapshot/README.md", "CHANGELOG.md", "docs/tuning.md", "src/notes.md"):
