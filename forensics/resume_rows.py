@@ -97,10 +97,17 @@ def raw_rows(run: RunData, metric: str, columns: tuple[str, ...] = ("segment", "
     return raw.select(columns)
 
 
+ORDER_SLICE = 1 << 20
+"""Rows compared at a time by :func:`_in_order` (our choice: its temporaries stay a few MB)."""
+
+
 def _in_order(seg: np.ndarray, st: np.ndarray) -> bool:
     """Whether rows are sorted by segment, then step (the stable sort would not move one)."""
-    ds = np.diff(seg)
-    return bool(np.all(ds >= 0)) and bool(np.all((ds > 0) | (np.diff(st) >= 0)))
+    for a in range(0, max(seg.size - 1, 0), ORDER_SLICE):
+        ds = np.diff(seg[a:a + ORDER_SLICE + 1])
+        if not (bool(np.all(ds >= 0)) and bool(np.all((ds > 0) | (np.diff(st[a:a + ORDER_SLICE + 1]) >= 0)))):
+            return False
+    return True
 
 
 def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
@@ -144,18 +151,19 @@ def rows(run: RunData, metric: str, restarts: list[tuple[int, int]] | None = Non
     raw = raw_rows(run, metric)
     if raw.height == 0:
         return raw
-    seg = raw.get_column("segment").to_numpy().astype(np.int64)
+    seg = raw.get_column("segment").to_numpy()
     st = raw.get_column("step").to_numpy()
-    vseg = seg * VSEG
+    small = (run.n_segments + 1) * VSEG < np.iinfo(np.int32).max  # one type per run: frames join on it
+    vseg = seg.astype(np.int32 if small else np.int64)  # in place from here
+    vseg *= VSEG
     if restarts:
         base = min(int(st.min()), min(r[1] for r in restarts))
         keys = np.sort(np.array([g * LR_KEY_SPAN + (r - base) for g, r in restarts], dtype=np.int64))
-        head = seg * LR_KEY_SPAN
-        vseg += np.searchsorted(keys, head + (st - base), side="right") - np.searchsorted(keys, head, side="left")
+        head = seg.astype(np.int64) * LR_KEY_SPAN
+        vseg += (np.searchsorted(keys, head + (st - base), side="right")
+                 - np.searchsorted(keys, head, side="left")).astype(vseg.dtype)
     del seg
-    small = (run.n_segments + 1) * VSEG < np.iinfo(np.int32).max  # one type per run: frames join on it
-    out = pl.DataFrame({"segment": vseg.astype(np.int32) if small else vseg, "step": st,
-                        "value": raw.get_column("value").to_numpy()})
+    out = pl.DataFrame({"segment": vseg, "step": st, "value": raw.get_column("value").to_numpy()})
     return _sorted(out)
 
 

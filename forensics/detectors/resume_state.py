@@ -53,6 +53,7 @@ from forensics.resume_rows import (
     ResumeRows,
     ResumeWindows,
     metric_jump,
+    raw_rows,
     restarts_of,
     sigma_log,
     update_scale_jump,
@@ -131,11 +132,13 @@ class ResumeState(Detector, ResumeWindows):
         earlier process is a prefix of the rows, the resumed one a slice.
         """
         rr = ResumeRows(run, restarts_of(run))
+        if raw_rows(run, "loss", ("segment",)).height < self.min_loss_points:
+            return []
+        lr_index = LrIndex(rr.get("lr")[0])  # one index per run: each resume's lr lookup is a binary search
+        rr.drop("lr")  # built again only if the update ratio needs it (memory: the loss rows come next)
         loss, idx = rr.get("loss")
         if loss.height < self.min_loss_points or idx.ids.size < 2:
             return []
-        lr_index = LrIndex(rr.get("lr")[0])  # one index per run: each resume's lr lookup is a binary search
-        rr.drop("lr")  # built again only if the update ratio needs it
         fv = loss.get_column("value").to_numpy()[idx.start[0]:idx.end[0]].astype(float)
         fv = fv[np.isfinite(fv)]
         if fv.size < self.initial_points:
