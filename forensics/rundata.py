@@ -135,11 +135,12 @@ def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
     a step logged in segment k but followed by a lower-numbered start step in a later segment is superseded.
     """
     if bool((np.diff(segs) >= 0).all()):  # segments in read order (one file, or files in time order)
-        order = np.argsort(steps, kind="stable")  # the rows of each step in read order: its last row wins
-        ordered = steps[order]
+        cand = _not_purged(steps, segs)  # the rows no later segment purges (the same rule as below, first)
+        order = np.argsort(steps[cand], kind="stable")  # the rows of each step in read order: its last row wins
+        ordered = steps[cand][order]
         last = np.ones(ordered.shape[0], dtype=bool)
         last[:-1] = ordered[1:] != ordered[:-1]
-        rows = order[last]
+        rows = cand[order[last]]
     else:
         frame = pl.DataFrame({"step": steps, "segment": segs}).with_row_index("_i")
         kept = frame.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
@@ -154,6 +155,23 @@ def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
         later_min[:-1] = np.minimum.accumulate(seg_min[::-1])[::-1][1:]
         rows = rows[k_steps < later_min[first]]
     return rows
+
+
+def _not_purged(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
+    """Row numbers whose step is below the first step of every later segment (``segs`` non-decreasing).
+
+    A later segment that starts at or before a row's step purges it (TensorBoard's rule), so the sort of
+    :func:`_effective` needs only these rows: a log of 1,000 restarts at step 0 keeps its last segment's rows.
+    """
+    heads = np.flatnonzero(np.r_[True, segs[1:] != segs[:-1]])
+    if heads.size < 2:
+        return np.arange(steps.shape[0])
+    first = np.minimum.reduceat(steps, heads)
+    later = np.full(heads.size, np.iinfo(np.int64).max)  # the lowest start of any later segment
+    later[:-1] = np.minimum.accumulate(first[::-1])[::-1][1:]
+    ends = np.r_[heads[1:], steps.shape[0]]
+    return np.concatenate([a + np.flatnonzero(steps[a:b] < lim)
+                           for a, b, lim in zip(heads.tolist(), ends.tolist(), later.tolist(), strict=True)])
 
 
 @dataclass
