@@ -14,7 +14,7 @@ Parser contract (every module listed below):
 
 from __future__ import annotations
 
-import forensics  # noqa: F401 - first: its allocator settings (freed memory returned) precede polars' import
+import forensics  # noqa: F401 - first: its allocator setting (Arrow's system pool) precedes any Arrow buffer
 
 PARSER_MODULES: tuple[str, ...] = (
     "parsers.tensorboard",   # events.out.tfevents.*
