@@ -85,20 +85,131 @@ def _one_value(col: pa.ChunkedArray) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _rows_of(metrics: pl.DataFrame) -> dict[str, Any]:
-    """Where each metric's rows are: ``{metric: [(offset, length), ...]}`` or ``{metric: row numbers}``."""
-    col = metrics.get_column("metric")
-    runs = col.rle()
-    if runs.len() <= MAX_SLICES * max(1, col.n_unique()):
-        lens = runs.struct.field("len").to_numpy().astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        out: dict[str, Any] = {}
-        for name, a, k in zip(runs.struct.field("value").to_list(), starts.tolist(), lens.tolist(), strict=True):
+@dataclass(frozen=True)
+class _Layout:
+    """Where each metric's rows lie in the frame, found once per run (:func:`_layout`).
+
+    ``slices``: ``{metric: [(offset, length), ...]}`` when every metric's rows lie in at most
+    :data:`MAX_SLICES` runs of rows (the text reader groups each block by metric); else ``None`` and the rows
+    are grouped metric after metric: ``span[metric] = (start, stop)`` in that grouping, whose ``i``-th row is
+    frame row ``order[i]``, or, when ``period`` is set (every record logs the same ``period`` metrics in the
+    same order: frame rows ``k, k + period, ...`` are metric ``k``), ``start // (n // period) + j * period``.
+    """
+
+    n: int
+    slices: dict[str, list[tuple[int, int]]] | None
+    span: dict[str, tuple[int, int]]
+    period: int
+    order: np.ndarray | None
+
+    def rows(self, metric: str) -> np.ndarray | None:
+        """Frame row numbers of ``metric`` in read order (``None``: absent); only when ``slices`` is ``None``."""
+        if metric not in self.span:
+            return None
+        a, b = self.span[metric]
+        if self.period:
+            k = a // (self.n // self.period)
+            return np.arange(k, self.n, self.period, dtype=np.int64)
+        return self.order[a:b]  # type: ignore[index]
+
+    def group(self, a: np.ndarray) -> np.ndarray:
+        """A frame column (shape (n,)) in the grouped order (metric after metric)."""
+        if self.period:
+            return np.ascontiguousarray(a.reshape(-1, self.period).T).reshape(-1)
+        return a[self.order]
+
+
+def _layout(metrics: pl.DataFrame) -> _Layout:
+    """Find every metric's rows in one pass over the ``metric`` codes (:class:`_Layout`), no per-metric scan.
+
+    Few runs of rows: slices. Every record the same metrics in the same order (a wide log): a period, so
+    grouping is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix
+    sort for fewer than 65,536 codes).
+    """
+    col = _categorical(metrics.get_column("metric"))
+    phys = col.to_physical()
+    if phys.null_count():
+        phys = phys.fill_null(np.iinfo(np.uint32).max)
+    codes = phys.to_numpy()
+    n = codes.shape[0]
+    top = int(codes.max())
+    runs = int(np.count_nonzero(codes[1:] != codes[:-1])) + 1
+    if runs <= MAX_SLICES * (top + 1):
+        starts = np.concatenate([[0], np.flatnonzero(codes[1:] != codes[:-1]) + 1])
+        lens = np.diff(np.append(starts, n))
+        names = col.gather(starts).cast(pl.String).to_list()
+        out: dict[str, list[tuple[int, int]]] = {}
+        for name, a, k in zip(names, starts.tolist(), lens.tolist(), strict=True):
             out.setdefault(name, []).append((a, k))
-        if max(len(v) for v in out.values()) <= MAX_SLICES:
-            return out
-    groups = metrics.select("metric").with_row_index("_i").group_by("metric").agg("_i")
-    return dict(zip(groups.get_column("metric").to_list(), groups.get_column("_i"), strict=True))
+        if runs <= MAX_SLICES * len(out) and max(len(v) for v in out.values()) <= MAX_SLICES:
+            return _Layout(n=n, slices=out, span={}, period=0, order=None)
+    period = _period(codes)
+    if period:
+        names = col.gather(np.arange(period)).cast(pl.String).to_list()
+        per = n // period
+        return _Layout(n=n, slices=None, span={m: (k * per, (k + 1) * per) for k, m in enumerate(names)},
+                       period=period, order=None)
+    small = codes.astype(np.uint8 if top < 256 else np.uint16) if top < 65536 else codes
+    del codes
+    order = np.argsort(small, kind="stable")
+    counts = np.bincount(small, minlength=top + 1)
+    del small
+    present = np.flatnonzero(counts)
+    stops = np.cumsum(counts[present])
+    starts = stops - counts[present]
+    names = col.gather(order[starts]).cast(pl.String).to_list()
+    span = {m: (int(a), int(b)) for m, a, b in zip(names, starts, stops, strict=True)}
+    return _Layout(n=n, slices=None, span=span, period=0, order=order)
+
+
+def _categorical(col: pl.Series) -> pl.Series:
+    """A text column as categorical (:func:`metrics_frame`'s columns already are: no copy)."""
+    return col if col.dtype == pl.Categorical else col.cast(pl.String).cast(pl.Categorical)
+
+
+def _period(codes: np.ndarray) -> int:
+    """``P`` when ``codes`` is one run of ``P`` distinct codes repeated (every record the same metrics), else 0."""
+    n = codes.shape[0]
+    again = np.flatnonzero(codes[1:min(n, 1 << 16)] == codes[0])
+    period = int(again[0]) + 1 if again.size else 0
+    if not period or n % period or np.unique(codes[:period]).shape[0] != period:
+        return 0
+    return period if bool((codes.reshape(-1, period) == codes[:period]).all()) else 0
+
+
+@dataclass(frozen=True)
+class _Grouped:
+    """The frame's step/segment/value rows metric after metric (:meth:`_Layout.group`), built once per run.
+
+    ``nulls``: the value is null (``None`` when none is); ``sources``: each row's source category code and
+    ``source_names`` their names (``None`` when the frame has one source, ``one_source``).
+    """
+
+    steps: np.ndarray
+    segments: np.ndarray
+    values: np.ndarray
+    nulls: np.ndarray | None
+    sources: np.ndarray | None
+    source_names: dict[int, str] | None
+    one_source: str | None
+
+
+def _grouped(metrics: pl.DataFrame, layout: _Layout) -> _Grouped:
+    """Group the columns a :class:`Series` needs (:class:`_Grouped`), one column at a time."""
+    value = metrics.get_column("value")
+    nulls = layout.group(value.is_null().to_numpy()) if value.null_count() else None
+    src = _categorical(metrics.get_column("source"))
+    present = src.unique()
+    sources = names = None
+    if present.len() > 1 or src.null_count():
+        sources = layout.group(src.to_physical().fill_null(np.iinfo(np.uint32).max).to_numpy())
+        names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(),
+                                                  strict=True) if c is not None and v is not None}
+    return _Grouped(steps=layout.group(metrics.get_column("step").to_numpy()),
+                    segments=layout.group(metrics.get_column("segment").to_numpy()),
+                    values=layout.group(value.cast(pl.Float64).fill_null(float("nan")).to_numpy()),
+                    nulls=nulls, sources=sources, source_names=names,
+                    one_source=None if sources is not None else str(present.cast(pl.String)[0]))
 
 
 @dataclass(frozen=True)
@@ -208,16 +319,24 @@ class RunData:
         The rows of every metric are found in one pass per run (:data:`MAX_SLICES`): slices of the frame
         (no copy) when they lie in few runs of rows, else a gather of the metric's rows.
         """
-        if "__rows_by_metric__" not in self._cache:  # one pass over the long table per run, not one filter per metric
-            self._cache["__rows_by_metric__"] = _rows_of(self.metrics) if self.metrics.height else {}  # type: ignore[assignment]
-        where = self._cache["__rows_by_metric__"].get(metric)  # type: ignore[union-attr]
         frame = self.metrics if columns is None else self.metrics.select(columns)
-        if where is None:
+        layout = self._layout()
+        if layout is None:
             return frame.clear()
-        if isinstance(where, list):
+        if layout.slices is not None:
+            where = layout.slices.get(metric)
+            if where is None:
+                return frame.clear()
             parts = [frame.slice(a, k) for a, k in where]
             return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical", rechunk=False)
-        return frame[where]
+        rows = layout.rows(metric)
+        return frame.clear() if rows is None else frame[rows]
+
+    def _layout(self) -> _Layout | None:
+        """:func:`_layout` of the frame, once per run (``None``: no rows)."""
+        if "__layout__" not in self._cache:  # one pass over the long table per run, not one filter per metric
+            self._cache["__layout__"] = _layout(self.metrics) if self.metrics.height else None  # type: ignore[assignment]
+        return self._cache["__layout__"]  # type: ignore[return-value]
 
     def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
         """Values of ``metric``'s effective timeline after an onset, or ``None`` when there are none.
@@ -239,6 +358,10 @@ class RunData:
         """
         if metric in self._cache:
             return self._cache[metric]
+        out = self._series_of(metric) if self.metrics.height else None
+        if out is not False:
+            self._cache[metric] = out  # type: ignore[assignment]
+            return out  # type: ignore[return-value]
         df = self.raw(metric, ["source", "step", "segment", "value"])
         if df.get_column("value").null_count():
             df = df.filter(pl.col("value").is_not_null())  # JSON null = not logged
@@ -257,6 +380,39 @@ class RunData:
                      segments=np.asarray(segs, dtype=np.int32), source=str(best))
         self._cache[metric] = out
         return out
+
+    def _series_of(self, metric: str) -> Series | None | bool:
+        """:meth:`series` from the rows grouped by metric (:func:`_grouped`), or ``False`` to take the frame's path.
+
+        ``False`` when the frame's rows lie in few runs (slices of the frame are as cheap) or the metric's rows
+        come from several sources (then :meth:`series` chooses among them on the frame).
+        """
+        layout = self._layout()
+        if layout is None or layout.slices is not None:
+            return False
+        if metric not in layout.span:
+            return None
+        if "__grouped__" not in self._cache:
+            self._cache["__grouped__"] = _grouped(self.metrics, layout)  # type: ignore[assignment]
+        g: _Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
+        a, b = layout.span[metric]
+        steps, segs, vals = g.steps[a:b], g.segments[a:b], g.values[a:b]
+        keep = ~g.nulls[a:b] if g.nulls is not None and g.nulls[a:b].any() else None
+        if keep is not None:
+            steps, segs, vals = steps[keep], segs[keep], vals[keep]
+        if steps.shape[0] == 0:
+            return None
+        source = g.one_source
+        if g.sources is not None:
+            src = g.sources[a:b] if keep is None else g.sources[a:b][keep]
+            source = g.source_names.get(int(src[0])) if g.source_names else None
+            if source is None or bool((src != src[0]).any()):
+                return False
+        if not (bool((np.diff(steps) > 0).all()) and bool((np.diff(segs) >= 0).all())):
+            keep = _effective(steps, segs)  # row numbers of the effective timeline, in step order
+            steps, segs, vals = steps[keep], segs[keep], vals[keep]
+        return Series(metric=metric, steps=np.asarray(steps, dtype=np.int64), values=vals,
+                      segments=np.asarray(segs, dtype=np.int32), source=str(source))
 
     def _best_group(self, df: pl.DataFrame) -> tuple[pl.DataFrame, str]:
         """The rows of the source group with the most rows (ties: the first key) and its file with the most rows.
