@@ -34,6 +34,9 @@ more (rows interleaved metric by metric) and its rows are gathered by row number
 about a microsecond, a gather copies the rows)."""
 
 
+PERIOD_SEARCH = 1 << 16
+"""Rows searched for the period of a text chunk or of the metric codes (the most metrics a record is taken to log
+when telling a wide log's repeating pattern; our choice)."""
 TRANSPOSE_BLOCK = 2048
 """Records per block of the transpose that groups a wide log's rows by metric (our choice, measured: 1,024 to
 16,384 records cost the same, a whole-column transpose ~8x more)."""
@@ -77,7 +80,7 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
         if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
             same.update({other: name for other in METRICS_TEXT if other in t.column_names
                          and _equal_text(col, t.column(other))})
-            s = pl.concat([pl.from_arrow(c).cast(pl.Categorical) for c in col.chunks] or
+            s = pl.concat([_categorical_chunk(c) for c in col.chunks] or
                           [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
         else:
             s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
@@ -101,6 +104,23 @@ def _one_value(col: pa.ChunkedArray) -> str | None:
         return values.pop() if len(values) == 1 else None
     first = col[0].as_py()
     return first if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
+
+
+def _categorical_chunk(c: pa.Array) -> pl.Series:
+    """One text chunk as a polars categorical, without hashing every row when it repeats a pattern.
+
+    A chunk that repeats ``P`` distinct names (a wide log's records: every record the same keys in the same
+    order; found by comparing the chunk with itself shifted by ``P``) is its first ``P`` rows and their positions.
+    """
+    n = len(c)
+    if n > 1 and not c.null_count and not pa.types.is_dictionary(c.type):
+        again = np.flatnonzero(pc.equal(c.slice(1, PERIOD_SEARCH), c[0]).to_numpy(zero_copy_only=False))
+        p = int(again[0]) + 1 if again.size else n
+        head = c.slice(0, p)
+        if p < n and pc.count_distinct(head).as_py() == p and pc.all(pc.equal(c.slice(p), c.slice(0, n - p))).as_py():
+            codes = np.tile(np.arange(p, dtype=np.int32), -(-n // p))[:n]
+            return pl.from_arrow(pa.DictionaryArray.from_arrays(pa.array(codes), head)).cast(pl.Categorical)
+    return pl.from_arrow(c).cast(pl.Categorical)
 
 
 def _equal_text(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
@@ -200,7 +220,7 @@ def _categorical(col: pl.Series) -> pl.Series:
 def _period(codes: np.ndarray) -> int:
     """``P`` when ``codes`` is one run of ``P`` distinct codes repeated (every record the same metrics), else 0."""
     n = codes.shape[0]
-    again = np.flatnonzero(codes[1:min(n, 1 << 16)] == codes[0])
+    again = np.flatnonzero(codes[1:min(n, PERIOD_SEARCH)] == codes[0])
     period = int(again[0]) + 1 if again.size else 0
     if not period or n % period or np.unique(codes[:period]).shape[0] != period:
         return 0
