@@ -10,7 +10,8 @@ once, ``metric``/``tag``/``source`` are categoricals (4 bytes a row; they compar
 lie in few runs of rows (the text reader groups each block by metric), else as row numbers; no second copy
 of the table is kept.
 
-Imports only :mod:`forensics.schema` from the project at run time (the result types are annotations only).
+Imports only :mod:`forensics.metric_rows` (and through it :mod:`forensics.schema`) from the project at run
+time (the result types are annotations only).
 """
 
 from __future__ import annotations
@@ -20,247 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from forensics.schema import METRICS_SCHEMA, METRICS_TEXT
+from forensics.metric_rows import MAX_SLICES, Grouped, Layout, grouped, layout, metrics_frame  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from forensics.model import Skip, SourceInfo
-
-MAX_SLICES = 4096
-"""A metric whose rows lie in at most this many runs of rows of the frame is read as zero-copy slices of it;
-more (rows interleaved metric by metric) and its rows are gathered by row number (our choice: a slice costs
-about a microsecond, a gather copies the rows)."""
-
-
-PERIOD_SEARCH = 1 << 16
-"""Rows searched for the period of a text chunk or of the metric codes (the most metrics a record is taken to log
-when telling a wide log's repeating pattern; our choice)."""
-TRANSPOSE_BLOCK = 2048
-"""Records per block of the transpose that groups a wide log's rows by metric (our choice, measured: 1,024 to
-16,384 records cost the same, a whole-column transpose ~8x more)."""
-
-
-def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
-    """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
-
-    Column by column, each Arrow column dropped from ``t`` once converted: numbers are shared with Arrow
-    (no copy; every column keeps the table's chunks, so no operation has to realign them);
-    ``metric``/``tag``/``source`` become ``pl.Categorical`` (held once when the column has one value);
-    ``run`` is set to ``run`` and held once (a literal column), ``wall_time`` too when every row lacks
-    one; ``offset`` is added to the segments.
-
-    Args:
-        t: Table with the columns of :data:`forensics.schema.METRICS_SCHEMA` (string or dictionary text,
-            ``wall_time`` float64 or null-typed).
-        run: The run's name.
-        offset: Added to every ``segment``.
-
-    Returns:
-        A polars frame, columns in :data:`~forensics.schema.METRICS_SCHEMA` order.
-    """
-    n = t.num_rows
-    cols: dict[str, pl.Series] = {}
-    lits: list[pl.Expr] = [pl.lit(run, dtype=pl.String).alias("run")]
-    t = t.drop_columns(["run"])
-    same: dict[str, str] = {}  # a text column equal to an earlier one row for row (a log's tag = its metric name)
-    for name in METRICS_SCHEMA.names[1:]:
-        col = t.column(name)
-        t = t.drop_columns([name])
-        if name == "wall_time" and col.null_count == n:
-            lits.append(pl.lit(None, dtype=pl.Float64).alias(name))
-            continue
-        if name in METRICS_TEXT and _one_value(col) is not None:
-            lits.append(pl.lit(_one_value(col), dtype=pl.Categorical).alias(name))
-            continue
-        if name in same:
-            cols[name] = cols[same[name]].alias(name)  # the same categorical (no second hashing of every row)
-            continue
-        if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
-            same.update({other: name for other in METRICS_TEXT if other in t.column_names
-                         and _equal_text(col, t.column(other))})
-            s = pl.concat([_categorical_chunk(c) for c in col.chunks] or
-                          [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
-        else:
-            s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
-        del col
-        if name == "segment" and offset:
-            s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
-        cols[name] = s
-    frame = pl.DataFrame(cols, height=n) if cols else pl.DataFrame(height=n)
-    return frame.with_columns(lits).select(METRICS_SCHEMA.names)
-
-
-def _one_value(col: pa.ChunkedArray) -> str | None:
-    """The only value of a text column (a file's ``source``), or ``None`` (also with a null).
-
-    A dictionary column by its dictionaries; a string column by comparing every row with the first (no hashing).
-    """
-    if col.null_count or len(col) == 0:
-        return None
-    if pa.types.is_dictionary(col.type):
-        values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
-        return values.pop() if len(values) == 1 else None
-    first = col[0].as_py()
-    return first if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
-
-
-def _categorical_chunk(c: pa.Array) -> pl.Series:
-    """One text chunk as a polars categorical, without hashing every row when it repeats a pattern.
-
-    A chunk that repeats ``P`` distinct names (a wide log's records: every record the same keys in the same
-    order; found by comparing the chunk with itself shifted by ``P``) is its first ``P`` rows and their positions.
-    """
-    n = len(c)
-    if n > 1 and not c.null_count and not pa.types.is_dictionary(c.type):
-        again = np.flatnonzero(pc.equal(c.slice(1, PERIOD_SEARCH), c[0]).to_numpy(zero_copy_only=False))
-        p = int(again[0]) + 1 if again.size else n
-        head = c.slice(0, p)
-        if p < n and pc.count_distinct(head).as_py() == p and pc.all(pc.equal(c.slice(p), c.slice(0, n - p))).as_py():
-            codes = np.tile(np.arange(p, dtype=np.int32), -(-n // p))[:n]
-            return pl.from_arrow(pa.DictionaryArray.from_arrays(pa.array(codes), head)).cast(pl.Categorical)
-    return pl.from_arrow(c).cast(pl.Categorical)
-
-
-def _equal_text(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
-    """True when two string columns (same chunks, no nulls) hold the same text in every row."""
-    if (a.null_count or b.null_count or a.type != b.type or pa.types.is_dictionary(a.type)
-            or [len(c) for c in a.chunks] != [len(c) for c in b.chunks]):
-        return False
-    return all(pc.all(pc.equal(x, y)).as_py() is not False for x, y in zip(a.chunks, b.chunks, strict=True))
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where each metric's rows lie in the frame, found once per run (:func:`_layout`).
-
-    ``slices``: ``{metric: [(offset, length), ...]}`` when every metric's rows lie in at most
-    :data:`MAX_SLICES` runs of rows (the text reader groups each block by metric); else ``None`` and the rows
-    are grouped metric after metric: ``span[metric] = (start, stop)`` in that grouping, whose ``i``-th row is
-    frame row ``order[i]``, or, when ``period`` is set (every record logs the same ``period`` metrics in the
-    same order: frame rows ``k, k + period, ...`` are metric ``k``), ``start // (n // period) + j * period``.
-    """
-
-    n: int
-    slices: dict[str, list[tuple[int, int]]] | None
-    span: dict[str, tuple[int, int]]
-    period: int
-    order: np.ndarray | None
-
-    def rows(self, metric: str) -> np.ndarray | None:
-        """Frame row numbers of ``metric`` in read order (``None``: absent); only when ``slices`` is ``None``."""
-        if metric not in self.span:
-            return None
-        a, b = self.span[metric]
-        if self.period:
-            k = a // (self.n // self.period)
-            return np.arange(k, self.n, self.period, dtype=np.int64)
-        return self.order[a:b]  # type: ignore[index]
-
-    def group(self, a: np.ndarray) -> np.ndarray:
-        """A frame column (shape (n,)) in the grouped order (metric after metric)."""
-        if self.period:  # a transpose, block by block (a block fits the cache: ~8x faster than one transpose)
-            out = np.empty_like(a)
-            grid, rows = out.reshape(self.period, -1), a.reshape(-1, self.period)
-            for r in range(0, rows.shape[0], TRANSPOSE_BLOCK):
-                grid[:, r:r + TRANSPOSE_BLOCK] = rows[r:r + TRANSPOSE_BLOCK].T
-            return out
-        return a[self.order]
-
-
-def _layout(metrics: pl.DataFrame) -> _Layout:
-    """Find every metric's rows in one pass over the ``metric`` codes (:class:`_Layout`), no per-metric scan.
-
-    Few runs of rows: slices. Every record the same metrics in the same order (a wide log): a period, so
-    grouping is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix
-    sort for fewer than 65,536 codes).
-    """
-    col = _categorical(metrics.get_column("metric"))
-    phys = col.to_physical()
-    if phys.null_count():
-        phys = phys.fill_null(np.iinfo(np.uint32).max)
-    codes = phys.to_numpy()
-    n = codes.shape[0]
-    top = int(codes.max())
-    runs = int(np.count_nonzero(codes[1:] != codes[:-1])) + 1
-    if runs <= MAX_SLICES * (top + 1):
-        starts = np.concatenate([[0], np.flatnonzero(codes[1:] != codes[:-1]) + 1])
-        lens = np.diff(np.append(starts, n))
-        names = col.gather(starts).cast(pl.String).to_list()
-        out: dict[str, list[tuple[int, int]]] = {}
-        for name, a, k in zip(names, starts.tolist(), lens.tolist(), strict=True):
-            out.setdefault(name, []).append((a, k))
-        if runs <= MAX_SLICES * len(out) and max(len(v) for v in out.values()) <= MAX_SLICES:
-            return _Layout(n=n, slices=out, span={}, period=0, order=None)
-    period = _period(codes)
-    if period:
-        names = col.gather(np.arange(period)).cast(pl.String).to_list()
-        per = n // period
-        return _Layout(n=n, slices=None, span={m: (k * per, (k + 1) * per) for k, m in enumerate(names)},
-                       period=period, order=None)
-    small = codes.astype(np.uint8 if top < 256 else np.uint16) if top < 65536 else codes
-    del codes
-    order = np.argsort(small, kind="stable")
-    counts = np.bincount(small, minlength=top + 1)
-    del small
-    present = np.flatnonzero(counts)
-    stops = np.cumsum(counts[present])
-    starts = stops - counts[present]
-    names = col.gather(order[starts]).cast(pl.String).to_list()
-    span = {m: (int(a), int(b)) for m, a, b in zip(names, starts, stops, strict=True)}
-    return _Layout(n=n, slices=None, span=span, period=0, order=order)
-
-
-def _categorical(col: pl.Series) -> pl.Series:
-    """A text column as categorical (:func:`metrics_frame`'s columns already are: no copy)."""
-    return col if col.dtype == pl.Categorical else col.cast(pl.String).cast(pl.Categorical)
-
-
-def _period(codes: np.ndarray) -> int:
-    """``P`` when ``codes`` is one run of ``P`` distinct codes repeated (every record the same metrics), else 0."""
-    n = codes.shape[0]
-    again = np.flatnonzero(codes[1:min(n, PERIOD_SEARCH)] == codes[0])
-    period = int(again[0]) + 1 if again.size else 0
-    if not period or n % period or np.unique(codes[:period]).shape[0] != period:
-        return 0
-    return period if bool((codes.reshape(-1, period) == codes[:period]).all()) else 0
-
-
-@dataclass(frozen=True)
-class _Grouped:
-    """The frame's step/segment/value rows metric after metric (:meth:`_Layout.group`), built once per run.
-
-    ``nulls``: the value is null (``None`` when none is); ``sources``: each row's source category code and
-    ``source_names`` their names (``None`` when the frame has one source, ``one_source``).
-    """
-
-    steps: np.ndarray
-    segments: np.ndarray
-    values: np.ndarray
-    nulls: np.ndarray | None
-    sources: np.ndarray | None
-    source_names: dict[int, str] | None
-    one_source: str | None
-
-
-def _grouped(metrics: pl.DataFrame, layout: _Layout) -> _Grouped:
-    """Group the columns a :class:`Series` needs (:class:`_Grouped`), one column at a time."""
-    value = metrics.get_column("value")
-    nulls = layout.group(value.is_null().to_numpy()) if value.null_count() else None
-    src = _categorical(metrics.get_column("source"))
-    present = src.unique()
-    sources = names = None
-    if present.len() > 1 or src.null_count():
-        sources = layout.group(src.to_physical().fill_null(np.iinfo(np.uint32).max).to_numpy())
-        names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(),
-                                                  strict=True) if c is not None and v is not None}
-    return _Grouped(steps=layout.group(metrics.get_column("step").to_numpy()),
-                    segments=layout.group(metrics.get_column("segment").to_numpy()),
-                    values=layout.group(value.cast(pl.Float64).fill_null(float("nan")).to_numpy()),
-                    nulls=nulls, sources=sources, source_names=names,
-                    one_source=None if sources is not None else str(present.cast(pl.String)[0]))
-
 
 @dataclass(frozen=True)
 class Series:
@@ -348,8 +113,8 @@ class RunData:
         if self.metrics.height == 0:
             return []
         if "__metric_names__" not in self._cache:  # once per run (cleared with the cache): from the rows' layout
-            layout = self._layout()
-            names = (layout.slices if layout.slices is not None else layout.span) if layout else {}
+            lay = self._layout()
+            names = (lay.slices if lay.slices is not None else lay.span) if lay else {}
             self._cache["__metric_names__"] = sorted(names)  # type: ignore[assignment]
         return list(self._cache["__metric_names__"])  # type: ignore[arg-type]
 
@@ -372,22 +137,22 @@ class RunData:
         (no copy) when they lie in few runs of rows, else a gather of the metric's rows.
         """
         frame = self.metrics if columns is None else self.metrics.select(columns)
-        layout = self._layout()
-        if layout is None:
+        lay = self._layout()
+        if lay is None:
             return frame.clear()
-        if layout.slices is not None:
-            where = layout.slices.get(metric)
+        if lay.slices is not None:
+            where = lay.slices.get(metric)
             if where is None:
                 return frame.clear()
             parts = [frame.slice(a, k) for a, k in where]
             return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical", rechunk=False)
-        rows = layout.rows(metric)
+        rows = lay.rows(metric)
         return frame.clear() if rows is None else frame[rows]
 
-    def _layout(self) -> _Layout | None:
-        """:func:`_layout` of the frame, once per run (``None``: no rows)."""
+    def _layout(self) -> Layout | None:
+        """:func:`forensics.metric_rows.layout` of the frame, once per run (``None``: no rows)."""
         if "__layout__" not in self._cache:  # one pass over the long table per run, not one filter per metric
-            self._cache["__layout__"] = _layout(self.metrics) if self.metrics.height else None  # type: ignore[assignment]
+            self._cache["__layout__"] = layout(self.metrics, MAX_SLICES) if self.metrics.height else None  # type: ignore[assignment]
         return self._cache["__layout__"]  # type: ignore[return-value]
 
     def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
@@ -434,20 +199,20 @@ class RunData:
         return out
 
     def _series_of(self, metric: str) -> Series | None | bool:
-        """:meth:`series` from the rows grouped by metric (:func:`_grouped`), or ``False`` to take the frame's path.
+        """:meth:`series` from the rows grouped by metric (:func:`~forensics.metric_rows.grouped`), or ``False``.
 
         ``False`` when the frame's rows lie in few runs (slices of the frame are as cheap) or the metric's rows
         come from several sources (then :meth:`series` chooses among them on the frame).
         """
-        layout = self._layout()
-        if layout is None or layout.slices is not None:
+        lay = self._layout()
+        if lay is None or lay.slices is not None:
             return False
-        if metric not in layout.span:
+        if metric not in lay.span:
             return None
         if "__grouped__" not in self._cache:
-            self._cache["__grouped__"] = _grouped(self.metrics, layout)  # type: ignore[assignment]
-        g: _Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
-        a, b = layout.span[metric]
+            self._cache["__grouped__"] = grouped(self.metrics, lay)  # type: ignore[assignment]
+        g: Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
+        a, b = lay.span[metric]
         steps, segs, vals = g.steps[a:b], g.segments[a:b], g.values[a:b]
         keep = ~g.nulls[a:b] if g.nulls is not None and g.nulls[a:b].any() else None
         if keep is not None:
