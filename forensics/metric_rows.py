@@ -229,12 +229,21 @@ class Grouped:
     """The frame's step/segment/value rows metric after metric (:meth:`Layout.group`), built once per run.
 
     ``nulls``: the value is null (``None`` when none is); ``sources``: each row's source category code and
-    ``source_names`` their names (``None`` when the frame has one source, ``one_source``).
+    ``source_names`` their names (``None`` when the frame has one source, ``one_source``). ``per_record``: in
+    a wide log whose records hold one step and segment for all their metrics, ``steps``/``segments`` are held
+    once per record (shape (n // period,), read-only), shared by every metric, not once per row.
     """
 
     steps: np.ndarray
     segments: np.ndarray
     values: np.ndarray
+    per_record: bool
+
+    def part(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(steps, segments, values) of the grouped rows ``a:b`` (one metric's ``span``)."""
+        if self.per_record:
+            return self.steps, self.segments, self.values[a:b]
+        return self.steps[a:b], self.segments[a:b], self.values[a:b]
     nulls: np.ndarray | None
     sources: np.ndarray | None
     source_names: dict[int, str] | None
@@ -252,8 +261,25 @@ def grouped(metrics: pl.DataFrame, lay: Layout) -> Grouped:
         sources = lay.group(src.to_physical().fill_null(np.iinfo(np.uint32).max).to_numpy())
         names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(),
                                                   strict=True) if c is not None and v is not None}
-    return Grouped(steps=lay.group(metrics.get_column("step").to_numpy()),
-                   segments=lay.group(metrics.get_column("segment").to_numpy()),
+    step, seg = metrics.get_column("step"), metrics.get_column("segment")
+    steps = _per_record(step.to_numpy(), lay)
+    segs = _per_record(seg.to_numpy(), lay) if steps is not None else None
+    per_record = steps is not None and segs is not None
+    if not per_record:
+        steps, segs = lay.group(step.to_numpy()), lay.group(seg.to_numpy())
+    return Grouped(steps=steps, segments=segs, per_record=per_record,  # type: ignore[arg-type]
                    values=lay.group(value.cast(pl.Float64).fill_null(float("nan")).to_numpy()),
                    nulls=nulls, sources=sources, source_names=names,
                    one_source=None if sources is not None else str(present.cast(pl.String)[0]))
+
+
+def _per_record(col: np.ndarray, lay: Layout) -> np.ndarray | None:
+    """A wide log's column held once per record (read-only), when every metric of each record shares its value."""
+    if not lay.period or lay.period == 1:
+        return None
+    rows = col.reshape(-1, lay.period)
+    if not bool((rows == rows[:, :1]).all()):
+        return None
+    one = np.ascontiguousarray(rows[:, 0])
+    one.flags.writeable = False
+    return one

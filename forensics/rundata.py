@@ -213,7 +213,7 @@ class RunData:
             self._cache["__grouped__"] = grouped(self.metrics, lay)  # type: ignore[assignment]
         g: Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
         a, b = lay.span[metric]
-        steps, segs, vals = g.steps[a:b], g.segments[a:b], g.values[a:b]
+        steps, segs, vals = g.part(a, b)
         keep = ~g.nulls[a:b] if g.nulls is not None and g.nulls[a:b].any() else None
         if keep is not None:
             steps, segs, vals = steps[keep], segs[keep], vals[keep]
