@@ -97,8 +97,8 @@ def _one_value(col: pa.ChunkedArray) -> str | None:
     if pa.types.is_dictionary(col.type):
         values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
         return values.pop() if len(values) == 1 else None
-    first = col[0].as_py()
-    return first if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
+    first = next(c for c in col.chunks if len(c))[0]  # an Arrow scalar (a Python one makes pyarrow import pandas)
+    return first.as_py() if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
 
 
 def _categorical_chunk(c: pa.Array) -> pl.Series:
@@ -113,8 +113,8 @@ def _categorical_chunk(c: pa.Array) -> pl.Series:
         p = int(again[0]) + 1 if again.size else n
         head = c.slice(0, p)
         if p < n and pc.count_distinct(head).as_py() == p and pc.all(pc.equal(c.slice(p), c.slice(0, n - p))).as_py():
-            codes = np.tile(np.arange(p, dtype=np.int32), -(-n // p))[:n]
-            return pl.from_arrow(pa.DictionaryArray.from_arrays(pa.array(codes), head)).cast(pl.Categorical)
+            codes = pl.select(pl.int_range(0, n, dtype=pl.UInt32) % p).to_series()  # (no numpy: it imports numpy.ma)
+            return pl.from_arrow(head).cast(pl.Categorical).gather(codes)
     return pl.from_arrow(c).cast(pl.Categorical)
 
 
@@ -184,7 +184,7 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
     if runs <= max_slices * (top + 1) and n >= MIN_SLICE_ROWS * runs:
         starts = np.concatenate([[0], np.flatnonzero(codes[1:] != codes[:-1]) + 1])
         lens = np.diff(np.append(starts, n))
-        names = col.gather(starts).cast(pl.String).to_list()
+        names = col.gather(starts.tolist()).cast(pl.String).to_list()  # a list: a numpy index imports numpy.ma
         out: dict[str, list[tuple[int, int]]] = {}
         for name, a, k in zip(names, starts.tolist(), lens.tolist(), strict=True):
             out.setdefault(name, []).append((a, k))
@@ -192,7 +192,7 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
             return Layout(n=n, slices=out, span={}, period=0, order=None)
     period = _period(codes)
     if period:
-        names = col.gather(np.arange(period)).cast(pl.String).to_list()
+        names = col.head(period).cast(pl.String).to_list()
         per = n // period
         return Layout(n=n, slices=None, span={m: (k * per, (k + 1) * per) for k, m in enumerate(names)},
                        period=period, order=None)
@@ -204,7 +204,7 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
     present = np.flatnonzero(counts)
     stops = np.cumsum(counts[present])
     starts = stops - counts[present]
-    names = col.gather(order[starts]).cast(pl.String).to_list()
+    names = col.gather(order[starts].tolist()).cast(pl.String).to_list()
     span = {m: (int(a), int(b)) for m, a, b in zip(names, starts, stops, strict=True)}
     return Layout(n=n, slices=None, span=span, period=0, order=order)
 
