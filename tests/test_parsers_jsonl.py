@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hs
 
 from parsers import _jsonl_segments, jsonl
@@ -390,6 +390,7 @@ _LINES = hs.one_of(
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(hs.lists(_LINES, max_size=40), hs.sampled_from(["\n", "\r\n"]), hs.booleans(),
        hs.sampled_from([64, 333, 1 << 20]), hs.binary(max_size=6))
+@example(['{"train": {"global_step": 0}}'], "\n", False, 64, b"")  # a nested step key only (found by this test)
 def test_engines_agree_on_generated_lines(tmp_path_factory, lines, end, torn, chunk, junk):
     """Property: on any mix of lines both engines give the same table, damage and meta."""
     body = end.join(lines).encode() + (b"" if torn else end.encode())
