@@ -154,7 +154,8 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     if a.verdict == Verdict.HEALTHY:
         return f"Nothing went wrong: every logged series stayed within the run's own normal range{span}."
     if a.verdict == Verdict.INCONCLUSIVE:
-        return "The run could not be judged: the training objective or the records needed were not found."
+        why = (a.summary or "").removeprefix("inconclusive: ").rstrip(".")  # what was missing (objective, points)
+        return f"The run could not be judged: {why or 'the training objective or the records needed were not found'}."
     step = a.onset["step"] if a.onset else None
     if a.verdict == Verdict.TRANSIENT:
         what = _WHAT.get((a.cause or "", a.mechanism)) or "the run departed from its normal behaviour"

@@ -84,6 +84,10 @@ class Evidence:
         return replace(self, families=MappingProxyType(fams),
                        findings=(*self.findings, *found) if listed else self.findings)
 
+    def with_families(self, families: Mapping[Cause, tuple[Finding, ...]]) -> Evidence:
+        """A copy whose families are ``families`` (the findings stay listed)."""
+        return replace(self, families=MappingProxyType(dict(families)))
+
     def with_findings(self, *found: Finding) -> Evidence:
         """A copy with the engine's own ``found`` appended to ``findings``."""
         return replace(self, findings=(*self.findings, *found))
