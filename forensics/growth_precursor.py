@@ -1,10 +1,12 @@
-"""Growth before a loss departure in the logged growth series (activations, update ratio, logits, weights).
+"""Growth before a loss departure in the logged activation magnitudes.
 
 DB01 calls a loss departure a bad batch only when nothing departed before it. The grad norm is checked there;
-this module checks the other logged series that grow before an overflow or a divergence: activation magnitudes
-(any name with ``absmax``, ``amax``, ``act_max`` ...; OV02 reads the same names), ``update_ratio``,
-``param_norm``, ``attn_logit_max`` and ``output_logit_max`` (PR01's precursors). Only the window before the
-departure is read (a slice per series: cheap for hundreds of per-layer series).
+this module checks the logged activation magnitudes (any name with ``absmax``, ``amax``, ``act_max`` ...; OV02
+reads the same names), which grow into an fp16 overflow and have no growth detector of their own. The other
+growth series (update ratio, parameter norm, attention and output logits) have theirs (UP01, PR01, AT01, OL01),
+whose earlier findings the engine already counts as precursors of a spike
+(:func:`forensics.engine.rules.family_hypotheses`); they also grow by design early in training. Only the window
+before the departure is read (a slice per series: cheap for hundreds of per-layer series).
 
 A series is a precursor when its largest value in the last ``lead`` logged points before the departure is
 :data:`GROWTH_Z` robust sigmas (log scale) and :data:`GROWTH_FACTOR` times above the median of the first half
@@ -25,8 +27,6 @@ from forensics.stats import mad_sigma, to_log
 
 ACT_WORDS = ("absmax", "abs_max", "max_abs", "amax", "act_max", "activation_max", "actmax")
 """Activation-magnitude name parts (the same as OV02's, docs/detectors.md#ov02)."""
-GROWTH_SERIES = ("update_ratio", "param_norm", "attn_logit_max", "output_logit_max")
-"""Series that grow before a divergence (PR01's precursors without the grad norm, which DB01 reads itself)."""
 GROWTH_Z = SPIKE_Z
 """A precursor departs by the spike threshold (6 robust sigmas, OLMo-core; docs/detectors.md#conventions)."""
 GROWTH_FACTOR = 1.5
@@ -44,9 +44,8 @@ class Growth:
 
 
 def growth_metrics(run: RunData) -> list[str]:
-    """The logged growth series of ``run`` (activation magnitudes first)."""
-    acts = [m for m in run.metric_names if any(w in m.lower() for w in ACT_WORDS)]
-    return acts + [m for m in run.metric_names if m.startswith(GROWTH_SERIES) and m not in acts]
+    """The logged activation-magnitude series of ``run``."""
+    return [m for m in run.metric_names if any(w in m.lower() for w in ACT_WORDS)]
 
 
 def _one(run: RunData, metric: str, onset: int, window: int, lead: int) -> Growth | None:

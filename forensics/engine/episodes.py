@@ -3,8 +3,8 @@
 Rules applied by :func:`forensics.engine.decide.decide_timeline`, each one function (nothing is mutated):
 
 1. :func:`earlier_episodes`: a departure (not a growth sign) that recovered long before the failure that
-   ended the run is an earlier episode (a secondary finding), not on the failure's causal chain; its family is judged on the
-   rest of its findings (a recovered spike must not hide a later divergence).
+   ended the run is an earlier episode (a secondary finding), not on the failure's causal chain; its family
+   is judged on the rest of its findings (a recovered spike must not hide a later divergence).
 2. :func:`stall_not_led`: a run whose loss never went down from the start (ST01) is not explained by a
    departure that recovered by itself.
 3. :func:`no_learning`: a run that never learned, after its loss rose above its initial value in the
