@@ -114,9 +114,10 @@ def no_learning(ev: Evidence, hyps: list[Hypothesis]) -> tuple[Evidence, list[Hy
     step, v0, peak = rise
     f = Finding(codes.NO_LEARNING, codes.ENGINE_FINDINGS[codes.NO_LEARNING], Cause.UPDATE_SCALE_GROWTH,
                 Mechanism.LR_TOO_HIGH, step, stall[0].segment, W.no_learning, Severity.HIGH,
-                f"the loss jumps from {v0:.4g} to {peak:.4g} by step {step}, within {W.early_steps} steps of the "
-                f"start, and never goes below its initial value again ({stall[0].message.rstrip('.')}): the "
-                "updates were too large and the network stopped learning", {"onset_step": step, "loss_first": v0,
+                f"the loss jumps from {v0:.4g} to {peak:.4g} at step {step}, within {W.early_steps} steps of the "
+                f"start, and never gets clearly below its initial value again (at best "
+                f"{stall[0].evidence.get('loss_best', float('nan')):.4g}): the updates were too large and the "
+                "network stopped learning (a collapse to a constant prediction)", {"onset_step": step, "loss_first": v0,
                                                                            "loss_peak": peak})
     ev = ev.with_family(Cause.UPDATE_SCALE_GROWTH, f, listed=True)
     return ev, [h for h in hyps if h.cause != Cause.UPDATE_SCALE_GROWTH] + [Hypothesis(
