@@ -209,3 +209,11 @@ def test_compare_no_float32_noise_and_no_logging_grid_warmup(tmp_path: Path) -> 
     assert "warmup_steps" not in settings, settings.get("warmup_steps")
     assert settings["peak_lr"]["proxy"] == 0.001 and settings["peak_lr"]["target"] == 0.002
     assert out["trial"] is not None and "peak_lr = 0.001 " in out["trial"]["change"], out["trial"]
+
+
+def test_one_nan_at_step_0_then_finite_is_transient(tmp_path: Path) -> None:
+    """F17's boundary: only the first logged loss is NaN, then it trains normally: not broken from the start."""
+    steps, loss = _decaying(300, 8)
+    loss[0] = np.nan
+    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1e-3} for s, v in zip(steps, loss)]))
+    assert a.verdict == "transient" and "NF02" not in _codes(a) and "DB01" not in _codes(a), a.summary

@@ -9,8 +9,9 @@ Rules applied by :func:`forensics.engine.decide.decide_timeline`, each one funct
    departure that recovered by itself.
 3. :func:`no_learning`: a run that never learned, after its loss rose above its initial value in the
    first steps, took steps too large (it collapsed to the uniform prediction: lr too high).
-4. :func:`nonfinite_from_start`: a loss non-finite from the first logged step has no batch to blame and no
-   earlier step to compare with: the initialisation, the input data or the precision.
+4. :func:`nonfinite_from_start`: a loss non-finite from the first logged step (and not finite for good
+   afterwards) has no batch to blame and no earlier step to compare with: the initialisation, the input data
+   or the precision.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def nonfinite_from_start(ev: Evidence, hyps: list[Hypothesis]) -> tuple[Evidence
     s = ev.run.series("loss")
     if s is None or not len(s) or np.isfinite(s.values[0]) or rules.strong(hyps):
         return ev, hyps
+    if any(recovered(f) for f in ev.get(codes.NONFINITE)):
+        return ev, hyps  # finite for good afterwards: a first-step artefact, not a run broken from the start
     fin = np.isfinite(s.values)
     first = int(s.steps[0])
     n_bad = int(np.argmax(fin)) if fin.any() else len(s)
