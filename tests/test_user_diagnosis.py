@@ -217,3 +217,16 @@ def test_one_nan_at_step_0_then_finite_is_transient(tmp_path: Path) -> None:
     loss[0] = np.nan
     a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1e-3} for s, v in zip(steps, loss)]))
     assert a.verdict == "transient" and "NF02" not in _codes(a) and "DB01" not in _codes(a), a.summary
+
+
+def test_sweep_text_calls_stable_only_the_stable_lrs() -> None:
+    """F12 (sweep wording): a run that did not diverge but never trained is not called "stable"."""
+    from reports.sweep_report import render_text
+
+    runs = [{"lr": lr, "final_loss": fl, "diverged": False, "divergence_step": None}
+            for lr, fl in ((0.01, 0.25), (1.0, 2.27))]
+    text = render_text({"root": "sweep", "groups": [{"key": {}, "lr_sensitivity": 1.0, "best_lr": 0.01,
+                                                      "largest_stable_lr": 0.01, "stable_lrs": [0.01],
+                                                      "runs": runs}]})
+    assert "lr 0.01: final loss 0.25, stable" in text
+    assert "lr 1: final loss 2.27, no divergence, but the final loss is far from the best (not stable)" in text
