@@ -37,6 +37,10 @@ def _decaying(n: int, seed: int, every: int = 1) -> tuple[np.ndarray, np.ndarray
     return steps, loss
 
 
+def _rows(steps: np.ndarray, loss: np.ndarray, lr: float) -> list[dict]:
+    return [{"step": int(st), "loss": float(v), "lr": lr} for st, v in zip(steps, loss, strict=True)]
+
+
 def _codes(a) -> list[str]:  # noqa: ANN001 - an Analysis
     return [f.code for f in a.findings]
 
@@ -47,7 +51,7 @@ def test_recovered_spike_does_not_hide_the_later_divergence(tmp_path: Path, seed
     steps, loss = _decaying(1000, seed)
     loss[620:625] += 5.0
     loss[900:] += np.linspace(0, 5, 100)
-    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1e-3} for s, v in zip(steps, loss, strict=False)]))
+    a = analyze(_write(tmp_path, _rows(steps, loss, 1e-3)))
     assert a.verdict == "anomaly", a.summary
     assert a.onset is not None and 860 <= a.onset["step"] <= 905, a.summary  # the failure's onset, not 620
     assert any(f.code == "DB01" and f.step == 620 for f in a.findings)  # still listed, as a secondary finding
@@ -71,7 +75,8 @@ def _fp16_rows(seed: int) -> list[dict]:
     skipped[first:] = np.arange(1, steps.size - first + 1)
     loss[first + 7:] = np.nan
     return [{"step": int(s), "loss": float(v), "act/absmax": float(min(x, 65000.0)), "loss_scale": float(c),
-             "skipped_step": float(k), "lr": 1e-3} for s, v, x, c, k in zip(steps, loss, act, scale, skipped, strict=False)]
+             "skipped_step": float(k), "lr": 1e-3}
+            for s, v, x, c, k in zip(steps, loss, act, scale, skipped, strict=True)]
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -88,7 +93,7 @@ def test_bad_batch_message_names_what_it_checked(tmp_path: Path) -> None:
     steps, loss = _decaying(400, 4)
     loss[300] = 30.0
     a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "grad_norm": 1.0 + 0.01 * (s % 7), "lr": 1e-3}
-                                  for s, v in zip(steps, loss, strict=False)]))
+                                  for s, v in zip(steps, loss, strict=True)]))
     db = [f for f in a.findings if f.code == "DB01"]
     assert db and "the grad norm over steps 172..299" in db[0].message, [f.message for f in a.findings]
 
@@ -140,7 +145,7 @@ def test_stuck_at_chance_after_a_warmup_spike_fires_st01(tmp_path: Path) -> None
     loss = CHANCE + rng.normal(0, 0.01, steps.size)
     loss[1], loss[2], loss[3], loss[4] = 4.3, 3.4, 2.8, 2.5
     loss[41], loss[93] = 3.1, 13.6
-    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1.0} for s, v in zip(steps, loss, strict=False)]))
+    a = analyze(_write(tmp_path, _rows(steps, loss, 1.0)))
     assert a.verdict == "anomaly" and "ST01" in _codes(a), a.summary
     assert a.cause == "update_scale_growth" and a.onset == {"step": 5, "segment": 0}, a.summary
 
@@ -149,7 +154,7 @@ def test_st01_silent_on_a_run_that_went_down_then_diverged(tmp_path: Path) -> No
     """F12 converse: 2.3 -> 0.3, then a rise to 3.4 at the end: the loss did go down (DV01's case, not ST01's)."""
     steps, loss = _decaying(800, 5)
     loss[600:] += np.linspace(0, 3.1, 200)
-    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1e-3} for s, v in zip(steps, loss, strict=False)]))
+    a = analyze(_write(tmp_path, _rows(steps, loss, 1e-3)))
     assert "ST01" not in _codes(a), [f.message for f in a.findings if f.code == "ST01"]
     assert "DV01" in _codes(a)
 
@@ -170,7 +175,7 @@ def test_too_few_loss_points_is_inconclusive(tmp_path: Path, n: int, capsys: pyt
 def test_enough_points_can_be_healthy(tmp_path: Path) -> None:
     """F16's minimum is a floor, not a ban: 40 quiet points are judged (healthy)."""
     steps, loss = _decaying(40, 6)
-    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v)} for s, v in zip(steps, loss, strict=False)]))
+    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v)} for s, v in zip(steps, loss, strict=True)]))
     assert a.verdict == "healthy", a.summary
 
 
@@ -215,7 +220,7 @@ def test_one_nan_at_step_0_then_finite_is_transient(tmp_path: Path) -> None:
     """F17's boundary: only the first logged loss is NaN, then it trains normally: not broken from the start."""
     steps, loss = _decaying(300, 8)
     loss[0] = np.nan
-    a = analyze(_write(tmp_path, [{"step": int(s), "loss": float(v), "lr": 1e-3} for s, v in zip(steps, loss, strict=False)]))
+    a = analyze(_write(tmp_path, _rows(steps, loss, 1e-3)))
     assert a.verdict == "transient" and "NF02" not in _codes(a) and "DB01" not in _codes(a), a.summary
 
 
