@@ -235,3 +235,11 @@ def test_sweep_text_calls_stable_only_the_stable_lrs() -> None:
                                                       "runs": runs}]})
     assert "lr 0.01: final loss 0.25, stable" in text
     assert "lr 1: final loss 2.27, no divergence, but the final loss is far from the best (not stable)" in text
+
+
+def test_fp16_activation_overflow_onset_is_where_the_growth_starts(tmp_path: Path) -> None:
+    """F9 without a loss-scale series: the activation reaches the fp16 limit late; the onset is its growth's start."""
+    rows = [{k: v for k, v in r.items() if k not in ("loss_scale", "skipped_step")} for r in _fp16_rows(1)]
+    a = analyze(_write(tmp_path, rows))
+    assert a.onset is not None and 490 <= a.onset["step"] <= 560, a.summary
+    assert "DB01" not in _codes(a)

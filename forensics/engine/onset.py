@@ -32,9 +32,11 @@ def onset(ev: Evidence, cause: str, fallback: int | None) -> int | None:
                   if f.step is not None and f.confidence >= W.min_cause_conf and f.step < step]
         if growth:
             step = min(growth)
-        grown = growth_before(ev.run, step, W.path_window, W.growth_lead)  # activations growing into the limit
-        if grown is not None:
-            step = min(step, grown.onset_step)
+        # activations growing into the limit, before the overflow's first finding or the failure's first sign
+        probes = {step} | ({ev.failure_step} if ev.failure_step is not None and ev.failure_step < step else set())
+        grown = [g.onset_step for p in probes if (g := growth_before(ev.run, p, W.path_window, W.growth_lead))]
+        if grown:
+            step = min(step, *grown)
         step = skip_chain(ev.run, step)
     if cause in AT_RESUME:  # the fault is in the resume: nothing the earlier process did is on its chain
         return step
