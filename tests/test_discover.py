@@ -334,7 +334,9 @@ def test_discover_unreadable_file_simulated(tmp_path, monkeypatch):
     assert [(s.what, s.reason) for s in rd.skipped] == [("eval/metrics.jsonl", "permission denied: not read")]
     res = CliRunner().invoke(main, ["analyze", str(run), "--strict"], catch_exceptions=False)
     assert res.exit_code == 2 and "permission denied: not read" in res.stderr, res.output
-    assert CliRunner().invoke(main, ["analyze", str(run)], catch_exceptions=False).exit_code in (0, 1)
+    res = CliRunner().invoke(main, ["analyze", str(run)], catch_exceptions=False)
+    # the readable log is read: too few loss points to judge is inconclusive (exit 3, forensics/too_few.py)
+    assert res.exit_code in (0, 1) or "too few training-loss points" in res.output, res.output
 
 
 def test_fifo_and_device_named_like_checkpoints_are_never_opened(tmp_path: Path) -> None:
