@@ -198,13 +198,11 @@ def _split_co_logged(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFra
     :data:`SPARSE_SHARE`) keeps its raw name; why is in ``names``. Names in different files (a writer's and a
     log's spelling of the same loss) are left alone.
     """
-    if (metrics.get_column("metric") == "loss").sum() == 0:
-        return metrics
+    if metrics.select(pl.col("tag").filter(pl.col("metric") == "loss").n_unique()).item() < 2:
+        return metrics  # one name (or none) read as loss: nothing to split (no copy of the loss rows)
     rows = metrics.filter(pl.col("metric") == "loss").select(
         pl.col("tag").cast(pl.String), pl.col("source").cast(pl.String), "segment", "step", "value")
     tags = rows.get_column("tag").unique().to_list()
-    if len(tags) < 2:
-        return metrics
     counts = dict(rows.group_by("tag").len().iter_rows())
     dense = [t for t in tags if counts[t] * SPARSE_SHARE >= max(counts.values())]
     keep = min(dense, key=lambda t: (_objective_rank(t), -counts[t], t))
