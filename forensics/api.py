@@ -124,6 +124,7 @@ def analyze_run(run: RunData) -> Analysis:
     """
     from forensics.engine import decide  # the detectors: not imported by `forensics ingest`
     from forensics.recovery import plan
+    from forensics.too_few import too_few_loss_points
 
     if "objective" not in run.meta:
         _resolve_objective(run, {})
@@ -137,6 +138,7 @@ def analyze_run(run: RunData) -> Analysis:
     objective = run.meta.get("objective")
     unjudged = bool(objective) and verdict == Verdict.HEALTHY and not run.has("loss")  # an eval-only objective
     inconclusive = verdict == Verdict.HEALTHY and (not objective or unjudged)
+    short = too_few_loss_points(run) if verdict == Verdict.HEALTHY and not inconclusive else None
     if verdict == Verdict.HEALTHY:
         confidence = confidence * factor
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
@@ -145,6 +147,8 @@ def analyze_run(run: RunData) -> Analysis:
 
         verdict, confidence = Verdict.INCONCLUSIVE, 0.0
         summary = "inconclusive: " + (_unjudged(objective) if unjudged else how_to_map(run.metrics)) + "."
+    elif short:
+        verdict, confidence, summary = Verdict.INCONCLUSIVE, 0.0, f"inconclusive: {short}."
     elif notes and verdict == Verdict.HEALTHY:
         summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}

@@ -88,7 +88,9 @@ def render_text(result: dict[str, Any]) -> str:
                      f"{fmt_num(g['best_lr'])}, largest stable lr {fmt_num(g['largest_stable_lr'])}, "
                      f"{len(g['runs'])} runs")
         for r in g["runs"]:
-            div = f"diverged at step {fmt_num(r['divergence_step'])}" if r["diverged"] else "stable"
+            div = (f"diverged at step {fmt_num(r['divergence_step'])}" if r["diverged"] else "stable"
+                   if r["lr"] in g.get("stable_lrs", ()) else "no divergence, but the final loss is far from "
+                   "the best (not stable)")
             lines.append(f"  lr {fmt_num(r['lr'])}: final loss {fmt_num(r['final_loss'])}, {div}")
     for t in result.get("size_trends", []):
         pred = ""

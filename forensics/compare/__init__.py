@@ -40,7 +40,7 @@ from forensics.compare.departure import (
     tokens_per_step,
 )
 from forensics.compare.explain import ANALYSIS_LINKS, MECHANISMS, SIGNAL_SETTINGS, explain, trial_for
-from forensics.compare.lr import LR_SHARE, log_differences, lr_evidence, lr_schedule_of
+from forensics.compare.lr import LR_SHARE, log_differences, lr_evidence, lr_schedule_of, same_setting
 from forensics.config_diff import diff, extract_config
 from forensics.model import RunData, Verdict
 
@@ -86,7 +86,7 @@ def compare(proxy_path: str | Path, target_path: str | Path,
     ps_log, ts_log = lr_schedule_of(proxy, {}), lr_schedule_of(target, {})
     if ps_log is not None and ts_log is not None:  # equal in the logged lr: ruled out, even without a config
         for k in ("peak_lr", "warmup_steps"):
-            if math.isclose(ps_log[k], ts_log[k], rel_tol=SAME_REL):
+            if same_setting(k, ps_log, ts_log):  # within the logging interval: no difference
                 same_keys.add(k)
     rp, rt = tokens_per_step(proxy, {}), tokens_per_step(target, {})
     if rp and rt and math.isclose(rp, rt, rel_tol=SAME_REL):

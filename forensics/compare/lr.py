@@ -9,6 +9,7 @@ import numpy as np
 
 from forensics.compare.departure import SAME_REL, tokens_per_step
 from forensics.model import RunData
+from forensics.recovery._context import lr_digits
 
 LR_SHARE = 0.75
 """Share of log(lr ratio at the departure) one cause must carry to decide peak lr vs warm-up (our choice)."""
@@ -25,9 +26,11 @@ def lr_schedule_of(run: RunData, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """Peak lr and warm-up length from the logged lr (else from the configuration, linear warm-up assumed).
 
     Returns:
-        ``{"peak_lr", "warmup_steps" (steps from the first logged step to 99% of the peak; 0 without a
-        ramp), "source": "logs" | "config", "steps", "lr"}`` (``steps``/``lr`` arrays: the trace, logs
-        only), or ``None`` when neither records a lr.
+        ``{"peak_lr" (rounded to :data:`forensics.recovery._context.LR_DIGITS` significant digits: no float32
+        noise), "warmup_steps" (steps from the first logged step to 99% of the peak; 0 without a ramp),
+        "resolution" (the logging interval of the lr: a warm-up length read from the logs is known to within
+        it; 0 from the configuration), "source": "logs" | "config", "steps", "lr"}`` (``steps``/``lr`` arrays:
+        the trace, logs only), or ``None`` when neither records a lr.
     """
     s = run.series("lr")
     if s is not None and len(s) >= MIN_LR_POINTS and np.isfinite(s.values).any():
@@ -36,12 +39,24 @@ def lr_schedule_of(run: RunData, cfg: dict[str, Any]) -> dict[str, Any] | None:
         if peak > 0:
             reach = int(np.flatnonzero(v >= PEAK_REACHED * peak)[0])
             ramp = v[0] < 0.5 * peak
-            return {"peak_lr": peak, "warmup_steps": int(s.steps[reach] - s.steps[0] + 1) if ramp else 0,
-                    "source": "logs", "steps": s.steps, "lr": v}
+            return {"peak_lr": lr_digits(peak), "warmup_steps": int(s.steps[reach] - s.steps[0] + 1) if ramp else 0,
+                    "resolution": int(np.median(np.diff(s.steps))), "source": "logs", "steps": s.steps, "lr": v}
     if cfg.get("peak_lr"):
         return {"peak_lr": float(cfg["peak_lr"]), "warmup_steps": int(cfg.get("warmup_steps") or 0),
-                "source": "config", "steps": None, "lr": None}
+                "resolution": 0, "source": "config", "steps": None, "lr": None}
     return None
+
+
+def same_setting(key: str, ps: dict[str, Any], ts: dict[str, Any]) -> bool:
+    """The two schedules' ``key`` (``peak_lr`` or ``warmup_steps``) do not differ as far as the logs can tell.
+
+    A peak lr within ``SAME_REL``; a warm-up length within ``SAME_REL`` or within the coarser of the two logging
+    intervals (a 5-step and a 10-step log of the same 100-step warm-up read 101 and 91: no difference).
+    """
+    p, t = float(ps[key]), float(ts[key])
+    if math.isclose(p, t, rel_tol=SAME_REL):
+        return True
+    return key == "warmup_steps" and abs(p - t) <= max(ps.get("resolution", 0), ts.get("resolution", 0))
 
 
 def _lr_at(sched: dict[str, Any], step: float) -> float:
@@ -123,6 +138,8 @@ def log_differences(proxy: RunData, target: RunData, pc: dict[str, Any], tc: dic
         if key in recorded or pc.get(key) is not None or tc.get(key) is not None:
             continue
         if p is None or t is None or math.isclose(float(p), float(t), rel_tol=SAME_REL):
+            continue
+        if key in ("peak_lr", "warmup_steps") and same_setting(key, ps, ts):  # type: ignore[arg-type]
             continue
         matters, why = why_matters(key, p, t, {}, {})
         unit = " (tokens per step: no seq_len recorded)" if key == "global_batch_size" and not (

@@ -19,8 +19,9 @@ import numpy as np
 
 from forensics.detectors.base import Detector, fmt, segment_at
 from forensics.facts import RunFacts, run_facts
+from forensics.growth_precursor import growth_before, growth_metrics
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.signals import ONSET_Z, SPIKE_Z, WINDOW, departures, scaler_skips, zscores
+from forensics.signals import MIN_WINDOW_POINTS, ONSET_Z, SPIKE_Z, WINDOW, departures, scaler_skips, zscores
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class BadBatch(Detector):
     lead_steps: int = 5
     max_departures: int = 5
     max_findings: int = 3
+    named_series: int = 3
     confidence: float = 0.75
     confidence_no_grad_norm: float = 0.55
     confidence_in_warmup: float = 0.5
@@ -56,7 +58,9 @@ class BadBatch(Detector):
                 continue  # a slow build-up is not a bad batch
             if d.onset_step in resumes:
                 continue  # a jump at the first step of a resumed process is the resume's (RS01, LR01 judge it)
-            pre_lo = d.onset_step - self.window
+            pre_lo = max(d.onset_step - self.window, int(s.steps[0]))
+            if int(np.sum(np.isfinite(s.values[(s.steps >= pre_lo) & (s.steps < d.onset_step)]))) < MIN_WINDOW_POINTS:
+                continue  # no finite history before it: nothing to call the batch abnormal against (NF02's case)
             against = self._precursors(run, g, d.onset_step)
             if d.nonfinite and fp16:
                 if run.has("loss_scale") or g is None:
@@ -89,7 +93,8 @@ class BadBatch(Detector):
                 cause=Cause.DATA_BATCH, mechanism=Mechanism.BAD_BATCH, step=d.onset_step,
                 segment=segment_at(s, d.onset_step),
                 confidence=conf, severity=Severity.HIGH,
-                message=f"abrupt {what} at step {d.step} with no precursor in the previous {self.window} steps{named}.",
+                message=f"abrupt {what} at step {d.step} with no precursor in {self._checked(run, g)} over steps "
+            f"{pre_lo}..{d.onset_step - 1}{named}.",
                 evidence=ev,
                 against=warm_against + (() if g is not None else
                                         ("grad norm not logged: a precursor cannot be ruled out",)),
@@ -98,9 +103,24 @@ class BadBatch(Detector):
                 break
         return out
 
+    def _checked(self, run: RunData, g: tuple | None) -> str:
+        """The series the precursor check read, in words."""
+        grown = growth_metrics(run)
+        names = (["the grad norm"] if g is not None else []) + grown[:self.named_series]
+        more = len(grown) - self.named_series
+        return ("the loss itself (no grad norm or growth series logged)" if not names
+                else ", ".join(names) + (f" and {more} more" if more > 0 else ""))
+
     def _precursors(self, run: RunData, g: tuple | None, onset: int) -> list[str]:
-        """What in the grad norm before ``onset`` is a precursor (a departure, non-finite values); [] if none."""
-        against: list[str] = []
+        """What before ``onset`` is a precursor; [] if none.
+
+        A grad-norm departure or non-finite grad norms, or a growth series (activations, update ratio, logits,
+        weights: :mod:`forensics.growth_precursor`).
+        """
+        grown = growth_before(run, onset, self.window, self.lead_steps)
+        against: list[str] = [] if grown is None else [
+            f"{grown.metric} already grew from {fmt(grown.base)} to {fmt(grown.value)} from step {grown.onset_step} "
+            "(a precursor)"]
         if g is None:
             return against
         gs, _, gz, _ = g

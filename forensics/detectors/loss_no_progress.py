@@ -1,9 +1,11 @@
 """ST01 loss.no_progress: a run trained from the start whose loss never goes down.
 
 Rule (docs/detectors.md#st01; smdebug ``LossNotDecreasing``): the log starts near step 0 (first
-logged step <= ``max_first_step``), has at least ``min_points`` loss points, and the median of
-its last 10% of losses (``tail_parts``: a tenth) is not below ``min_drop`` (2%) under the median of its first
-5% (``head_parts``: a twentieth; each at least ``min_part_points``, 3). A run
+logged step <= ``max_first_step``), has at least ``min_points`` loss points, and the BEST level the loss
+reached (the lowest median of its twentieths, ``head_parts``, each at least ``min_part_points``, 3, points) is
+not below ``min_drop`` (2%) under its start (the first logged loss: the loss at initialisation, which a spike
+in the first steps of warm-up does not raise, unlike a median over the first steps). A loss that went down
+and later rose again (a divergence) did go down: that is the divergence detectors' finding, not this one. A run
 from scratch always lowers its loss within a few hundred steps; one that does not is stuck
 (lr of zero, frozen parameters, an optimizer that never steps, or a collapse to the uniform
 prediction at a far too high lr). Late excerpts of long runs (first step beyond
@@ -45,11 +47,13 @@ class NoProgress(Detector):
         v = s.values[np.isfinite(s.values)]
         if v.size < self.min_points:
             return []
-        head = float(np.median(v[: max(self.min_part_points, v.size // self.head_parts)]))
+        part = max(self.min_part_points, v.size // self.head_parts)
+        head = float(v[0])
         tail = float(np.median(v[-max(self.min_part_points, v.size // self.tail_parts):]))
-        if tail < head * (1 - self.min_drop):
+        best = self._best_level(v, part)
+        if best < head * (1 - self.min_drop):
             return []
-        ev: dict[str, object] = {"loss_first": head, "loss_last": tail, "points": int(v.size)}
+        ev: dict[str, object] = {"loss_first": head, "loss_last": tail, "loss_best": best, "points": int(v.size)}
         lr = run.series("lr")
         hint = ""
         if lr is not None and len(lr):
@@ -61,7 +65,13 @@ class NoProgress(Detector):
         return [self.finding(
             cause=None, mechanism=None, step=int(s.steps[0]), segment=int(s.segments[0]), confidence=self.confidence,
             severity=Severity.HIGH,
-            message=f"the loss does not go down: {fmt(head)} at the start, {fmt(tail)} at the end of "
-            f"{v.size} points{hint}.",
+            message=f"the loss does not go down: {fmt(head)} at the start, at best {fmt(best)} (the lowest median "
+            f"of a twentieth of the run), {fmt(tail)} at the end of {v.size} points{hint}.",
             evidence=ev,
         )]
+
+    @staticmethod
+    def _best_level(v: np.ndarray, part: int) -> float:
+        """The lowest median over consecutive blocks of ``part`` finite losses (robust to single low points)."""
+        n = v.size // part
+        return float(np.min(np.median(v[: n * part].reshape(n, part), axis=1)))

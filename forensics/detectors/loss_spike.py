@@ -10,6 +10,7 @@ Source: docs/detectors.md#sp01 (the thresholds, where each comes from, the publi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from forensics.detectors.base import Detector, fmt, segment_at
@@ -34,12 +35,13 @@ class LossSpike(Detector):
         for d in departures(run, "loss", limit=self.max_findings):
             what = "non-finite loss" if d.nonfinite else f"loss spike {fmt(d.value)} (z={d.z:.1f})"
             rec = f", recovered by step {d.recovered_step}" if d.recovered_step is not None else ", did not recover"
+            base = (f"against a trailing median of {fmt(d.baseline)}" if math.isfinite(d.baseline)
+                    else "with no finite loss before it to compare with")
             out.append(
                 self.finding(
                     cause=None, mechanism=None, step=d.onset_step, segment=segment_at(s, d.onset_step),
                     confidence=self.confidence, severity=Severity.HIGH if d.recovered_step is None else Severity.MEDIUM,
-                    message=f"{what} at step {d.step} against a trailing median of {fmt(d.baseline)}; "
-                    f"excursion starts at step {d.onset_step}{rec}.",
+                    message=f"{what} at step {d.step} {base}; excursion starts at step {d.onset_step}{rec}.",
                     evidence={
                         "metric": "loss", "detected_step": d.step, "onset_step": d.onset_step, "z": d.z,
                         "value": d.value, "trailing_median": d.baseline, "peak": d.peak,

@@ -58,11 +58,15 @@ AT_RESUME_CODES = (RESUME_STATE, LR_SCHEDULE)
 CAUSAL_CHAIN = "ENG01"
 FAILED_ATTEMPTS = "INT02"
 EARLY_DIVERGENCE = "DV02"
+NO_LEARNING = "ST02"
+NONFINITE_START = "NF02"
 
 ENGINE_FINDINGS = MappingProxyType({
     CAUSAL_CHAIN: "engine.causal_chain",
     FAILED_ATTEMPTS: "integrity.failed_attempts",
     EARLY_DIVERGENCE: "loss.early_divergence",
+    NO_LEARNING: "loss.no_learning",
+    NONFINITE_START: "nonfinite.from_start",
 })
 """Code -> dotted name of each finding the engine makes (no detector makes these)."""
 NOT_ON_CHAIN = (INTEGRITY, FAILED_ATTEMPTS, NOTES)
@@ -74,6 +78,6 @@ SIGNAL = MappingProxyType({
     RESUME_STATE: "loss at the resume",
     LOSS_SCALE: "loss_scale", ACTIVATION: "activation", UPDATE_RATIO: "update_ratio", PRECURSOR: "precursor",
     ATTENTION_LOGITS: "attn_logit_max", HARDWARE: "throughput", DATA_ORDERING: "loss level",
-    GRAD_SCALING: "loss / eval_loss",
+    GRAD_SCALING: "loss / eval_loss", NO_LEARNING: "loss", NONFINITE_START: "non-finite loss",
 })
 """Code -> the signal a chain link names."""

@@ -27,7 +27,7 @@ import numpy as np
 from forensics.coverage import rivals_checked
 from forensics.detectors import DETECTORS, Detector
 from forensics.engine import chain as chain_rules
-from forensics.engine import codes, keys, onset, rules
+from forensics.engine import codes, episodes, keys, onset, rules
 from forensics.engine.choose import choose
 from forensics.engine.evidence import Evidence, recovered
 from forensics.engine.weights import WEIGHTS
@@ -35,7 +35,8 @@ from forensics.facts import RunFacts, run_facts
 from forensics.model import Cause, Finding, Hypothesis, RunData, Severity, Skip, Verdict
 
 W = WEIGHTS
-RULES = (rules.apply_notes, rules.slow_divergence, rules.early_divergence,
+RULES = (episodes.earlier_episodes, episodes.stall_not_led, rules.apply_notes, rules.slow_divergence,
+         rules.early_divergence, episodes.no_learning, episodes.nonfinite_from_start,
          chain_rules.recovered_before, chain_rules.before_resume, chain_rules.off_chain)
 """The rules applied after :func:`forensics.engine.rules.family_hypotheses`, in order, before the choice."""
 
@@ -90,9 +91,11 @@ def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS,
 def main_evidence(cause: str | None, findings: tuple[Finding, ...]) -> Mapping[str, object]:
     """The evidence of the chosen cause's most confident finding, plus the growth that precedes it."""
     out: dict[str, object] = {}
-    if not cause or cause == Cause.UNKNOWN:
+    if not cause:
         return MappingProxyType(out)
     fs = [f for f in findings if f.cause == cause]
+    if cause == Cause.UNKNOWN:  # only the engine's own unknown findings (NF02) carry evidence for the planner
+        return MappingProxyType(dict(max(fs, key=lambda f: f.confidence).evidence) if fs else out)
     if fs:
         out = dict(max(fs, key=lambda f: f.confidence).evidence)
     growth = [f for f in findings if f.cause == Cause.UPDATE_SCALE_GROWTH and f.confidence >= W.min_cause_conf]
@@ -209,7 +212,8 @@ def verdict(ev: Evidence, chosen: Hypothesis | None, hyps: list[Hypothesis]) -> 
             v, start = _transient_or_recurring(ev, start)
         return _Answer(v, chosen.cause, chosen.mechanism, chosen.confidence, start, tuple(hyps))
     if ev.failed:
-        start = min(f.step for f in ev.findings if f.code in codes.FAILURE_PRECURSORS and f.step is not None)
+        start = min((f.step for f in ev.findings if f.code in codes.FAILURE_PRECURSORS and f.step is not None
+                     and not episodes.episode(ev, f)), default=ev.failure_step)
         why = Hypothesis(Cause.UNKNOWN, None, W.unexplained_failure,
                          ("the run failed (non-finite or diverging loss) but no detector names a cause",), ())
         return _Answer(Verdict.ANOMALY, Cause.UNKNOWN, None, W.unexplained_failure, start, (why, *hyps))

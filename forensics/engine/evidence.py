@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -18,6 +19,12 @@ NEVER = 1 << 62
 def recovered(f: Finding) -> bool:
     """The departure came back by itself (its ``recovered_step`` is set)."""
     return f.evidence.get(keys.RECOVERED_STEP) is not None
+
+
+def _before_any_finite(f: Finding) -> bool:
+    """A non-finite loss with no finite loss before it (SP01 has no band to see it return to; NF01 judges it)."""
+    base = f.evidence.get("trailing_median")
+    return bool(f.evidence.get(keys.NONFINITE)) and isinstance(base, float) and not math.isfinite(base)
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,9 @@ class Evidence:
         for f in ordered:
             by_code[f.code] = (*by_code.get(f.code, ()), f)
         nf = [f for f in by_code.get(codes.NONFINITE, ()) if not recovered(f)]
-        unrecovered = [f for f in by_code.get(codes.LOSS_SPIKE, ()) if not recovered(f)]
+        nf_back = bool(by_code.get(codes.NONFINITE)) and not nf  # NF01: finite for good afterwards
+        unrecovered = [f for f in by_code.get(codes.LOSS_SPIKE, ()) if not recovered(f)
+                       and not (nf_back and _before_any_finite(f))]
         marks = [f.step for f in nf + list(by_code.get(codes.DIVERGENCE, ())) + unrecovered if f.step is not None]
         families: dict[Cause, tuple[Finding, ...]] = {}
         for f in ordered:
@@ -83,6 +92,10 @@ class Evidence:
         fams[cause] = (*start, *found)
         return replace(self, families=MappingProxyType(fams),
                        findings=(*self.findings, *found) if listed else self.findings)
+
+    def with_families(self, families: Mapping[Cause, tuple[Finding, ...]]) -> Evidence:
+        """A copy whose families are ``families`` (the findings stay listed)."""
+        return replace(self, families=MappingProxyType(dict(families)))
 
     def with_findings(self, *found: Finding) -> Evidence:
         """A copy with the engine's own ``found`` appended to ``findings``."""

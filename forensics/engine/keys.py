@@ -32,6 +32,8 @@ RECURRING_PERIOD = "period"
 """DB02: the period in steps at which the loss excursions recur."""
 RECURRING_STEPS = "steps"
 """DB02: the steps of every occurrence, the first is the onset."""
+FROM_START = "nonfinite_from_start"
+"""NF02: the loss is non-finite from the first logged step (the planner checks init, data and precision)."""
 MODULE = "module"
 METRIC = "metric"
 

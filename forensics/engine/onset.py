@@ -1,9 +1,10 @@
 """The onset on the causal chain of the chosen cause, and the chain itself (DESIGN.md section 4).
 
 :func:`onset`: the earliest step over all findings on the causal path of the chosen cause (its own findings,
-growth before an overflow, fp16 back-offs that lead to the collapse without the scale growing back, a
-grad-norm departure just before; for causes at a resume, the resume itself). :func:`chain` reports the chain
-as an ENG01 finding (step, signal, size).
+growth before an overflow, a growth series departing before it (:mod:`forensics.growth_precursor`), fp16
+back-offs that lead to the collapse without the scale growing back, a grad-norm departure just before; for
+causes at a resume, the resume itself). :func:`chain` reports the chain as an ENG01 finding (step, signal,
+size).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from forensics.engine import codes, keys
 from forensics.engine.chain import AT_RESUME
 from forensics.engine.evidence import Evidence, recovered
 from forensics.engine.weights import WEIGHTS
+from forensics.growth_precursor import growth_before
 from forensics.model import Cause, Finding, RunData, Severity
 
 W = WEIGHTS
@@ -30,6 +32,11 @@ def onset(ev: Evidence, cause: str, fallback: int | None) -> int | None:
                   if f.step is not None and f.confidence >= W.min_cause_conf and f.step < step]
         if growth:
             step = min(growth)
+        # activations growing into the limit, before the overflow's first finding or the failure's first sign
+        probes = {step} | ({ev.failure_step} if ev.failure_step is not None and ev.failure_step < step else set())
+        grown = [g.onset_step for p in probes if (g := growth_before(ev.run, p, W.path_window, W.growth_lead))]
+        if grown:
+            step = min(step, *grown)
         step = skip_chain(ev.run, step)
     if cause in AT_RESUME:  # the fault is in the resume: nothing the earlier process did is on its chain
         return step

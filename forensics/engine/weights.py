@@ -39,6 +39,9 @@ class Weights:
         failed_lr_unknown: Score of the open ``unknown`` answer that replaces it.
         unexplained_failure: Score of ``unknown`` for a failure no detector names a cause for.
         unexplained_spike: Score of a transient spike no detector names a cause for.
+        no_learning: Score of a run that never learned after an early rise of its loss (lr too high).
+        nonfinite_start: Score of ``unknown`` for a loss non-finite from the first logged step.
+        growth_lead: Last logged points before an overflow's first finding judged for a growth precursor.
         recurring_spikes: Recovered loss spikes (median gap <= path_window) from which a run is an anomaly.
         attempt_min_conf: A rolled-back attempt that did not fail outranks the run only at this raw score.
         max_attempts: Rolled-back attempts analysed on their own (the earliest ones).
@@ -63,6 +66,10 @@ class Weights:
     failed_lr_unknown: float = _w(0.5)
     unexplained_failure: float = _w(0.3)
     unexplained_spike: float = _w(0.4)
+    no_learning: float = _w(0.55, "our choice, as early_divergence (docs/detectors.md#st01: a collapse to the "
+                                  "uniform prediction at a far too high lr)")
+    nonfinite_start: float = _w(0.5, "our choice: names the open question at min_cause_conf")
+    growth_lead: int = _w(5, "DB01's lead_steps: grad norm leads the loss by 1-4 steps (BLOOM tr11 chronicles)")
     recurring_spikes: int = _w(3)
     attempt_min_conf: float = _w(0.65)
     max_attempts: int = _w(6)
