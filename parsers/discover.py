@@ -25,7 +25,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.rundata import metrics_frame
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, conform_metrics
-from parsers import file_policy, safe_yaml
+from parsers import epoch_steps, file_policy, safe_yaml
 from parsers._io import DROPPED, MAX_LINE_BYTES, STEP_KEY
 from parsers.segments import bounds, groups_of, offsets_of
 from parsers.walk import (
@@ -144,6 +144,7 @@ def _read_files(root: Path, claims: list, skipped: list[Skip],
             DROPPED.reset(token)
             skipped.extend(Skip(f"{rel}:{line}", f"line of {n} bytes (more than {MAX_LINE_BYTES}): not read")
                            for p, line, n in dict.fromkeys(dropped) if p == str(path))
+        pr = epoch_steps.repair(pr)  # a step that restarts every epoch: one run, not restarts
         results.append((rel, pr, bounds(pr)))
         skipped.extend(pr.skipped)
     if not results:
