@@ -17,6 +17,7 @@ from parsers._jsonl_fields import (
     _SPECIAL_KEYS,
     NAME_KEYS,
     RUNTIME_KEYS,
+    SPLIT_KEYS,
     TIME_KEYS,
     _as_runtime,
     _as_step,
@@ -24,6 +25,7 @@ from parsers._jsonl_fields import (
     _flatten,
     _float,
     _number_text,
+    split_suffix,
 )
 from parsers._jsonl_table import _Records, _State
 
@@ -66,6 +68,8 @@ class _PyRecords(_Records):
         w = next((w for k in TIME_KEYS if k in flat and (w := _as_time(flat[k])) is not None), None)
         rt = next((r for k in RUNTIME_KEYS if k in flat and not math.isnan(r := _as_runtime(flat[k]))), math.nan)
         sfx = next((v for k in NAME_KEYS if isinstance(v := flat.get(k), str) and v), None)
+        if sfx is None:  # a val/eval/test split: its keys get the split's prefix
+            sfx = next((p for k in SPLIT_KEYS if k in flat and (p := split_suffix(flat[k]))), None)
         rec = len(line)
         line.append(line_no)
         step.append(stp)
