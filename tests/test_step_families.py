@@ -79,3 +79,90 @@ def test_csv_step_restarting_each_epoch(tmp_path):
     rows = _loss(load_run(tmp_path))
     assert {s for s, _ in rows} == {0}
     assert [st for _, st in rows] == list(range(90))
+
+
+# -- F37: a split column --------------------------------------------------------------------------
+
+
+def test_split_column_val_rows_are_eval_loss_and_no_restart(tmp_path):
+    """F37: `{"split": "val", "step": s, "loss": ...}` beside train rows at the same step (both engines)."""
+    from parsers import jsonl
+
+    rows = []
+    for s in range(200):
+        rows.append({"split": "train", "step": s, "loss": 2.0 - s / 200})
+        if s % 50 == 0:
+            rows.append({"split": "val", "step": s, "loss": 2.5 - s / 200})
+            rows.append({"mode": "test", "step": s, "acc": 0.5})
+    path = _write_jsonl(tmp_path / "metrics.jsonl", rows)
+    for engine in jsonl.ENGINES:
+        t = jsonl.read(path, tmp_path, engine=engine).metrics
+        assert set(t.column("segment").to_pylist()) == {0}
+        by_metric = {}
+        for m, tag in zip(t.column("metric").to_pylist(), t.column("tag").to_pylist(), strict=True):
+            by_metric.setdefault(m, set()).add(tag)
+        assert by_metric["loss"] == {"loss"} and by_metric["eval_loss"] == {"val/loss"}
+        assert "test/acc" in {tag for tags in by_metric.values() for tag in tags}
+    run = load_run(tmp_path)
+    assert run.metrics.filter(run.metrics["metric"] == "loss").height == 200
+
+
+def test_other_stage_values_change_nothing(tmp_path):
+    """A `stage` that names a training phase (`sft`) is no split: the keys stay as logged."""
+    path = _write_jsonl(tmp_path / "m.jsonl", [{"stage": "sft", "step": s, "loss": 1.0} for s in range(5)])
+    from parsers import jsonl
+
+    assert set(jsonl.read(path, tmp_path).metrics.column("tag").to_pylist()) == {"loss"}
+
+
+# -- F26: per-rank files -----------------------------------------------------------------------------
+
+
+def _rank_rows(rank: int, bad: bool) -> list[dict]:
+    rows = []
+    for s in range(300):
+        drift = 1.0 + (max(0, s - 200) / 10 if bad else 0.0)
+        rows.append({"step": s, "rank": rank, "loss": (2.0 * math.exp(-s / 80) + 0.3) * drift,
+                     "grad_norm": 0.5 * drift, "lr": 1e-3})
+    return rows
+
+
+def test_per_rank_files_are_ranks_not_restarts(tmp_path):
+    """F26: `metrics_rank{0..3}.jsonl` over the same steps: one segment, a `ranks` attribute, the bad rank named."""
+    for r in range(4):
+        _write_jsonl(tmp_path / f"metrics_rank{r}.jsonl", _rank_rows(r, bad=r == 2))
+    run = load_run(tmp_path)
+    assert set(run.metrics["segment"].to_list()) == {0}
+    loss = run.metrics.filter(run.metrics["metric"] == "loss")
+    assert loss.height == 300 and loss["step"].n_unique() == 300  # one value per step
+    assert "rank" not in set(run.metrics["metric"].to_list())
+    assert run.meta["by_source"]["metrics_rank1.jsonl"]["ranks"]["rank"] == 1
+    assert run.meta["by_source"]["metrics_rank2.jsonl"]["ranks"]["departs"].startswith("loss")
+    assert any("rank 2" in s.reason and "departs" in s.reason for s in run.skipped)
+
+
+def test_rank_key_files_without_a_rank_name_are_ranks(tmp_path):
+    """F26: files named otherwise that carry one `rank` value each, with overlapping steps, are ranks too."""
+    for r, name in enumerate(("a.jsonl", "b.jsonl")):
+        _write_jsonl(tmp_path / name, _rank_rows(r, bad=False))
+    run = load_run(tmp_path)
+    assert set(run.metrics["segment"].to_list()) == {0}
+    assert not any("departs" in s.reason for s in run.skipped)
+
+
+def test_files_one_after_another_are_still_segments(tmp_path):
+    """Two files of one writer that go back in steps (a resume) stay two segments: no rank token, no rank key."""
+    _write_jsonl(tmp_path / "a.jsonl", [{"step": s, "loss": 1.0} for s in range(100)])
+    _write_jsonl(tmp_path / "b.jsonl", [{"step": s, "loss": 1.0} for s in range(50, 150)])
+    assert set(load_run(tmp_path).metrics["segment"].to_list()) == {0, 1}
+
+
+# -- F23: the short name `gn` ------------------------------------------------------------------------
+
+
+def test_gn_is_the_grad_norm(tmp_path):
+    """F23: `gn` (like `gnorm`) in a `step N | loss X | lr Y | gn G` log is the grad norm."""
+    (tmp_path / "train.log").write_text("".join(
+        f"step {s} | loss {2.0 - s / 100:.4f} | lr 0.001 | gn {0.5 + s / 100:.3f}\n" for s in range(50)))
+    run = load_run(tmp_path)
+    assert run.metrics.filter(run.metrics["metric"] == "grad_norm").height == 50
