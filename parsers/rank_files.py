@@ -43,6 +43,9 @@ _NAME_TOKEN = re.compile(r"(?i)(?<![a-z])((?:local_|global_)?rank)[_-]?(\d+)")
 _WHY = ("per-rank files of one run: a value several ranks log at one step is kept once (the lowest rank's), "
         "a rank's step never reads as a restart of another's")
 
+_OWN_GROUPS = frozenset({"tensorboard", "wandb", "mlflow"})
+"""Formats whose files :func:`parsers.segments.groups_of` groups by their own rules (chains in time, run ids)."""
+
 Item = tuple[str, ParseResult, dict]
 
 
@@ -72,7 +75,7 @@ def _rank_sets(items: list[Item]) -> dict[str, list[tuple[int, int]]]:
     by_name: dict[str, list[tuple[int, int]]] = {}
     by_folder: dict[str, list[int]] = {}
     for i, (rel, pr, b) in enumerate(items):
-        if not b.get("rows"):
+        if not b.get("rows") or pr.format in _OWN_GROUPS:
             continue
         hit = _name_rank(rel)
         if hit is not None:

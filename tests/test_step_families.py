@@ -166,3 +166,41 @@ def test_gn_is_the_grad_norm(tmp_path):
         f"step {s} | loss {2.0 - s / 100:.4f} | lr 0.001 | gn {0.5 + s / 100:.3f}\n" for s in range(50)))
     run = load_run(tmp_path)
     assert run.metrics.filter(run.metrics["metric"] == "grad_norm").height == 50
+
+
+# -- F22: a resume that restarts the step counter ----------------------------------------------------
+
+
+def _resume_log(tmp_path: Path, continue_loss: bool) -> Path:
+    """`iter N | loss | lr | gnorm` with warm-up + cosine; checkpoint at 100, crash at 119, restart from iter 0."""
+    def lr(s: int) -> float:
+        return 2e-3 * min(1.0, (s + 1) / 40) * (0.5 + 0.5 * math.cos(math.pi * s / 400))
+
+    def loss(s: int) -> float:
+        return 4.6 * math.exp(-s / 30) + 2.5 + 0.02 * math.sin(s)
+
+    lines = [f"iter {s:6d} | loss {loss(s):.4f} | lr {lr(s):.3e} | gnorm 0.5" for s in range(100)]
+    lines.append("checkpoint saved: ckpt/step100.pt")
+    lines += [f"iter {s:6d} | loss {loss(s):.4f} | lr {lr(s):.3e} | gnorm 0.5" for s in range(100, 120)]
+    lines += ["Traceback (most recent call last):", "RuntimeError: NCCL timeout",
+              "=== restarted: loading ckpt/step100.pt ==="]
+    for s in range(150):
+        level = loss(100 + s) if continue_loss else loss(s)
+        lines.append(f"iter {s:6d} | loss {level:.4f} | lr {lr(s):.3e} | gnorm 0.5")
+    run = tmp_path / ("reset" if continue_loss else "fresh")
+    run.mkdir()
+    (run / "log.txt").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_resume_that_restarts_the_step_counter_is_found(tmp_path):
+    """F22: the loss goes on from the checkpoint's level while the step and the warm-up start again."""
+    report = api.analyze(_resume_log(tmp_path, continue_loss=True))
+    lr01 = [f for f in report.findings if f.code == "LR01" and "step counter restarted" in f.message]
+    assert lr01 and lr01[0].evidence["checkpoint_step"] == 100
+
+
+def test_a_fresh_start_after_a_crash_is_no_counter_reset(tmp_path):
+    """A job started again from scratch (the loss is back at its first level) restores nothing: no such finding."""
+    report = api.analyze(_resume_log(tmp_path, continue_loss=False))
+    assert not [f for f in report.findings if "step counter restarted" in f.message]
