@@ -43,22 +43,6 @@ RUNTIME_KEYS = ("_runtime", "_wandb/runtime")
 """Seconds since the run started (W&B): never metric rows; run start + runtime is a fallback wall time."""
 NAME_KEYS = ("module", "layer", "tensor", "param")  # not "name": often the run name
 """String fields that name what a per-module record is about; they become a metric suffix."""
-SPLIT_KEYS = ("split", "mode", "phase", "stage")
-"""String fields naming the data split of a record (``{"split": "val", "step": 50, "loss": 2.3}``)."""
-_SPLIT_PREFIX = {"val": "val", "valid": "val", "validation": "val", "eval": "eval", "evaluation": "eval",
-                 "dev": "dev", "test": "test", "testing": "test"}
-"""Split values whose records are not training rows: their keys get the prefix (``val/loss`` -> eval_loss,
-like a logged ``val/`` prefix). ``train``/``training`` and any other value (``"stage": "sft"``) change nothing."""
-PREFIX_MARK = "\x00"
-"""Marks a record suffix (:data:`NAME_KEYS`) that is a split prefix instead (``val`` -> ``val/<key>``)."""
-
-
-def split_suffix(value: object) -> str | None:
-    """The suffix text of a :data:`SPLIT_KEYS` value (``PREFIX_MARK + "val"``), or None (train, other values)."""
-    prefix = _SPLIT_PREFIX.get(value.strip().lower()) if isinstance(value, str) else None
-    return None if prefix is None else PREFIX_MARK + prefix
-
-
 _RUNTIME_SET = frozenset(RUNTIME_KEYS)
 _SPECIAL_KEYS = frozenset(TIME_KEYS) | _RUNTIME_SET
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, SPLIT_KEYS, TIME_KEYS, _as_time, split_suffix
+from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, TIME_KEYS, _as_time
 from parsers._jsonl_lines import _PyRecords
 from parsers._jsonl_stage import _dense, _leaves, _Staged
 from parsers._jsonl_table import _Records, _State, add_block
+from parsers._table_header import SPLIT_KEYS, split_suffix
 
 
 def _map_unique(s: pl.Series, fn: Callable[[str], Any], missing: float | int, dtype: type) -> np.ndarray:

@@ -17,7 +17,6 @@ from parsers._jsonl_fields import (
     _SPECIAL_KEYS,
     NAME_KEYS,
     RUNTIME_KEYS,
-    SPLIT_KEYS,
     TIME_KEYS,
     _as_runtime,
     _as_step,
@@ -25,9 +24,9 @@ from parsers._jsonl_fields import (
     _flatten,
     _float,
     _number_text,
-    split_suffix,
 )
 from parsers._jsonl_table import _Records, _State
+from parsers._table_header import SPLIT_KEYS, split_suffix
 
 
 class _PyRecords(_Records):

@@ -20,9 +20,10 @@ import pyarrow as pa
 from forensics.model import Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import STEP_KEY
-from parsers._jsonl_fields import PREFIX_MARK, _flatten, _safe_tag, step_keys
+from parsers._jsonl_fields import _flatten, _safe_tag, step_keys
 from parsers._jsonl_segments import _Segmenter
 from parsers._jsonl_text import constant, text_runs
+from parsers._table_header import PREFIX_MARK
 
 MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
 

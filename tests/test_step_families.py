@@ -107,6 +107,18 @@ def test_split_column_val_rows_are_eval_loss_and_no_restart(tmp_path):
     assert run.metrics.filter(run.metrics["metric"] == "loss").height == 200
 
 
+def test_csv_split_column_val_rows_are_eval_loss(tmp_path):
+    """F37 in a CSV table: a `split` column's val rows are eval_loss, not training loss."""
+    lines = ["step,split,loss"]
+    for s in range(100):
+        lines += [f"{s},train,{2 - s / 100}"] + ([f"{s},val,{2.5 - s / 100}"] if s % 20 == 0 else [])
+    text = "\n".join(lines) + "\n"
+    (tmp_path / "metrics.csv").write_text(text)
+    run = load_run(tmp_path)
+    assert run.metrics.filter(run.metrics["metric"] == "loss").height == 100
+    assert run.metrics.filter(run.metrics["metric"] == "eval_loss").height == 5
+
+
 def test_other_stage_values_change_nothing(tmp_path):
     """A `stage` that names a training phase (`sft`) is no split: the keys stay as logged."""
     path = _write_jsonl(tmp_path / "m.jsonl", [{"stage": "sft", "step": s, "loss": 1.0} for s in range(5)])
