@@ -93,7 +93,7 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             click.echo(payload, nl=not payload.endswith("\n"))
         else:
             atomic.write_text(output, payload)  # whole or absent; an error names the output
-            if explicit_output and analysis.recovery is not None:  # the machine-readable plan, for a launcher
+            if explicit_output and analysis.recovery is not None and output.is_file():  # not beside /dev/null
                 trial_path = output.with_name(f"{output.stem}.recovery_trial.json")
                 atomic.write_text(trial_path, json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n")
         if output is not None or summary:  # stdout is not the payload, or asked for
