@@ -216,3 +216,10 @@ def test_a_fresh_start_after_a_crash_is_no_counter_reset(tmp_path):
     """A job started again from scratch (the loss is back at its first level) restores nothing: no such finding."""
     report = api.analyze(_resume_log(tmp_path, continue_loss=False))
     assert not [f for f in report.findings if "step counter restarted" in f.message]
+
+
+def test_epoch_indexed_table_resume_stays_a_segment(tmp_path):
+    """One record per epoch (no step key), a resume re-logging epoch 6: still two segments."""
+    rows = [{"epoch": e, "loss": 1.0 / (e + 1)} for e in [*range(7), *range(6, 10)]]
+    _write_jsonl(tmp_path / "metrics.jsonl", rows)
+    assert {s for s, _ in _loss(load_run(tmp_path))} == {0, 1}
