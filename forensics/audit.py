@@ -34,6 +34,7 @@ from forensics.audit_cohort import MIN_COHORT, cohort_z, mark_status, robust_z
 from forensics.audit_execute import execute
 from forensics.audit_runs import find_runs, list_runs
 from forensics.audit_store import EXT, cache_get, store
+from forensics.audit_worker import error_row
 from forensics.errors import InputError
 from forensics.model import Verdict
 
@@ -136,7 +137,7 @@ def audit(
     with _Progress(len(tasks), enabled=progress) as bar:
         bar.advance(len(rows))
         for task, res in execute(todo, jobs, scheduler, run_timeout, run_memory):
-            rows[task.run] = store(out, task, res)
+            rows[task.run] = _stored(out, task, res)
             bar.advance(1)
     result.rows = sorted(rows.values(), key=lambda r: r["run"])
     mark_status(result.rows, base)
@@ -144,6 +145,14 @@ def audit(
     _write_outputs(result)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _stored(out: Path, task: Any, res: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's row after writing its outputs; outputs that cannot be written make it an error row, not the audit's."""
+    try:
+        return store(out, task, res)
+    except OSError as exc:
+        return dict(error_row(task, f"its report could not be written: {exc}"), cached=False)
 
 
 def _check_formats(formats: Sequence[str]) -> None:
