@@ -169,7 +169,7 @@ def _explain(run) -> str:  # noqa: ANN001
     for s in run.sources:
         lines.append(f"{s.path}: read by {s.format}, {s.records} records, {s.segments} segment(s)")
         meta = by_source.get(s.path) or {}
-        for k in ("framework", "step_unit", "total_steps", "skipped_lines", "ranks", "units"):
+        for k in ("framework", "step_unit", "total_steps", "skipped_lines", "ranks", "epoch_steps", "units"):
             if meta.get(k):
                 lines.append(f"  {k}: {meta[k]}")
         for tag in tags_by_source.get(s.path, []):

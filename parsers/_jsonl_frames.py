@@ -25,6 +25,7 @@ from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, TIME_KEYS, _as_time
 from parsers._jsonl_lines import _PyRecords
 from parsers._jsonl_stage import _dense, _leaves, _Staged
 from parsers._jsonl_table import _Records, _State, add_block
+from parsers._table_header import SPLIT_KEYS, split_suffix
 
 
 def _map_unique(s: pl.Series, fn: Callable[[str], Any], missing: float | int, dtype: type) -> np.ndarray:
@@ -67,6 +68,11 @@ class _FrameRecords(_Records):
             for s, _ in by_name.get(k, []):
                 if s.dtype == pl.String:
                     ids = _map_unique(s, lambda v: st.suffix_id(v) if v else -1, -1, np.int32)
+                    self.suffix = np.where(self.suffix < 0, ids, self.suffix)
+        for k in SPLIT_KEYS:  # a val/eval/test split: its keys get the split's prefix
+            for s, _ in by_name.get(k, []):
+                if s.dtype == pl.String:
+                    ids = _map_unique(s, lambda v: st.suffix_id(p) if (p := split_suffix(v)) else -1, -1, np.int32)
                     self.suffix = np.where(self.suffix < 0, ids, self.suffix)
         self._leaves: list[tuple[int, np.ndarray, np.ndarray]] = []  # (key id, float64[n], row mask[n])
         for name, group in by_name.items():

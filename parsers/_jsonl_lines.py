@@ -26,6 +26,7 @@ from parsers._jsonl_fields import (
     _number_text,
 )
 from parsers._jsonl_table import _Records, _State
+from parsers._table_header import SPLIT_KEYS, split_suffix
 
 
 class _PyRecords(_Records):
@@ -66,6 +67,8 @@ class _PyRecords(_Records):
         w = next((w for k in TIME_KEYS if k in flat and (w := _as_time(flat[k])) is not None), None)
         rt = next((r for k in RUNTIME_KEYS if k in flat and not math.isnan(r := _as_runtime(flat[k]))), math.nan)
         sfx = next((v for k in NAME_KEYS if isinstance(v := flat.get(k), str) and v), None)
+        if sfx is None:  # a val/eval/test split: its keys get the split's prefix
+            sfx = next((p for k in SPLIT_KEYS if k in flat and (p := split_suffix(flat[k]))), None)
         rec = len(line)
         line.append(line_no)
         step.append(stp)

@@ -23,6 +23,7 @@ from parsers._io import STEP_KEY
 from parsers._jsonl_fields import _flatten, _safe_tag, step_keys
 from parsers._jsonl_segments import _Segmenter
 from parsers._jsonl_text import constant, text_runs
+from parsers._table_header import PREFIX_MARK
 
 MAX_REPORTED = 20  # bad lines reported one by one; the rest are summarised in one Skip
 
@@ -347,7 +348,9 @@ def _tag_ids(st: _State, key: np.ndarray, suffix: np.ndarray) -> np.ndarray:
             k, s = divmod(p, width)
             ti = st.pair_tag.get((k, s))
             if ti is None:
-                ti = st.pair_tag[(k, s)] = st.tag_id(f"{st.keys[k]}/{st.suffixes[s]}")
+                sfx = st.suffixes[s]
+                name = f"{sfx[1:]}/{st.keys[k]}" if sfx.startswith(PREFIX_MARK) else f"{st.keys[k]}/{sfx}"
+                ti = st.pair_tag[(k, s)] = st.tag_id(name)
             ids.append(ti)
         tag[has] = np.asarray(ids, np.int32)[inverse]
     return tag

@@ -15,6 +15,21 @@ STEP_COLUMNS = ("_step", "step", "Step", "global_step", "trainer/global_step", "
                 "num_updates", "train/global_step", "global step", "current_steps", "current_step", "it", "steps",
                 "train_step", "optimizer_step", "update", "updates", "s", "batch", "iterations")
 """Step columns, in priority order (compared exactly, then ignoring case and padding)."""
+SPLIT_KEYS = ("split", "mode", "phase", "stage")
+"""String fields naming the data split of a record (``{"split": "val", "step": 50, "loss": 2.3}``)."""
+_SPLIT_PREFIX = {"val": "val", "valid": "val", "validation": "val", "eval": "eval", "evaluation": "eval",
+                 "dev": "dev", "test": "test", "testing": "test"}
+"""Split values whose records are not training rows: their keys get the prefix (``val/loss`` -> eval_loss,
+like a logged ``val/`` prefix). ``train``/``training`` and any other value (``"stage": "sft"``) change nothing."""
+PREFIX_MARK = "\x00"
+"""Marks a JSONL record suffix (``parsers._jsonl_fields.NAME_KEYS``) that is a split prefix instead
+(``val`` -> ``val/<key>``)."""
+
+
+def split_suffix(value: object) -> str | None:
+    """The suffix text of a :data:`SPLIT_KEYS` value (``PREFIX_MARK + "val"``), or None (train, other values)."""
+    prefix = _SPLIT_PREFIX.get(value.strip().lower()) if isinstance(value, str) else None
+    return None if prefix is None else PREFIX_MARK + prefix
 EPOCH_COLUMNS = ("epoch", "Epoch", "ep", "epochs")
 """Used as the step only when no step column exists (an epoch-indexed table, YOLOv5 ``results.csv``)."""
 SAMPLE_COLUMNS = ("samples", "consumed_samples", "num_samples", "examples")

@@ -41,9 +41,11 @@ from parsers._table_header import (
     EPOCH_COLUMNS,
     ROW_INDEX,
     SAMPLE_COLUMNS,
+    SPLIT_KEYS,
     STEP_COLUMNS,
     WALL_COLUMNS,
     metric_tag,
+    split_suffix,
     step_axis,
     step_column,
     to_float,
@@ -135,6 +137,7 @@ def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], ste
     si = header.index(step_col) if step_col in header else None
     wi = next((header.index(w) for w in WALL_COLUMNS if w in header), None)
     names = {c[1]: metric(c[1], None)[0] for c in cols if c}
+    xi = next((i for i, h in enumerate(header) if h.strip().lower() in SPLIT_KEYS), None)  # a train/val split
     segment, last = 0, None
     for row_no, (lineno, cells) in enumerate(table):
         step = to_float(cells[si]) if si is not None else float(row_no)
@@ -146,13 +149,16 @@ def _emit(rows: Rows, table: list[tuple[int, list[str]]], header: list[str], ste
             segment += 1
         last = s
         wall = to_float(cells[wi]) if wi is not None else None
+        pre = split_suffix(cells[xi]) if xi is not None else None  # a val row: val/<column>, like a val/ prefix
         for c in cols:
             if c is None:
                 continue
             v = to_float(cells[c[0]])
             if v is None:
                 continue
-            rows.add(segment, s, names[c[1]], v, c[1], wall)
+            tag = c[1] if pre is None else f"{pre[1:]}/{c[1]}"
+            name = names.get(tag) or names.setdefault(tag, metric(tag, None)[0])
+            rows.add(segment, s, name, v, tag, wall)
     meta["segments"] = segment + 1
 
 

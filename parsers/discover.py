@@ -25,7 +25,7 @@ from forensics.errors import InputError, ParseError
 from forensics.model import ParseResult, RunData, Skip, SourceInfo
 from forensics.rundata import metrics_frame
 from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, conform_metrics
-from parsers import file_policy, safe_yaml
+from parsers import epoch_steps, file_policy, rank_files, safe_yaml
 from parsers._io import DROPPED, MAX_LINE_BYTES, STEP_KEY
 from parsers.segments import bounds, groups_of, offsets_of
 from parsers.walk import (
@@ -144,6 +144,7 @@ def _read_files(root: Path, claims: list, skipped: list[Skip],
             DROPPED.reset(token)
             skipped.extend(Skip(f"{rel}:{line}", f"line of {n} bytes (more than {MAX_LINE_BYTES}): not read")
                            for p, line, n in dict.fromkeys(dropped) if p == str(path))
+        pr = epoch_steps.repair(pr)  # a step that restarts every epoch: one run, not restarts
         results.append((rel, pr, bounds(pr)))
         skipped.extend(pr.skipped)
     if not results:
@@ -158,7 +159,9 @@ def _read_files(root: Path, claims: list, skipped: list[Skip],
 def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseResult, dict]], skipped: list[Skip],
               configs: list[Path], unavailable: dict[str, str]) -> RunData:
     """One :class:`RunData` from the files read; each result is released once its tables are converted."""
-    groups = groups_of(results)
+    results, rank_groups, rank_skips = rank_files.merge(results, bounds)  # per-rank files: ranks, not restarts
+    skipped.extend(rank_skips)
+    groups = {**groups_of(results), **rank_groups}
     continued: dict[str, tuple[int, int]] = {}
     offsets = offsets_of(results, groups, continued)
     run = file_policy.display(root.name)  # a folder name that is not UTF-8 is kept, escaped

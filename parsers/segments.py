@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.model import ParseResult
+from parsers.rank_files import RANKS
 from parsers.walk import natural
 
 _SEG0 = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(np.zeros(1, np.int32))])[0]
@@ -110,6 +111,7 @@ def offsets_of(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str
     offsets: dict[str, int] = {}
     continued.clear()
     state: dict[str, tuple[int, int]] = {}  # group -> (global segment of the last file's end, its last step)
+    base: dict[str, int] = {}  # group -> global segment of its first file's start
     for rel, _, b in sorted(items, key=_order_key):
         g = groups[rel]
         prev = state.get(g)
@@ -118,6 +120,8 @@ def offsets_of(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str
             continue
         if prev is None:
             off = 0
+        elif g.startswith(RANKS):  # per-rank files of one run (parsers.rank_files): ranks, never restarts
+            off = base[g]
         elif g.startswith("wandb:"):  # each W&B run folder of a run id is a new process (a resume)
             off = prev[0] + 1
         elif g.startswith(("textlog:", LAUNCHES)):  # each stdout file (version folder) is one launch
@@ -127,5 +131,8 @@ def offsets_of(items: list[tuple[str, ParseResult, dict]], groups: dict[str, str
         else:
             off = prev[0] + 1 if b["first_step"] is None or b["first_step"] <= prev[1] else prev[0]
         offsets[rel] = off
+        base.setdefault(g, off)
         state[g] = (off + b["segments"] - 1, b["last_step"])
+        if prev is not None and g.startswith(RANKS):
+            state[g] = (max(state[g][0], prev[0]), max(state[g][1], prev[1]))
     return offsets

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from forensics.counter_reset import counter_not_restored
 from forensics.detectors.base import Detector, fmt
 from forensics.lr_rows import by_segment, intentional_override, lr_rows, pairs_repeat
 from forensics.lr_shapes import constant_scale, extrapolate, horizons, replays
@@ -122,6 +123,10 @@ class LRScheduleReset(Detector):
                 continue
             s0 = int(cur.get_column("step")[0])
             obs = float(cur.get_column("value")[0])
+            if (lost := counter_not_restored(run, first_seg, prev, cur)) is not None:  # global_step not restored
+                checked_steps.add(s0)
+                out.append(self._finding(run, s0, b, Mechanism.RESET_TO_INITIAL, self.reset_confidence, *lost))
+                continue
             same = prev.filter(pl.col("step") == s0)
             if same.height:
                 exp = float(same.get_column("value")[-1])
