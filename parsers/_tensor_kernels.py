@@ -7,10 +7,11 @@ Adam-epsilon share):
   cleared) is zero for +-0, :data:`Kind.inf` for +-inf, above it for NaN, and finite magnitudes are
   ordered like their patterns, so the counts and ``max |x|`` are integer reductions
   (``np.maximum.reduce``, ``np.count_nonzero`` on the masked view); the sum of squares comes from the
-  magnitudes widened to float64 into a reused buffer (BF16 by ``<< 16`` into float32's upper half, F16
-  by ``<< 13`` into float32's exponent and mantissa slots, i.e. ``|x| * 2**-112``, both exact; every square
-  of those is exact in float64) and summed by BLAS dot products of :data:`ROW`-element rows
-  (:func:`sum_squares`). NaN/inf are masked only in the blocks that hold them.
+  magnitudes as exact float32 values (:func:`widen`: BF16 by ``<< 16`` into float32's upper half, F16 by
+  the CPU's half-precision conversion in ``numkong``) whose squares, each exact in float64, are accumulated
+  in float64 by ``numkong.moments`` in one SIMD pass without the GIL (:func:`sum_squares32`; without
+  numkong: converted to float64 and summed by BLAS dot products of :data:`ROW`-element rows). NaN/inf are
+  masked only in the blocks that hold them.
 - :class:`Moments` for everything else (F64, integers, FP8 through ``ml_dtypes``), over float blocks.
 
 Every buffer is a :class:`Scratch` of one block, reused across calls (one per worker thread).
@@ -85,7 +86,8 @@ class Kind:
         mask: All bits but the sign.
         inf: The pattern of +inf; larger masked patterns are NaN.
         shift: Left shift that puts a masked pattern into a float32 (0 for F32 itself).
-        scale: Factor from the squares of those float32 values to the true squares (``2**224`` for F16).
+        scale: Factor from the squares of those float32 values to the true squares (``2**224`` for F16 widened by
+            the shift, see :func:`widen`).
         float: The numpy dtype of one element (to print ``max_abs`` from its pattern).
     """
 
@@ -233,34 +235,40 @@ def reduce_bits(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int |
     if top > acc.top:
         acc.top = top
     if top > 0:  # else only zeros (or nothing finite): no squares to add
-        acc.sumsq += sum_squares32(widen(dtype, a, s), s) * k.scale
+        f, scale = widen(dtype, a, s)
+        acc.sumsq += sum_squares32(f, s) * scale
 
 
-def widen(dtype: str, a: np.ndarray, s: Scratch) -> np.ndarray:
-    """Masked patterns ``a`` of ``dtype`` as float32 magnitudes times ``Kind.scale ** -0.5`` (exact), in some order.
+def widen(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
+    """Masked patterns ``a`` of ``dtype`` as exact float32 values ``f`` and ``scale``: the squares are ``f**2 * scale``.
 
     F32 is a view. BF16 is read two patterns at a time as uint32: ``w << 16`` is the first one's float32 and
-    ``w & 0xFFFF0000`` the second one's (two uint32 passes over half the elements, no widening copy); F16 is
-    widened to uint32 and shifted in place (``np.copyto`` then ``<<=``: two same-type passes, 3x faster than one
-    mixed-type ``np.left_shift(..., dtype=uint32)``; numpy's own float16 cast is 6x slower). The order of the
-    values is fixed by ``a`` alone (a sum over them gives the same bits for the same block).
+    ``w & 0xFFFF0000`` the second one's (two uint32 passes over half the elements, no widening copy). F16 is
+    converted by ``numkong.astype`` (the CPU's half-precision conversion, 0.09 ns per element here), or without
+    numkong widened to uint32 and shifted in place (``np.copyto`` then ``<<= 13``: ``|x| * 2**-112``, scale
+    ``2**224``; 0.15 ns; numpy's own float16 cast is 0.86). The order of the values is fixed by ``a`` alone (a sum
+    over them gives the same bits for the same block).
     """
     m = int(a.shape[0])
-    shift = KINDS[dtype].shift
-    if not shift:
-        return a.view(np.float32)
+    k = KINDS[dtype]
+    if not k.shift:
+        return a.view(np.float32), 1.0
     u32 = s.get("u32", np.uint32, m)
-    if shift == 16 and m > 1:
+    if k.shift == 16 and m > 1:
         h = m >> 1
         w = a[:2 * h].view(np.uint32)
         _SHL(w, 16, out=u32[:h])
         _AND(w, 0xFFFF0000, out=u32[h:2 * h])
         if m & 1:
             u32[m - 1] = int(a[m - 1]) << 16
-    else:
-        _COPY(u32, a)
-        _SHL(u32, shift, out=u32)
-    return u32.view(np.float32)
+        return u32.view(np.float32), 1.0
+    nk = _numkong() if k.float is np.float16 else None
+    if nk is not None:
+        nk.astype(a.view(np.float16), "float32", out=u32.view(np.float32))
+        return u32.view(np.float32), 1.0
+    _COPY(u32, a)
+    _SHL(u32, k.shift, out=u32)
+    return u32.view(np.float32), k.scale
 
 
 @functools.cache
