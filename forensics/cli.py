@@ -76,6 +76,7 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
         with following(True if follow_symlinks else None):
             run = load(run_dir, mapping)
         warn_unmatched(run.meta.get("names") or {}, mapping)
+        _note_separate_runs(run_dir, run)
         if strict and run.skipped:
             _fail(f"{run_dir}: --strict: {len(run.skipped)} input(s) skipped or damaged, first: "
                   f"{run.skipped[0].what}: {run.skipped[0].reason}",
@@ -106,6 +107,15 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
     levels = {Verdict.HEALTHY: 0, Verdict.TRANSIENT: 1, Verdict.ANOMALY: 2}
     threshold = {"anomaly": 2, "transient": 1, "never": 99}[fail_on]
     sys.exit(EXIT_FINDINGS if levels[analysis.verdict] >= threshold else EXIT_OK)
+
+
+def _note_separate_runs(run_dir: Path, run) -> None:  # noqa: ANN001
+    """On stderr: RUN_DIR holds several runs that each start at the same step (``forensics.several_runs``)."""
+    from forensics import several_runs
+
+    folders = several_runs.separate_runs(run_dir, run)
+    if folders:
+        click.echo(several_runs.note(run_dir, folders), err=True)
 
 
 def _text(analysis, run, *, color: bool, verbose: bool = False) -> str:  # noqa: ANN001

@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics.schema import explain_metric
+from forensics.schema import _ALIASES, _PREFIXES, explain_metric
 
 _EVAL_OBJECTIVES = ("eval_loss", "ppl", "eval_ppl")
 ZERO = "constant_zero:"
@@ -54,6 +54,9 @@ def _constant_zero(df: pl.DataFrame) -> bool:
     return v.len() > 0 and bool((v == 0.0).all())
 
 
+DISPLACED = "displaced:"
+"""Prefix of the name a series logged under a canonical name keeps when the user named another series as that
+metric (``--metric loss=loss_ce`` beside a logged ``loss``)."""
 UNMATCHED = "no series named"
 """What :func:`apply_user_map` says of a mapping whose column no input holds (:func:`unmatched_mappings` reads it)."""
 
@@ -82,12 +85,18 @@ def apply_user_map(metrics: pl.DataFrame, mapping: dict[str, str]) -> tuple[pl.D
     """
     why: dict[str, str] = {}
     for canon, raw in mapping.items():
-        hit = (pl.col("tag") == raw) | (pl.col("metric") == raw)
+        hit = pl.col("tag") == raw  # the name as logged first; a canonical name only when no tag is so named
+        if metrics.filter(hit).height == 0:
+            hit = pl.col("metric") == raw
         if metrics.filter(hit).height == 0:
             why[raw] = f"user mapping {canon}={raw}: {UNMATCHED} {raw!r} was found"
             continue
+        if metrics.filter((pl.col("metric") == canon) & (pl.col("tag") == canon) & ~hit).height:
+            why[canon] = (f"logged as {canon!r}; kept as {DISPLACED}{canon} "
+                          f"(the user mapping {canon}={raw} names another)")
+        displaced = pl.when(pl.col("tag") == canon).then(pl.lit(DISPLACED) + pl.col("tag")).otherwise(pl.col("tag"))
         metrics = metrics.with_columns(
-            pl.when(pl.col("metric") == canon).then(pl.col("tag")).otherwise(pl.col("metric")).alias("metric"))
+            pl.when((pl.col("metric") == canon) & ~hit).then(displaced).otherwise(pl.col("metric")).alias("metric"))
         metrics = metrics.with_columns(pl.when(hit).then(pl.lit(canon)).otherwise(pl.col("metric")).alias("metric"))
         why[raw] = f"user mapping: {raw!r} is {canon!r} (--metric or forensics.toml)"
     return metrics, why
@@ -146,6 +155,7 @@ def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
 
 def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
+    metrics = _split_co_logged(metrics, names)
     loss = metrics.select("metric", "tag", "value").filter(pl.col("metric") == "loss")  # the columns used only
     if loss.height and _constant_zero(loss):
         tags = sorted(loss.get_column("tag").unique().to_list())
@@ -165,6 +175,76 @@ def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataF
                 names[t] = {"metric": "loss", "why": f"{cand}: the loss (its mean over each logging interval)"}
             return metrics, metrics.filter(pl.col("metric") == "loss")
     return metrics, loss
+
+
+def _split_co_logged(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+    """Two raw names read as ``loss`` in one file at the same steps, with other values, are two series.
+
+    A MoE log's ``loss`` (cross-entropy plus the router's auxiliary loss) and ``loss_ce`` both map to ``loss`` by
+    name; merged, they would be one series with two values per step. Of the names logged at most steps, the one
+    that ranks first (:func:`_objective_rank`) stays ``loss``; each other such name logged beside it becomes the
+    part ``loss/<its words>``, and a name logged at fewer steps (a per-epoch ``Train Loss`` beside ``Avg Loss``,
+    :data:`SPARSE_SHARE`) keeps its raw name; why is in ``names``. Names in different files (a writer's and a
+    log's spelling of the same loss) are left alone.
+    """
+    if (metrics.get_column("metric") == "loss").sum() == 0:
+        return metrics
+    rows = metrics.filter(pl.col("metric") == "loss").select(
+        pl.col("tag").cast(pl.String), pl.col("source").cast(pl.String), "segment", "step", "value")
+    tags = rows.get_column("tag").unique().to_list()
+    if len(tags) < 2:
+        return metrics
+    counts = dict(rows.group_by("tag").len().iter_rows())
+    dense = [t for t in tags if counts[t] * SPARSE_SHARE >= max(counts.values())]
+    keep = min(dense, key=lambda t: (_objective_rank(t), -counts[t], t))
+    mine = rows.filter(pl.col("tag") == keep).select("source", "segment", "step", pl.col("value").alias("_v"))
+    beside = (rows.filter(pl.col("tag") != keep).join(mine, on=["source", "segment", "step"])
+              .filter(pl.col("value") != pl.col("_v")).get_column("tag").unique().sort().to_list())
+    taken = set(metrics.get_column("metric").cast(pl.String).unique().to_list())
+    for t in [t for t in beside if t not in dense]:  # an epoch or interval summary: kept under its raw name
+        metrics = metrics.with_columns(pl.when((pl.col("metric") == "loss") & (pl.col("tag") == t))
+                                       .then(pl.lit(t)).otherwise(pl.col("metric")).alias("metric"))
+        names[t] = {"metric": t, "why": f"logged beside {keep!r} in the same file at {counts[t]} of its "
+                                        f"{counts[keep]} steps: a summary (per epoch or interval), not the per-step "
+                                        "objective; kept under its raw name"}
+    for t in [t for t in beside if t in dense]:
+        words = [w for w in re.split(r"[^0-9a-z]+", t.lower()) if w and w not in ("loss", "train", "training")]
+        part = "loss/" + ("_".join(words) or re.sub(r"[^0-9A-Za-z]+", "_", t))
+        if part in taken:
+            part = "loss/" + re.sub(r"[^0-9A-Za-z]+", "_", t)
+        taken.add(part)
+        metrics = metrics.with_columns(pl.when((pl.col("metric") == "loss") & (pl.col("tag") == t))
+                                       .then(pl.lit(part)).otherwise(pl.col("metric")).alias("metric"))
+        names[t] = {"metric": part, "why": f"logged beside {keep!r} in the same file at the same steps with other "
+                                           f"values: a part of the loss, not the objective ({keep!r} ranks first)"}
+    return metrics
+
+
+SPARSE_SHARE = 1.5
+"""A name logged beside the objective at under 1/1.5 of the densest name's rows is a summary (our choice: a total
+and its parts logged on one line have equal counts; PaddleViT's per-epoch ``Train Loss`` has half the rows of its
+twice-per-epoch ``Avg Loss``, a per-epoch line among per-step lines far fewer)."""
+_RANK_TOTAL, _RANK_PLAIN, _RANK_ALIAS, _RANK_RULE = range(4)
+
+
+def _objective_rank(tag: str) -> int:
+    """Rank of a raw name as the training objective, lower first.
+
+    A name with the word ``total``, then plain ``loss`` (after a ``train/``-like prefix), then the alias table's
+    other loss names, then names mapped by rule (fewer words first).
+    """
+    low = tag.strip().lower()
+    words = [w for w in re.split(r"[^0-9a-z]+", low) if w]
+    if "total" in words:
+        return _RANK_TOTAL
+    bare = low
+    for prefix in _PREFIXES:
+        bare = bare.removeprefix(prefix)
+    if bare == "loss":
+        return _RANK_PLAIN
+    if _ALIASES.get(bare) == "loss":
+        return _RANK_ALIAS
+    return _RANK_RULE + len(words)
 
 
 def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | None:

@@ -35,7 +35,7 @@ RECURRING_STEPS = "steps"
 MODULE = "module"
 METRIC = "metric"
 
-SIZE_FORMATS = (("z", "z={:.1f}"), ("relative_difference", "{:+.0%} vs schedule"),
+SIZE_FORMATS = (("z", "z={:.1f}"), ("relative_difference", "{:.0%} off the schedule"),
                 ("relative_change", "{:+.1%}"), ("train_over_eval_loss", "x{:.2f}"), ("shift", "+{:.3g}"),
                 ("halvings", "{:.0f} halvings"), ("value", "{:.4g}"), ("loss_after", "{:.4g}"))
 """Evidence key -> how a chain link states the size of its departure (the first key present wins)."""
