@@ -9,7 +9,8 @@ whole run and picks, in rank order:
 2. the sum of the training loss components ``loss/<part>`` (YOLOv5 ``box+obj+cls``, detectron2 parts,
    DeepSpeed-Chat ``act+cri``) at the steps where they all were logged, constant-zero components left out;
    the rows are added as ``loss`` with the tag ``sum(...)``;
-3. ``eval_loss``, then ``ppl`` / ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
+3. the training perplexity ``ppl``: its natural log is added as ``loss`` (tag ``log(<name>)``);
+4. ``eval_loss``, then ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
    ``meta["objective"]["kind"]`` says ``evaluation``).
 
 A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none of them
@@ -133,6 +134,16 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                                        .then(pl.lit("loss")).otherwise(pl.col("metric")).alias("metric"))
         names[tag] = {"metric": "loss", "why": why}
         return metrics, {"metric": "loss", "tags": [tag], "kind": kind, "why": why}, names
+    ppl = metrics.filter(pl.col("metric") == "ppl")
+    if ppl.height and not _constant_zero(ppl):  # the training perplexity: its log is the loss the detectors judge
+        tags = sorted(set(ppl.get_column("tag").cast(pl.String).to_list()))
+        rows = ppl.with_columns(pl.lit("loss").alias("metric"), pl.col("value").log().alias("value"),
+                                ("log(" + pl.col("tag").cast(pl.String) + ")").alias("tag"))
+        metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+        why = (f"no training loss was logged; the training perplexity {', '.join(tags)} is exp(loss), so its "
+               "natural log is the loss")
+        return metrics, {"metric": "loss", "tags": [f"log({t})" for t in tags], "kind": "training (log of the "
+                         "perplexity)", "why": why}, names
     for m in _EVAL_OBJECTIVES:
         df = metrics.filter(pl.col("metric") == m)
         if df.height and not _constant_zero(df):
