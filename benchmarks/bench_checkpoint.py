@@ -13,8 +13,8 @@ times (default 3) and the best wall time is kept (the machine may be shared):
 - ``copy-mmap``: ``np.copyto`` of the memory-mapped file into such a buffer (the user-space copy);
 - ``copyfile``: ``shutil.copyfile`` of the whole file to a new file beside it (deleted after each pass: the
   in-kernel copy a user would make of a checkpoint);
-- ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`parsers.tensors.tensor_stats` per tensor
-  (all the cores the process may use, :data:`parsers.tensors.WORKERS`);
+- ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`parsers.tensors.stats_many` of all the file's
+  tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`);
 - ``ours-1``: the same with one worker (the per-core figure);
 - ``numpy`` (``--numpy``): every tensor read whole with ``np.fromfile`` (BF16 by the bit shift, F16 as
   numpy float16), then the same statistics as a user would write them.
@@ -169,7 +169,11 @@ def _pass(method: str, path: str, buf: np.ndarray | None) -> float:
             raw = np.fromfile(path, dtype=RAW[r.dtype], count=r.numel, offset=r.offset)
             total += _np_stats((raw.astype(np.uint32) << 16).view(np.float32) if r.dtype == "BF16" else raw)
         return total
-    return sum(sc.tensor_stats(r)["l2"] for r in refs)
+    try:
+        from parsers.tensors import stats_many
+    except ImportError:  # an older checkout: one tensor at a time
+        return sum(sc.tensor_stats(r)["l2"] for r in refs)
+    return sum(st["l2"] for st in stats_many([(r, None, None) for r in refs]))
 
 
 def worker(method: str, path: str, repeat: int) -> dict:
@@ -213,7 +217,7 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
     except ImportError:  # an older checkout: one thread
         workers = 1
     print(f"{dtype}: {path.name} ({size / 2**20:.0f} MiB of tensors, largest {largest:.0f} MiB), best of "
-          f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs", flush=True)
+          f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs; load average {_load()}", flush=True)
     res = {}
     for m in [*COPIES, "ours", "ours-1"] + (["numpy"] if args.numpy else []):
         out = subprocess.run([sys.executable, __file__, "--worker", m, str(path), str(args.repeat)],
@@ -224,8 +228,17 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
         r = res[m] = json.loads(out.stdout)
         print(f"  {m:10s} {r['seconds']:6.3f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
               f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
-              + (f"  sum of l2 {r['l2_sum']:.10g}" if m not in COPIES else ""), flush=True)
+              + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
+    print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)
+
+
+def _load() -> str:
+    """The 1-minute load average (a 2-core machine shared with other work shows it in the wall ratios)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "?"
 
 
 

@@ -22,8 +22,9 @@ CHUNK_BYTES = 4 << 20
 """Bytes per sequential read of :func:`iter_raw` (the bound on the memory one open tensor stream holds; the
 parallel reducer reads :data:`parsers.tensors.READ_BYTES` at a time instead): large sequential reads, never
 mmap page faults (docs/formats.md#streaming-reduction)."""
-BLOCK = 1 << 16
-"""Elements reduced per numpy call (cache-sized; ``reduce_bits`` measured fastest at 2**16 of 2**15 to 2**17)."""
+BLOCK = 1 << 17
+"""Elements reduced per numpy call (cache-sized; the reader of ``reduce_bits`` measured fastest at 2**17 of 2**15 to
+2**18, 5-8% ahead of 2**16: fewer Python calls per element, its buffers still in the core's L2 cache)."""
 MAX_STRIDED_BYTES = 64 << 20
 """A non-contiguous view is materialised only when its storage span is at most this size."""
 

@@ -145,7 +145,7 @@ def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef |
             theirs = _fill(fds[1], prev, i, n, 1, s) if prev is not None else None
             bits = raw.view(kind.uint)
             for j in range(0, n, BLOCK):
-                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small)
+                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small, own=conv is None)
                 if conv is not None and theirs is not None:
                     acc.delta_sq += delta_sq(conv[0](raw[j:j + BLOCK]), conv[1](theirs[j:j + BLOCK]), s)
     finally:

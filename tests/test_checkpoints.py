@@ -13,6 +13,7 @@ import pickle
 import struct
 import tracemalloc
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -233,8 +234,23 @@ def _float_path(ref: sc.TensorRef, small: float) -> dict:
     return m.result() | {"n_small": m.n_small, "n_pos": m.n_pos}
 
 
+@pytest.fixture(params=["numkong", "numpy"])
+def sumsq_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Both ways the float32 sums of squares are taken: numkong's SIMD kernel, and numpy's where it is missing.
+
+    Its own MonkeyPatch, so that a test's ``monkeypatch.undo()`` keeps the backend.
+    """
+    if request.param == "numkong" and kernels._numkong() is None:
+        pytest.skip("numkong is not installed")
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "numpy":
+            mp.setattr(kernels, "_numkong", lambda: None)
+        yield request.param
+
+
 @pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
-def test_bit_kernels_equal_float64_reference(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bit_kernels_equal_float64_reference(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             sumsq_backend: str) -> None:
     """F32/BF16/F16 statistics from bit patterns equal a plain numpy float64 computation and the float path.
 
     On data with NaN, +-inf, +-0 and subnormals and on finite data, read in one range, in parallel ranges
@@ -286,7 +302,7 @@ def test_bit_kernels_equal_float64_reference(dtype: str, tmp_path: Path, monkeyp
     assert math.isfinite(want_dsq)  # the finite data's update norm was compared, not NaN with NaN
 
 
-def test_bit_patterns_match_ml_dtypes() -> None:
+def test_bit_patterns_match_ml_dtypes(sumsq_backend: str) -> None:
     """Every BF16/F16 pattern reduced alone gives numpy's/ml_dtypes' value; thresholds map to the right pattern."""
     ml = pytest.importorskip("ml_dtypes")
     bits = np.arange(1 << 16, dtype=np.uint16)
@@ -303,8 +319,8 @@ def test_bit_patterns_match_ml_dtypes() -> None:
             assert acc.sumsq == ref[p] ** 2 and acc.top == p, (dtype, p)
             assert kernels.small_pattern(dtype, float(ref[p])) == p  # patterns 1..p are <= that value
         acc = kernels.Acc()
-        kernels.reduce_bits(dtype, bits, acc, s)  # all 65536 at once: the finite squares, exactly summable
-        assert acc.sumsq == pytest.approx(float(np.sum(ref[fin] ** 2)), rel=1e-15)
+        kernels.reduce_bits(dtype, bits, acc, s)  # all 65536 at once: every finite square exact, float64 sums
+        assert acc.sumsq == pytest.approx(math.fsum((ref[fin] ** 2).tolist()), rel=1e-13, abs=0.0)
         assert acc.n_nan == int(np.isnan(ref).sum()) and acc.n_inf == 2 and acc.n_zero == 2
     for v in (1e-8, 0.1, 3.0, float(np.float32(0.1))):
         p = kernels.small_pattern("F32", v)
@@ -314,7 +330,7 @@ def test_bit_patterns_match_ml_dtypes() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["BF16", "F16"])
-def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str) -> None:
+def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str, sumsq_backend: str) -> None:
     """The 16-bit path (BF16 two patterns per uint32, F16 widened and shifted; BLAS rows) against float64.
 
     Random tensors of lengths at and around the row and block boundaries (odd ones leave a pattern without a
@@ -348,6 +364,50 @@ def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str) -> Non
         kernels.reduce_bits(dtype, bits, acc, s)
         assert acc.sumsq == math.fsum((x * x).tolist()), dtype  # few terms of few bits: the float64 sum is exact
         assert acc.result(dtype)["max_abs"] == float(np.max(np.abs(x))), dtype
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
+def test_tensor_stats_equal_numpy_reference_at_odd_sizes(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         sumsq_backend: str) -> None:
+    """Whole tensors through ``stats_many`` (2 workers, ranges and reads smaller than the tensors) against numpy.
+
+    Zero-size, one-element and odd sizes around the block and range boundaries, each with NaN of both signs,
+    +-inf, +-0, subnormals, huge and tiny values, and a tensor of zeros: counts and max_abs equal a plain
+    float64 numpy computation, l2 within 1e-13 of the correctly rounded sum (``math.fsum``), and the result
+    is the same bit for bit with one worker.
+    """
+    ml = pytest.importorskip("ml_dtypes")
+    ftype = {"BF16": ml.bfloat16, "F16": np.float16, "F32": np.float32}[dtype]
+    block = tensors.BLOCK
+    monkeypatch.setattr(tensors, "TASK_BYTES", 2 * block * tensors.ITEMSIZE[dtype])
+    monkeypatch.setattr(tensors, "READ_BYTES", block)
+    sizes = (0, 1, 5, block - 1, block + 3, 4 * block + 777)
+    data = {f"t{n}": (_hostile_bits(dtype, n, seed=n) if n >= 8 else _hostile_bits(dtype, 8, seed=n)[:n])
+            for n in sizes}
+    data["zeros"] = np.zeros(block + 1, dtype=data["t1"].dtype)
+    path = tmp_path / "odd.safetensors"
+    _write_st(path, {k: (dtype, v) for k, v in data.items()})
+    refs = sc.read(path).obj
+    got = {}
+    for workers in (2, 1):
+        monkeypatch.setattr(tensors, "WORKERS", workers)
+        tensors._POOL.clear()
+        got[workers] = tensors.stats_many([(refs[k], None, None) for k in data])
+    tensors._POOL.clear()
+    assert [{k: repr(v) for k, v in st.items()} for st in got[1]] == [{k: repr(v) for k, v in st.items()}
+                                                                       for st in got[2]]  # NaN equals NaN here
+    for (name, bits), st in zip(data.items(), got[2], strict=True):
+        with np.errstate(invalid="ignore"):
+            x = bits.view(ftype).astype(np.float64)
+        fin = x[np.isfinite(x)]
+        assert st["numel"] == x.size and st["n_nan"] == int(np.isnan(x).sum()), name
+        assert st["n_inf"] == int(np.isinf(x).sum()) and st["n_zero"] == int((x == 0).sum()), name
+        assert st["l2"] == pytest.approx(math.sqrt(math.fsum((fin * fin).tolist())), rel=1e-13, abs=0.0), name
+        if fin.size:
+            assert st["max_abs"] == float(np.max(np.abs(fin))), name
+            assert st["rms"] == pytest.approx(st["l2"] / math.sqrt(fin.size), rel=1e-15), name
+        else:  # nothing finite (the zero-size tensor): no magnitude to report
+            assert math.isnan(st["max_abs"]) and math.isnan(st["rms"]) and st["l2"] == 0.0, name
 
 
 class _Evil:
