@@ -272,6 +272,15 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
     agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
            .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
            .filter(pl.col("n") == len(keep)))
+    dense = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)
+    if agg.height and agg.height < PARTS_MIN_SHARE * dense[1]:  # ``loss/train`` every step, ``loss/test`` rarely
+        rows = sub.filter(pl.col("metric") == dense[0]).with_columns(pl.lit("loss").alias("metric"))
+        why = (f"no training loss was logged; its components {', '.join(keep)} are all logged at only {agg.height} "
+               f"of the {dense[1]} steps of {dense[0]}, so their sum would drop most of the points: the most "
+               f"logged one, {dense[0]}, is taken")
+        return (pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed"),
+                {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
+                 "kind": "training (one component)", "why": why})
     if agg.height:
         tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
         rows = agg.select(
@@ -294,6 +303,10 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
                      "kind": "training (one component)", "why": why}
 
 
+PARTS_MIN_SHARE = 0.5
+"""The sum of the loss components is the objective only where it covers at least half the rows of the most logged
+component (our choice: parts logged on one line cover all of them; a train part every step beside an eval-like part
+every 50 steps covers 2 %, from the user test's ``Loss/train`` + ``Loss/test``)."""
 _STAT = r"/(?:mean|num|std|min|max|count|sum)$"
 _LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
                              "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})
