@@ -1,5 +1,8 @@
-"""Metric names by rule, not by list (forensics.schema): split words after a slash, loss-scale and skipped-step
-names under any prefix, names compared ignoring case and punctuation; and the objective of sparse components."""
+"""Metric names by rule, not by list (forensics.schema), and the objective of sparse loss components.
+
+Split words after a slash, loss-scale and skipped-step names under any prefix, names compared ignoring case and
+punctuation.
+"""
 
 from __future__ import annotations
 
