@@ -48,6 +48,7 @@ from parsers._table_header import (
     step_column,
     to_float,
 )
+from parsers._text_damage import UTF16_BOMS
 from parsers.json_table import json_array_head, read_json
 from parsers.lines import Rows, metric
 
@@ -173,7 +174,8 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     data, cut = read_table_bytes(path)
     if cut:
         skipped.append(Skip(rel, cut))
-    lines = data.decode("utf-8-sig", errors="replace").splitlines(keepends=True)
+    encoding = "utf-16" if data[:2] in UTF16_BOMS else "utf-8-sig"  # Excel's "Unicode text" export is UTF-16
+    lines = data.decode(encoding, errors="replace").splitlines(keepends=True)
     del data
     if not lines:
         raise ParseError(rel, "empty CSV file")
