@@ -7,6 +7,7 @@ All parsers emit these tables. Values are kept exactly as logged (NaN and +-inf 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -257,6 +258,8 @@ def name_rule(raw: str) -> tuple[str, str] | None:
     if scale_or_skip_rule(raw) is not None:
         return None  # ``amp/loss_scale``, ``loss_scaler``: the loss scale, never a part of the loss
     words = words_of(raw)
+    if any(a == "loss" and b.startswith("scal") for a, b in zip(words, words[1:], strict=False)):
+        return None  # ``loss_scale_window``, ``min_loss_scale``: a loss-scale setting, not a part of the loss
     words = ["loss" if w.endswith("loss") and w != "loss" and w[:-4] in ("crossentropy", "ce", "nll", "lm")
              else w for w in words]
     if "loss" in words or low.endswith("loss"):
@@ -347,6 +350,22 @@ def canonical_metric(raw: str) -> str:
     if rule is not None:
         return rule[0]
     return name
+
+
+FLAG_METRICS = ("skipped_step", "nan_step")
+"""Per-step counts that a writer may log as a boolean flag (``"overflow": true``): true/false is their 1/0."""
+
+
+@lru_cache(maxsize=4096)
+def boolean_is_a_count(raw: str) -> bool:
+    """True when a JSON boolean under ``raw`` reads as 1/0: a flag (``fp16_finite``, ``overflow``).
+
+    False for a measurement (a canonical metric other than :data:`FLAG_METRICS`, or a part of one: ``loss``,
+    ``lr``, ``loss/box``): ``"loss": true`` is no loss value.
+    """
+    name = canonical_metric(raw)
+    base = name.split("/")[0]
+    return name in FLAG_METRICS or (base not in CANONICAL_METRICS and name not in CANONICAL_METRICS)
 
 
 def empty_metrics() -> pa.Table:
