@@ -77,3 +77,32 @@ def test_a_step_beyond_int64_is_said(tmp_path: Path) -> None:
     meta = run.meta["by_source"]["metrics.jsonl"]
     assert "beyond int64" in meta["step_source"] and "no step key" not in meta["step_source"]
     assert any("beyond int64" in s.reason for s in run.skipped)
+
+
+def _bar(desc: str, n: int, total: int, postfix: str) -> str:
+    return f"{desc}{100 * n // total:3d}%|####      | {n}/{total} [00:08<00:10, 42.1it/s, {postfix}]"
+
+
+@pytest.mark.parametrize("sep", ["\n", "\r"])
+def test_tqdm_postfix_metrics_are_read(tmp_path: Path, sep: str) -> None:
+    """``pbar.set_postfix(loss=..., lr=...)``, one bar a line or redrawn after CR: step N, postfix read."""
+    bars = [_bar("Epoch 0: ", n, 1000, f"loss={_loss(n):.3g}, lr=1.00e-03") for n in range(1, 1001)]
+    (tmp_path / "log.out").write_text("Loading data...\n" + sep.join(bars) + "\n")
+    run = load(tmp_path)
+    loss = run.metrics.filter(run.metrics["metric"] == "loss")
+    assert loss.height == 1000 and loss["step"].min() == 1 and loss["step"].max() == 1000
+    assert analyze_run(run).onset["step"] == 700
+
+
+def test_lightning_bars_count_batches_over_epochs(tmp_path: Path) -> None:
+    """Lightning's ``Epoch E: ... N/TOTAL [..., v_num=0, train_loss_step=...]``: step E*TOTAL + N, v_num no metric."""
+    bars = [_bar(f"Epoch {e}: ", n, 250, f"v_num=0, train_loss_step={_loss(250 * e + n):.3g}, "
+                                         "train_loss_epoch=0.512")
+            for e in range(4) for n in range(1, 251)]
+    bars.append("Validation DataLoader 0: 100%|##########| 10/10 [00:00<00:00, 50.0it/s, val_loss=0.3]")
+    (tmp_path / "stdout.txt").write_text("\r".join(bars) + "\n")
+    run = load(tmp_path)
+    loss = run.metrics.filter(run.metrics["metric"] == "loss")
+    assert loss.height == 1000 and loss["step"].max() == 1000
+    assert run.metrics.filter(run.metrics["tag"] == "v_num").height == 0
+    assert run.metrics.filter(run.metrics["tag"] == "val_loss").height == 0
