@@ -272,7 +272,8 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
     agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
            .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
            .filter(pl.col("n") == len(keep)))
-    dense = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)
+    dense = (sub.select("metric", "source", "segment", "step").unique().group_by("metric").len()  # steps, not rows
+             .sort(["len", "metric"], descending=[True, False]).row(0))
     if agg.height and agg.height < PARTS_MIN_SHARE * dense[1]:  # ``loss/train`` every step, ``loss/test`` rarely
         rows = sub.filter(pl.col("metric") == dense[0]).with_columns(pl.lit("loss").alias("metric"))
         why = (f"no training loss was logged; its components {', '.join(keep)} are all logged at only {agg.height} "
