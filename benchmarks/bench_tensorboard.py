@@ -14,7 +14,10 @@ new process with its wall clock (imports and start-up included, as a user sees t
 
 Issue 17's goal: ingest at least 20x faster than tbparse. ``--check`` also compares our rows with
 tbparse's (scalars + tensors) in this process: same count, tags, steps and value bits.
-Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--check] [--accumulator] [--split]``.
+With ``--before DIR`` (a source tree, e.g. ``git archive main | tar -x -C DIR``) the same three commands of
+that tree are timed in the same run, taking turns with ours, and printed under ``before``.
+Usage: ``python benchmarks/bench_tensorboard.py [--points N] [--repeat R] [--check] [--accumulator] [--split]
+[--before DIR]``.
 """
 
 from __future__ import annotations
@@ -58,23 +61,45 @@ def make_file(points: int) -> Path:
     return sorted(folder.glob("events.out.tfevents.*"))[0]
 
 
-def wall(argv: list[str], repeat: int = 1) -> tuple[float, float]:
+def wall(argv: list[str], repeat: int = 1, root: Path = ROOT) -> tuple[float, float]:
     """Best (wall-clock s, CPU s) of ``repeat`` runs of ``argv`` as a new process (output discarded).
 
     CPU time (user + system of the child) is printed beside the wall clock: on a shared machine it
     moves much less with the load than the wall clock does. Python may cache bytecode (``__pycache__``,
     git-ignored), as for any installed package: with ``PYTHONDONTWRITEBYTECODE`` set, every run would
     recompile this project's modules (~0.1 s) but not tbparse's, installed with their bytecode.
+    ``root`` is the source tree the child imports (``PYTHONPATH``; ``--before`` gives another one).
     """
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an installed package (see the docstring)
     best, cpu = float("inf"), float("inf")
     for _ in range(repeat):
         r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(argv, check=True, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
         best, cpu = min(best, t), min(cpu, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     return best, cpu
+
+
+def time_commands(folder: Path, roots: dict[str, Path], repeat: int) -> dict[tuple[str, str], tuple[float, float]]:
+    """Best (wall, CPU) of ``ingest``, ``analyze -f json`` and ``analyze`` to HTML per source tree.
+
+    The trees take turns within each repeat (one run of each command from each tree, then the next
+    repeat), so that a change in the machine's load falls on all of them alike.
+    """
+    cli = [sys.executable, "-c", CLI]
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory() as out:
+        commands = {"ingest": ["ingest", str(folder), "-o", out],
+                    "json": ["analyze", str(folder), "-f", "json", "--fail-on", "never"],
+                    "html": ["analyze", str(folder), "-o", str(Path(out) / "r.html"), "--fail-on", "never"]}
+        for _ in range(repeat):
+            for name, args in commands.items():
+                for tree, root in roots.items():
+                    w, c = wall([*cli, *args], 1, root)
+                    old = best.get((name, tree), (float("inf"), float("inf")))
+                    best[(name, tree)] = (min(old[0], w), min(old[1], c))
+    return best
 
 
 def check_lossless(path: Path) -> str:
@@ -108,22 +133,22 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="compare our rows with tbparse's, bit for bit")
     ap.add_argument("--accumulator", action="store_true", help="also time tensorboard's EventAccumulator")
     ap.add_argument("--split", action="store_true", help="CPU of each analyze stage and detector (in-process)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="another source tree (e.g. `git archive main | tar -x -C DIR`) timed in the same run")
     args = ap.parse_args()
     path = make_file(args.points)
     print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB, {args.points} points); whole processes, wall clock")
-    cli = [sys.executable, "-c", CLI]
-    with tempfile.TemporaryDirectory() as out:
-        ingest = wall([*cli, "ingest", str(path.parent), "-o", out], args.repeat)
-    analyze = wall([*cli, "analyze", str(path.parent), "-f", "json", "--fail-on", "never"], args.repeat)
+    roots = {"": ROOT, **({"before ": args.before.resolve()} if args.before else {})}
+    best = time_commands(path.parent, roots, args.repeat)
     line = "{:44s} {:7.2f} s wall {:7.2f} s CPU  {}"
-    print(line.format("forensics ingest", *ingest, ""))
-    ratio = f"{analyze[0] / ingest[0]:5.2f}x its own ingest (CPU {analyze[1] / ingest[1]:.2f}x; goal <= 1.5x)"
-    print(line.format("forensics analyze -f json", *analyze, ratio))
-    with tempfile.TemporaryDirectory() as out:
-        html = wall([*cli, "analyze", str(path.parent), "-o", str(Path(out) / "r.html"), "--fail-on", "never"],
-                    args.repeat)
-    print(line.format("forensics analyze (html, the default)", *html,
-                      f"{html[0] / ingest[0]:5.2f}x its own ingest (CPU {html[1] / ingest[1]:.2f}x)"))
+    for tree in roots:
+        ingest, analyze, html = (best[(name, tree)] for name in ("ingest", "json", "html"))
+        print(line.format(f"{tree}forensics ingest", *ingest, ""))
+        ratio = f"{analyze[0] / ingest[0]:5.2f}x its own ingest (CPU {analyze[1] / ingest[1]:.2f}x; goal <= 1.5x)"
+        print(line.format(f"{tree}forensics analyze -f json", *analyze, ratio))
+        print(line.format(f"{tree}forensics analyze (html, the default)", *html,
+                          f"{html[0] / ingest[0]:5.2f}x its own ingest (CPU {html[1] / ingest[1]:.2f}x; goal <= 1.5x)"))
+    ingest = best[("ingest", "")]
     if args.split:
         sys.path.insert(0, str(ROOT))
         from benchmarks.bench_analyze import print_split
@@ -137,6 +162,9 @@ def main() -> None:
         ref = wall([sys.executable, "-c", TBPARSE, str(path)])
         print(line.format("tbparse SummaryReader(...).scalars", *ref, f"ours is {ref[0] / ingest[0]:5.1f}x faster "
                           f"(CPU {ref[1] / ingest[1]:.1f}x; goal >= 20x)"))
+        if args.before:
+            old = best[("ingest", "before ")]
+            print(f"{'':44s} before: {ref[0] / old[0]:5.1f}x faster (CPU {ref[1] / old[1]:.1f}x)")
         if args.check:
             print(f"lossless check against tbparse: {check_lossless(path)}")
     if args.accumulator:

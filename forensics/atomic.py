@@ -4,12 +4,17 @@ Each file is written to a unique temporary file in the same folder (so concurren
 one and the rename stays on one file system), flushed and ``fsync``-ed, then renamed over the target
 (``os.replace``, atomic on POSIX). A killed write leaves only a hidden ``.<name>.*.tmp`` file that no
 reader takes for the output; a full disk raises an :class:`OSError` that names the output path.
+An output that is a symlink is written through it; one that is a device or a FIFO (``-o /dev/null``,
+``-o /dev/stdout``) is written into, never replaced by a regular file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,30 +36,64 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
+def _target(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """``(where to write, atomically?)`` for an output path.
+
+    A symlink is written through (the link kept, its target replaced), and an existing file that is not a
+    regular file (``/dev/null``, ``/dev/stdout``, a FIFO) is written into, never renamed over (a rename would
+    replace the device or the pipe with a regular file).
+    """
+    if str(path) == "":
+        raise OSError(errno.EINVAL, "empty output path", "")
+    target = Path(path)
+    try:
+        st = os.stat(target)  # follows symlinks
+    except FileNotFoundError:
+        return (Path(os.path.realpath(target)) if target.is_symlink() else target), True
+    if not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.EISDIR, "is a directory (give a file name)", str(target))
+        return target, False
+    return (Path(os.path.realpath(target)) if target.is_symlink() else target), True
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path``, renamed over it when the block ends without an error.
 
+    ``path`` may be a symlink (its target is replaced, the link kept) or an existing device or FIFO
+    (``/dev/null``, ``/dev/stdout``): the finished temporary file is then copied into it, never renamed over it.
+
     Raises:
-        OSError: Writing or renaming failed; ``filename`` is ``path`` (the output), the temporary
-            file is removed.
+        OSError: Writing or renaming failed, or ``path`` is empty or a folder; ``filename`` is ``path`` (the
+            output, never the temporary file), the temporary file is removed.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = None
     try:
+        target, atomic = _target(path)
+        folder = target.parent if atomic else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
         yield Path(tmp)
-        os.chmod(tmp, _DEFAULT_MODE & ~_UMASK)  # mkstemp makes 0600; an output gets what open() would give
-        os.replace(tmp, target)
+        if atomic:
+            os.chmod(tmp, _DEFAULT_MODE & ~_UMASK)  # mkstemp makes 0600; an output gets what open() would give
+            os.replace(tmp, target)
+        else:
+            with open(tmp, "rb") as src, open(target, "wb") as dst:  # O_TRUNC is a no-op on a device or FIFO
+                shutil.copyfileobj(src, dst, _COPY_CHUNK)
+            os.unlink(tmp)
+        tmp = None
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+_COPY_CHUNK = 1 << 20
+"""Bytes per write when copying a finished output into a device or FIFO."""
 
 
 def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

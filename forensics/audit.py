@@ -34,6 +34,7 @@ from forensics.audit_cohort import MIN_COHORT, cohort_z, mark_status, robust_z
 from forensics.audit_execute import execute
 from forensics.audit_runs import find_runs, list_runs
 from forensics.audit_store import EXT, cache_get, store
+from forensics.audit_worker import error_row
 from forensics.errors import InputError
 from forensics.model import Verdict
 
@@ -136,7 +137,10 @@ def audit(
     with _Progress(len(tasks), enabled=progress) as bar:
         bar.advance(len(rows))
         for task, res in execute(todo, jobs, scheduler, run_timeout, run_memory):
-            rows[task.run] = store(out, task, res)
+            try:
+                rows[task.run] = store(out, task, res)
+            except OSError as exc:  # one run's outputs that cannot be written are its error row, not the audit's
+                rows[task.run] = dict(error_row(task, f"its report could not be written: {exc}"), cached=False)
             bar.advance(1)
     result.rows = sorted(rows.values(), key=lambda r: r["run"])
     mark_status(result.rows, base)

@@ -25,6 +25,9 @@ from forensics.layout import sniffers as layout_sniffers
 from parsers.file_policy import display
 
 CACHE_VERSION = 1
+NAME_CHARS = 160
+"""Longest ``OUT/runs/<name>`` (ASCII after escaping): the cache's ``.<name>.json.<random>.tmp`` must stay under
+the 255-byte file-name limit of Linux file systems (NAME_MAX); a longer run path keeps its start and a hash."""
 _HEAD = 64 * 1024
 
 
@@ -99,11 +102,14 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
     else:
         tree, base = local_tree(str(root).removeprefix("file://"), exclude)
     picked = pick_runs(tree, PurePosixPath(base).name, None if is_url(root) else file_reader(base))
+    picked = [*picked, *unclaimed_logs(tree, picked)]
     names: dict[str, str] = {}
     tasks = []
     for rel in sorted(set(picked)):
         run = display(rel or PurePosixPath(base).name or "run")  # a non-UTF-8 folder name: kept escaped
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run.replace("/", "__")).lstrip(".") or "run"
+        if len(safe) > NAME_CHARS:  # a deep sweep path: the file names built on it must stay under NAME_MAX
+            safe = f"{safe[:NAME_CHARS - 9]}-{hashlib.sha1(run.encode()).hexdigest()[:8]}"
         if safe.lower() in names:
             safe = f"{safe}-{hashlib.sha1(run.encode()).hexdigest()[:8]}"
         names[safe.lower()] = run
@@ -114,6 +120,36 @@ def list_runs(root: str | Path, *, exclude: str | Path | None = None,
                              key=key, files=tuple((f, s) for f, s, _ in files), formats=formats,
                              storage_options=so))
     return tasks
+
+
+LOG_LIKE = (".log", ".out", ".err", ".txt", ".csv", ".tsv", ".jsonl", ".ndjson")
+"""File suffixes that look like a training log: a folder holding one that no parser reads is listed as a run, so the
+audit gives it an error row ("no parser recognised the format") instead of leaving it out without a word."""
+_NOT_LOGS = re.compile(r"^(?:readme|license|licence|changelog|contributing|requirements[\w.-]*)(?:\.[a-z]+)?$", re.I)
+
+
+def unclaimed_logs(tree: Mapping[str, Any], picked: list[str]) -> list[str]:
+    """Folders with a log-like file no parser claimed, outside and not above any picked run (relative, sorted).
+
+    A folder counts when it holds a non-empty file with a :data:`LOG_LIKE` suffix (not a README, LICENSE or
+    requirements file) and no file a parser claims.
+    """
+    def near_run(rel: str) -> bool:
+        return any(rel == r or r == "" or rel.startswith(f"{r}/") or r.startswith(f"{rel}/" if rel else "")
+                   for r in picked)
+
+    out = []
+    for rel, node in tree.items():
+        if node.direct or near_run(rel):
+            continue
+        if any(PurePosixPath(name).suffix.lower() in LOG_LIKE and not _NOT_LOGS.match(name) and _size(meta) > 0
+               for name, meta in node.files.items()):
+            out.append(rel)
+    return sorted(out)
+
+
+def _size(meta: Any) -> int:
+    return int(meta[0]) if isinstance(meta, tuple | list) and meta else 0
 
 
 def _subtree_files(tree: dict[str, _Dir], rel: str) -> list[tuple[str, int, str]]:

@@ -21,6 +21,7 @@ from forensics.cli_common import (
     EXIT_INCONCLUSIVE,
     EXIT_OK,
     FORMATS,
+    JsonErrorGroup,
     warn_unmatched,
 )
 from forensics.cli_common import emit as _emit
@@ -34,7 +35,7 @@ from forensics.service.cli import serve, watch
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_INCONCLUSIVE", "EXIT_OK", "main"]
 _FORMATS = FORMATS  # md = markdown; every command takes all of them
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=JsonErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="train-forensics")
 def main() -> None:
     """Post-mortem analysis of deep-learning training runs."""
@@ -93,7 +94,7 @@ def analyze(run_dir: Path, fmt: str, output: Path | None, fail_on: str, strict: 
             click.echo(payload, nl=not payload.endswith("\n"))
         else:
             atomic.write_text(output, payload)  # whole or absent; an error names the output
-            if explicit_output and analysis.recovery is not None:  # the machine-readable plan, for a launcher
+            if explicit_output and analysis.recovery is not None and output.is_file():  # not beside /dev/null
                 trial_path = output.with_name(f"{output.stem}.recovery_trial.json")
                 atomic.write_text(trial_path, json.dumps(analysis.recovery.to_dict(), indent=2, default=str) + "\n")
         if output is not None or summary:  # stdout is not the payload, or asked for
@@ -247,7 +248,7 @@ def audit(root: str, output: Path, jobs: int, scheduler: str | None, baseline: P
 def compare(proxy: Path, target: Path, fmt: str, output: Path | None, summary: bool) -> None:
     """What changed between a PROXY run and its TARGET, where they parted, and the trial to test it."""
     fmt, output = _format_and_output(fmt, output)
-    with _errors(proxy):
+    with _errors(proxy, as_json=fmt == "json"):
         from forensics.compare import compare as run_compare
         from reports.compare_report import render as render_compare
 
@@ -281,7 +282,7 @@ def sweep(root: Path, fmt: str, output: Path | None, target_width: int | None, t
           summary: bool) -> None:
     """LR sweep under ROOT: final loss vs lr, LR sensitivity, largest stable lr, size trends."""
     fmt, output = _format_and_output(fmt, output)
-    with _errors(root):
+    with _errors(root, as_json=fmt == "json"):
         from forensics.sweep import sweep as run_sweep
         from reports.sweep_report import render as render_sweep
 

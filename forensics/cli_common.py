@@ -53,7 +53,7 @@ def errors(path: object, *, as_json: bool = False) -> Iterator[None]:
     try:
         yield
     except ForensicsError as exc:
-        fail(str(exc), json_error=("input", path) if as_json else None)
+        fail(str(exc), json_error=("input", exc.path or path) if as_json else None)
     except OSError as exc:
         where = getattr(exc, "filename", None) or path
         fail(f"{where}: {exc.strerror or exc}", json_error=("os", where) if as_json else None)
@@ -111,3 +111,39 @@ def emit(payload: str, output: Path | None) -> None:
         return
     atomic.write_text(output, payload)
     click.echo(f"report written to {shown(output)}", err=True)
+
+
+def wants_json(argv: list[str]) -> bool:
+    """True when a command line asks for ``-f json`` (any spelling click accepts)."""
+    for i, a in enumerate(argv):
+        if a in ("-f", "--format") and i + 1 < len(argv) and argv[i + 1] == "json":
+            return True
+        if a in ("-fjson", "--format=json"):
+            return True
+    return False
+
+
+class JsonErrorGroup(click.Group):
+    """A command group whose usage errors keep the ``-f json`` contract.
+
+    A bad option value or an unreadable path argument with ``-f json`` gives one JSON error object on stdout
+    beside the one-line message, exit 2 (DESIGN.md section 7); without it, click's usual usage text.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None,  # noqa: ANN001, ANN201, D102
+             standalone_mode=True, **extra):  # noqa: ANN001, ANN003
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            if wants_json(argv):
+                fail(exc.format_message(), json_error=("usage", ""))
+            exc.show()
+            sys.exit(exc.exit_code)

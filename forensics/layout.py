@@ -139,7 +139,9 @@ def local_tree(root: str | Path, exclude: str | Path | None = None) -> tuple[dic
         try:
             with os.scandir(top / rel if rel else top) as it:
                 entries = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            if not rel:  # the root itself: its reason, not "no run folders found"
+                raise InputError(root, f"cannot list the folder: {exc.strerror or exc}") from exc
             continue
         for e in entries:
             if e.name.startswith(".") and e.name != ".hydra" or e.name == "__pycache__":

@@ -42,12 +42,32 @@ QUOTE_CHARS = 300
 """Characters of a notes line kept as the quote of a failed remedy or an idea (display; our choice)."""
 
 
+_NOT_NOTES_NAME = re.compile(r"^(?:readme|changelog|changes|history|contributing|license|licence|code_of_conduct|"
+                             r"security|authors|citation|model_card|modelcard)\b", re.I)
+_NOT_NOTES_DIR = re.compile(r"^(?:code\w*|src|source|docs?|repo\w*|\w*snapshot\w*|site-packages|node_modules|vendor|"
+                            r"third_party|scripts?|\.git|\.github)$", re.I)
+
+
+def is_notes(path: str) -> bool:
+    """True when a Markdown file of the run folder can be the team's notes, not documentation copied in.
+
+    A code snapshot's README, a changelog or a model card (a name in ``_NOT_NOTES_NAME``, or any file under a
+    code or docs folder, ``_NOT_NOTES_DIR``) holds the words of remedies (``lower lr``, ``beta2``) that nobody
+    tried on this run, so it is not read as notes (the family: documentation kept beside a run for
+    reproducibility).
+    """
+    parts = path.replace("\\", "/").split("/")
+    return not _NOT_NOTES_NAME.match(parts[-1]) and not any(_NOT_NOTES_DIR.match(p) for p in parts[:-1])
+
+
 def read_notes(run: RunData) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """(failed remedies, proposed remedies): remedy -> the notes lines that say so."""
     failed: dict[str, list[str]] = {}
     ideas: dict[str, list[str]] = {}
     notes = run.meta.get("notes") or {}
-    for _path, text in notes.items():
+    for path, text in notes.items():
+        if not is_notes(str(path)):
+            continue
         in_ideas = False
         for unit in _units(str(text)):
             if IDEAS.search(unit):

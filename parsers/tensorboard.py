@@ -21,11 +21,10 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
-from forensics.schema import EVENTS_SCHEMA, METRICS_SCHEMA, canonical_metric
+from forensics.schema import EVENTS_SCHEMA, METRICS_COMPACT_SCHEMA, canonical_metric
 from parsers import _tb_fast, _tfrecord, file_policy
 from parsers._tb_proto import PLUGIN_KIND, Corrupt, State
 
@@ -278,14 +277,28 @@ def _table(st: State) -> tuple[pa.Table, list[tuple[int, int, str]]]:
     names = list(st.encodings)
     st.encoding = {st.tags[t]: names[int(enc[r])] for r, t in sorted((int(r), t) for t, r in enumerate(first.tolist())
                                                                         if r < len(tag))}
-    idx, zeros = _arrow(tag, pa.int32()), _arrow(np.zeros(len(step), np.int32), pa.int32())
     table = pa.Table.from_arrays(
-        [pc.take(_strings([""]), zeros), _arrow(seg, pa.int32()), _arrow(step, pa.int64()),
-         pc.take(_strings([canonical_metric(t) for t in st.tags]), idx),
-         _arrow(value, pa.float64()), _arrow(wall, pa.float64()),
-         pc.take(_strings(st.tags), idx), pc.take(_strings([st.rel]), zeros)],
-        schema=METRICS_SCHEMA)
+        [_one_text("", len(step)), _arrow(seg, pa.int32()), _arrow(step, pa.int64()),
+         _metric_text(st.tags, tag), _arrow(value, pa.float64()), _arrow(wall, pa.float64()),
+         pa.DictionaryArray.from_arrays(_arrow(tag, pa.int32()), _strings(st.tags)), _one_text(st.rel, len(step))],
+        schema=METRICS_COMPACT_SCHEMA)
     return table, events
+
+
+def _one_text(value: str, n: int) -> pa.DictionaryArray:
+    """``n`` rows of one string, dictionary-encoded (one byte a row; no 1M-row string column to build)."""
+    zeros = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(np.zeros(n, np.int8))])
+    return pa.DictionaryArray.from_arrays(zeros, _strings([value]))
+
+
+def _metric_text(tags: list[str], tag: np.ndarray) -> pa.DictionaryArray:
+    """Each row's canonical metric name, dictionary-encoded (tags with one canonical name share its entry)."""
+    names = [canonical_metric(t) for t in tags]
+    unique = {m: None for m in names}
+    if len(unique) < len(names):
+        pos = {m: i for i, m in enumerate(unique)}
+        tag = np.array([pos[m] for m in names], np.int32)[tag]
+    return pa.DictionaryArray.from_arrays(_arrow(tag, pa.int32()), _strings(list(unique)))
 
 
 

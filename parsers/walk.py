@@ -181,7 +181,38 @@ def _unreadable(path: Path) -> str | None:
         return PERMISSION_DENIED
     if _lfs_pointer(path):
         return LFS_POINTER
+    if own_output(path):
+        return OWN_OUTPUT
     return gzip_problem(path)
+
+
+OWN_OUTPUT = "a train-forensics output (a report or an ingest table), not a training log; not read"
+_INGEST_TABLES = frozenset({"metrics.parquet", "events.parquet", "tensors.parquet", "updates.parquet"})
+
+
+def own_output(path: Path) -> bool:
+    """True for a file this tool wrote: a text or Markdown report, or an ingest table beside its ``run.json``.
+
+    Users keep reports in the run folder (``forensics analyze run -f text > run/forensics.txt``); read back, a
+    report's ``evidence: ... step 301`` lines would be a second log (a phantom restart) and its trial's words
+    (``peak lr x0.5``) failed-remedy notes, and an ingest folder would double every point.
+    """
+    name = path.name.lower()
+    try:
+        if name in _INGEST_TABLES:
+            head = _head(path.parent / "run.json", 256)
+            return head.lstrip().startswith(b"{") and b'"run"' in head and b'"meta"' in head
+        if name.endswith((".txt", ".log", ".out", ".md", ".markdown")):
+            head = _head(path, 512)
+            return (head.startswith(b"run:") and b"\nverdict:" in head) or head.startswith(b"# train-forensics:")
+    except OSError:
+        return False
+    return False
+
+
+def _head(path: Path, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(n)
 
 
 LFS_POINTER = ("a Git LFS pointer file, not the file itself (the content was never downloaded: run "

@@ -90,30 +90,32 @@ def constant_line(series: Series) -> str:
 def smooth(values: np.ndarray, span: int | None = None) -> np.ndarray:
     """Debiased exponential moving average (TensorBoard's smoothing), non-finite values held over.
 
+    The average from the first finite value on is polars' ``ewm_mean(adjust=True)``: the weighted mean
+    ``sum((1 - alpha)**i * x[t - i]) / sum((1 - alpha)**i)``, the same numbers as the debiased first-order
+    IIR filter (``lfilter([alpha], [1, alpha - 1], x) / (1 - (1 - alpha)**k)``) this replaced, to rounding
+    (``tests/test_report_smooth.py``), without importing ``scipy.signal`` (~0.6 s a process).
+
     Args:
         values: float64 values in step order.
-        span: EMA span in points (default: 1% of the series, at least 5).
+        span: EMA span in points (default: 1% of the series, at least 5); ``alpha = 2 / (span + 1)``.
 
     Returns:
         float64 array of the same length; NaN where no finite value came yet.
     """
-    from scipy.signal import lfilter
+    import polars as pl
 
     n = values.size
     if n == 0:
         return values.astype(np.float64)
     span = span or max(5, n // 100)
     alpha = 2.0 / (span + 1.0)
-    fin = np.isfinite(values)
-    idx = np.where(fin, np.arange(n), -1)
-    np.maximum.accumulate(idx, out=idx)
-    filled = np.where(idx >= 0, values[np.maximum(idx, 0)], 0.0)
-    started = idx >= 0
-    k = np.cumsum(started)  # points since the first finite value
-    ema = lfilter([alpha], [1.0, -(1.0 - alpha)], np.where(started, filled, 0.0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = ema / (1.0 - (1.0 - alpha) ** np.maximum(k, 1))
-    out[~started] = np.nan
+    idx = np.where(np.isfinite(values), np.arange(n), -1)
+    np.maximum.accumulate(idx, out=idx)  # the last finite value at or before each point (-1: none yet)
+    out = np.full(n, np.nan)
+    first = int(np.searchsorted(idx, 0))
+    if first < n:
+        filled = pl.Series(values[idx[first:]], dtype=pl.Float64)
+        out[first:] = filled.ewm_mean(alpha=alpha, adjust=True).to_numpy()
     return out
 
 

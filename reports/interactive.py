@@ -17,10 +17,11 @@ titles and axis labels as TeX): titles and captions are HTML, autoescaped by the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +200,9 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
 
     first = next(iter(b.plots.values()))
     first.tags = [*b.sources.values()]  # keep every overlay source in the document
-    script, divs = components(b.plots)
+    document(b.plots.values())  # their one document, its models collected once
+    with _unvalidated():
+        script, divs = components(b.plots)
     panels = {p.id: p for p in (*out.main, *out.zoom, *out.layers)}
     for pid, div in divs.items():
         p = panels[pid]
@@ -213,6 +216,38 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
         layers=[panels[p.id] for p in out.layers], constant=out.constant, zoom_constant=out.zoom_constant,
         window=window, config=b.config, chain=out.chain,
     )
+
+
+def document(plots: Iterable[Any]) -> Any:
+    """One Bokeh ``Document`` with ``plots`` as its roots, in order (the one ``components`` serialises).
+
+    Roots added under ``models.freeze()``: the document collects its models once, not once per root
+    (``components`` on plots without a document adds them one by one; the same document either way).
+    """
+    from bokeh.document import Document
+
+    doc = Document()
+    with doc.models.freeze():
+        for p in plots:
+            doc.add_root(p)
+    return doc
+
+
+@contextlib.contextmanager
+def _unvalidated() -> Iterator[None]:
+    """Bokeh's embedding without its document validation (the setting ``BOKEH_VALIDATE_DOC``).
+
+    The validation only logs warnings about a document's models (a plot without renderers, ...); it never
+    changes the output, and costs ~15 % of the embedding. The report's documents are checked with it in
+    ``tests/test_reports.py`` (``check_integrity``) instead of in every user's process.
+    """
+    from bokeh.settings import settings
+
+    settings.perform_document_validation.set_value(False)
+    try:
+        yield
+    finally:
+        settings.perform_document_validation.unset_value()
 
 
 _MATHJAX_CDN = 'src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"'

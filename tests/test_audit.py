@@ -336,3 +336,38 @@ def test_cli_audit_run_over_its_memory_budget_is_an_error_row(root: Path, tmp_pa
     rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))["rows"]
     assert len(rows) == 2 and all("over budget" in (r["error"] or "") for r in rows), rows
     assert (out / "index.html").stat().st_size > 0
+
+
+def test_a_deep_sweep_path_gets_a_short_name_and_every_run_a_row(tmp_path: Path) -> None:
+    """A ~250-character, 3-level hparam-style run path does not kill the audit with "File name too long".
+
+    Its outputs get a shortened name plus a hash, and the short run beside it a row too.
+    """
+    root = tmp_path / "root"
+    deep = root / "sweep_transformer_d512_L12_H8" / ("lr=3e-4,wd=0.1,warmup=2000,beta2=0.95,clip=1.0,batch=512,"
+                                                    "seq=2048,dropout=0.0,init=small,norm=rmsnorm") / (
+        "seed=0,data=fineweb-edu-10BT-shuffled-v2,tokenizer=gpt2,eval_every=500,ckpt_every=1000,precision=bf16")
+    for run in (deep, root / "short_run"):
+        run.mkdir(parents=True)
+        (run / "train.log").write_text("".join(f"step {s} loss {3 - s * 0.01:.4f} lr 0.001\n" for s in range(60)))
+    result = audit(root, tmp_path / "out", jobs=1, progress=False)
+    assert len(result.rows) == 2 and all(r["error"] is None for r in result.rows)
+    assert all(len(p.name) <= 255 for p in (tmp_path / "out").rglob("*"))
+
+
+def test_a_folder_no_parser_reads_gets_an_error_row(tmp_path: Path) -> None:
+    """A run whose only log no parser recognises is listed with an error row, not left out without a word.
+
+    (A NUL-filled log, say; a README beside the runs is no run.)
+    """
+    root = tmp_path / "root"
+    good, bad = root / "good", root / "bad"
+    good.mkdir(parents=True)
+    bad.mkdir()
+    (good / "train.log").write_text("".join(f"step {s} loss {3 - s * 0.01:.4f} lr 0.001\n" for s in range(60)))
+    (bad / "train.log").write_bytes(b"\x00" * 4096)
+    (root / "README.txt").write_text("sweep of 2 runs\n")
+    result = audit(root, tmp_path / "out", jobs=1, progress=False)
+    rows = {r["run"]: r for r in result.rows}
+    assert set(rows) == {"good", "bad"}
+    assert rows["good"]["error"] is None and rows["bad"]["error"]

@@ -121,3 +121,29 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert res.returncode == 0, res.stderr
     for command in ("analyze", "audit", "compare", "sweep", "serve", "watch", "ingest", "detectors"):
         assert f"  {command} " in res.stdout
+
+
+def test_json_error_contract_holds_for_usage_errors_compare_and_sweep(tmp_path) -> None:
+    """``-f json`` always prints one JSON error object, also for usage errors, compare and sweep.
+
+    A bad option value (click's usage error), a missing compare target, a missing sweep root; without
+    ``-f json`` a usage error stays click's usage text.
+    """
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    sample = str(Path(__file__).resolve().parents[1] / "sample_logs" / "lr_schedule_reset")
+    runner = CliRunner()
+    for argv, kind in ((["analyze", sample, "-f", "json", "--fail-on", "sometimes"], "usage"),
+                       (["compare", sample, str(tmp_path / "none"), "-f", "json"], "input"),
+                       (["sweep", str(tmp_path / "none"), "--format=json"], "input")):
+        res = runner.invoke(main, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        err = json.loads(res.stdout)["error"]
+        assert err["kind"] == kind and err["message"], argv
+    res = runner.invoke(main, ["analyze", sample, "--fail-on", "sometimes"])
+    assert res.exit_code == 2 and "Usage:" in res.output and not res.stdout.lstrip().startswith("{")

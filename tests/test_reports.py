@@ -296,6 +296,22 @@ def test_html_content(run: RunData) -> None:
     assert 'class="banner transient"' in render_html(transient(), run)
 
 
+@pytest.mark.parametrize("kind", list(ANALYSES))
+def test_html_bokeh_document_passes_bokeh_validation(kind: str, run: RunData, monkeypatch) -> None:
+    """Bokeh's own integrity checks find nothing in the report's document (the report skips them when embedding)."""
+    from bokeh.core.validation.check import check_integrity
+
+    import reports.interactive as interactive
+
+    docs, build = [], interactive.document
+    monkeypatch.setattr(interactive, "document", lambda plots: docs.append(build(plots)) or docs[-1])
+    render_html(ANALYSES[kind](), run)
+    assert len(docs) == 1 and docs[0].roots
+    for root in docs[0].roots:
+        issues = check_integrity(root.references())
+        assert not issues.error and not issues.warning, (issues.error, issues.warning)
+
+
 def test_html_autoescape(run: RunData) -> None:
     """A hostile run name or message is escaped, never executed."""
     bad = anomaly(run="<script>alert(1)</script>")

@@ -115,8 +115,11 @@ def decide(run: RunData, detectors: tuple[Detector, ...] = DETECTORS) -> Decisio
     d = decide_attempts(run, detectors)
     nonfinite = any(f.code == codes.NONFINITE for f in d.findings)
     rivals = rivals_checked(d.cause, run.has, nonfinite, d.facts.fp16 if d.facts is not None else None)
+    from parsers.walk import OWN_OUTPUT  # noqa: PLC0415 - our own reports left out hold no training data
+
+    lost = sum(1 for s in run.skipped if s.reason != OWN_OUTPUT)
     conf, cov = calibrate_decision(d.confidence, d.verdict, d.cause, d.skipped, [x.code for x in detectors],
-                                   len(run.skipped), rivals)
+                                   lost, rivals)
     return dataclasses.replace(d, confidence=conf, coverage=cov, main_evidence=main_evidence(d.cause, d.findings))
 
 
