@@ -143,7 +143,9 @@ def analyze_run(run: RunData) -> Analysis:
                         transient=d.verdict == Verdict.TRANSIENT, facts=d.facts, findings=d.findings)
     verdict, confidence = d.verdict, d.confidence
     factor, notes = _coverage(run, len(d.skipped))
-    inconclusive = verdict == Verdict.HEALTHY and not run.meta.get("objective")
+    objective = run.meta.get("objective")
+    unjudged = bool(objective) and verdict == Verdict.HEALTHY and not run.has("loss")  # an eval-only objective
+    inconclusive = verdict == Verdict.HEALTHY and (not objective or unjudged)
     if verdict == Verdict.HEALTHY:
         confidence = confidence * factor
     summary = _summary(d.verdict, d.cause, d.mechanism, d.confidence, d.onset, d.failure_step)
@@ -151,7 +153,7 @@ def analyze_run(run: RunData) -> Analysis:
         from forensics.objective import how_to_map
 
         verdict, confidence = Verdict.INCONCLUSIVE, 0.0
-        summary = "inconclusive: " + how_to_map(run.metrics) + "."
+        summary = "inconclusive: " + (_unjudged(objective) if unjudged else how_to_map(run.metrics)) + "."
     elif notes and verdict == Verdict.HEALTHY:
         summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
     note = (run.meta.get("step_axis") or {}).get("note")
@@ -165,6 +167,14 @@ def analyze_run(run: RunData) -> Analysis:
         confidence=confidence, onset=d.onset, hypotheses=d.hypotheses, findings=d.findings, recovery=recovery,
         sources=tuple(run.sources), skipped=tuple(run.skipped) + d.skipped, summary=summary, meta=meta,
     )
+
+
+def _unjudged(objective: dict) -> str:
+    """Why a run whose only objective is an evaluation one is not called healthy (no detector judges it)."""
+    tags = ", ".join(objective.get("tags") or [objective.get("metric", "?")])
+    return (f"the only objective read is the evaluation objective {objective.get('metric')} ({tags}), which no "
+            f"detector judges: no training loss was logged; if a logged series is the training loss, say so: "
+            f"forensics analyze RUN --metric loss=COLUMN")
 
 
 def analyze(path: str | Path) -> Analysis:

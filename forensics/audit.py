@@ -137,10 +137,7 @@ def audit(
     with _Progress(len(tasks), enabled=progress) as bar:
         bar.advance(len(rows))
         for task, res in execute(todo, jobs, scheduler, run_timeout, run_memory):
-            try:
-                rows[task.run] = store(out, task, res)
-            except OSError as exc:  # one run's outputs that cannot be written are its error row, not the audit's
-                rows[task.run] = dict(error_row(task, f"its report could not be written: {exc}"), cached=False)
+            rows[task.run] = _stored(out, task, res)
             bar.advance(1)
     result.rows = sorted(rows.values(), key=lambda r: r["run"])
     mark_status(result.rows, base)
@@ -148,6 +145,14 @@ def audit(
     _write_outputs(result)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _stored(out: Path, task: Any, res: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's row after writing its outputs; outputs that cannot be written make it an error row, not the audit's."""
+    try:
+        return store(out, task, res)
+    except OSError as exc:
+        return dict(error_row(task, f"its report could not be written: {exc}"), cached=False)
 
 
 def _check_formats(formats: Sequence[str]) -> None:

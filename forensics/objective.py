@@ -9,7 +9,8 @@ whole run and picks, in rank order:
 2. the sum of the training loss components ``loss/<part>`` (YOLOv5 ``box+obj+cls``, detectron2 parts,
    DeepSpeed-Chat ``act+cri``) at the steps where they all were logged, constant-zero components left out;
    the rows are added as ``loss`` with the tag ``sum(...)``;
-3. ``eval_loss``, then ``ppl`` / ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
+3. the training perplexity ``ppl``: its natural log is added as ``loss`` (tag ``log(<name>)``);
+4. ``eval_loss``, then ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
    ``meta["objective"]["kind"]`` says ``evaluation``).
 
 A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none of them
@@ -133,6 +134,16 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
                                        .then(pl.lit("loss")).otherwise(pl.col("metric")).alias("metric"))
         names[tag] = {"metric": "loss", "why": why}
         return metrics, {"metric": "loss", "tags": [tag], "kind": kind, "why": why}, names
+    ppl = metrics.filter(pl.col("metric") == "ppl")
+    if ppl.height and not _constant_zero(ppl):  # the training perplexity: its log is the loss the detectors judge
+        tags = sorted(set(ppl.get_column("tag").cast(pl.String).to_list()))
+        rows = ppl.with_columns(pl.lit("loss").alias("metric"), pl.col("value").log().alias("value"),
+                                ("log(" + pl.col("tag").cast(pl.String) + ")").alias("tag"))
+        metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
+        why = (f"no training loss was logged; the training perplexity {', '.join(tags)} is exp(loss), so its "
+               "natural log is the loss")
+        return metrics, {"metric": "loss", "tags": [f"log({t})" for t in tags], "kind": "training (log of the "
+                         "perplexity)", "why": why}, names
     for m in _EVAL_OBJECTIVES:
         df = metrics.filter(pl.col("metric") == m)
         if df.height and not _constant_zero(df):
@@ -274,14 +285,9 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
            .filter(pl.col("n") == len(keep)))
     dense = (sub.select("metric", "source", "segment", "step").unique().group_by("metric").len()  # steps, not rows
              .sort(["len", "metric"], descending=[True, False]).row(0))
-    if agg.height and agg.height < PARTS_MIN_SHARE * dense[1]:  # ``loss/train`` every step, ``loss/test`` rarely
-        rows = sub.filter(pl.col("metric") == dense[0]).with_columns(pl.lit("loss").alias("metric"))
-        why = (f"no training loss was logged; its components {', '.join(keep)} are all logged at only {agg.height} "
-               f"of the {dense[1]} steps of {dense[0]}, so their sum would drop most of the points: the most "
-               f"logged one, {dense[0]}, is taken")
-        return (pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed"),
-                {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
-                 "kind": "training (one component)", "why": why})
+    shared = agg.height
+    if shared and shared < PARTS_MIN_SHARE * dense[1]:  # ``loss/train`` every step, ``loss/test`` rarely: no sum
+        agg = agg.clear()
     if agg.height:
         tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
         rows = agg.select(
@@ -295,19 +301,19 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
         if zero:
             why += f"; constant-zero component(s) left out: {', '.join(zero)}"
         return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)", "why": why}
-    top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
+    top = dense[0]
     rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
     metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-    why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
-           f"same steps; the most logged one, {top}, is taken")
+    together = (f"are all logged at only {shared} of the {dense[1]} steps of {top}, so their sum would drop most "
+                "of the points" if shared else "are never logged at the same steps")
+    why = f"no training loss was logged and its parts {', '.join(keep)} {together}; the most logged, {top}, is taken"
     return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
                      "kind": "training (one component)", "why": why}
 
 
 PARTS_MIN_SHARE = 0.5
-"""The sum of the loss components is the objective only where it covers at least half the rows of the most logged
-component (our choice: parts logged on one line cover all of them; a train part every step beside an eval-like part
-every 50 steps covers 2 %, from the user test's ``Loss/train`` + ``Loss/test``)."""
+"""The loss components' sum is the objective only where it covers >= half the steps of the most logged one (our choice:
+parts on one line cover all; the user test's ``Loss/train`` every step + ``Loss/test`` every 50 covers 2 %)."""
 _STAT = r"/(?:mean|num|std|min|max|count|sum)$"
 _LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
                              "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -175,7 +176,7 @@ def environment(autoescape: bool) -> jinja2.Environment:
     env.filters.update(
         num=fmt_num, compact=compact, conf=fmt_conf, oneline=oneline, md_cell=md_cell,
         key_evidence=key_evidence, pretty_json=pretty_json, onset_label=onset_label,
-        md_text=escape.md_text, md_code=escape.md_code, code_spans=escape.html_code_spans,
+        md_text=escape.md_text, md_code=escape.md_code, shell=shlex.quote, code_spans=escape.html_code_spans,
     )
     return env
 

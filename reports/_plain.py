@@ -153,7 +153,10 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
         span = f" over steps {fmt_num(int(steps.min()))} to {fmt_num(int(steps.max()))}"  # type: ignore[arg-type]
     if a.verdict == Verdict.HEALTHY:
         return f"Nothing went wrong: every logged series stayed within the run's own normal range{span}."
-    if a.verdict == Verdict.INCONCLUSIVE:
+    if a.verdict == Verdict.INCONCLUSIVE:  # the summary says what was found and how to map it: the useful part
+        why = str(getattr(a, "summary", "") or "").removeprefix("inconclusive:").strip().rstrip(".")
+        if why:
+            return f"The run could not be judged: {why}."
         return "The run could not be judged: the training objective or the records needed were not found."
     step = a.onset["step"] if a.onset else None
     if a.verdict == Verdict.TRANSIENT:

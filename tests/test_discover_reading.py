@@ -103,6 +103,8 @@ def test_cli_json_error_object_and_inconclusive_exit(tmp_path):
     (tmp_path / "log.txt").write_text("".join(f"step {i} | acc {i / 100:.2f}\n" for i in range(60)))
     r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json"])
     assert r.exit_code == EXIT_INCONCLUSIVE and json.loads(r.stdout)["verdict"] == "inconclusive"
+    r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "text"])  # the text says what to do too
+    assert "what:" in r.stdout and "--metric loss=acc" in r.stdout.split("what:")[1].splitlines()[0]
     r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json", "--metric", "loss=acc"])
     assert json.loads(r.stdout)["verdict"] != "inconclusive"
     r = CliRunner().invoke(main, ["analyze", str(tmp_path), "-f", "json", "--metric", "loss"])

@@ -60,3 +60,25 @@ def test_one_loss_under_two_names_in_two_files_is_one_series(tmp_path: Path) -> 
                                               for s in range(100)))
     run = load(tmp_path)
     assert set(run.meta["objective"]["tags"]) == {"train/loss", "loss"}
+
+
+def test_an_eval_only_objective_is_inconclusive_not_healthy(tmp_path: Path) -> None:
+    """Only ``val_loss`` every 100 steps: no detector judges it, so the verdict is inconclusive with why."""
+    with (tmp_path / "metrics.jsonl").open("w") as fh:
+        for s in range(0, 5000, 100):
+            fh.write(json.dumps({"step": s, "val_loss": 3.0 - s / 2000 if s < 3000 else 1.5 + (s - 3000) / 500,
+                                 "lr": 1e-3}) + "\n")
+    a = analyze_run(load(tmp_path))
+    assert a.verdict == "inconclusive" and "evaluation objective eval_loss (val_loss)" in a.summary
+
+
+def test_a_training_perplexity_is_judged_through_its_log(tmp_path: Path) -> None:
+    """Only ``train_ppl``: its natural log is the loss, so a blow-up from step 1500 is found, not 'healthy'."""
+    with (tmp_path / "metrics.jsonl").open("w") as fh:
+        for s in range(3000):
+            loss = 2.0 + 1.0 * math.exp(-s / 300) + (0.004 * (s - 1500) if s > 1500 else 0.0)
+            fh.write(json.dumps({"step": s, "train_ppl": math.exp(loss), "lr": 1e-3}) + "\n")
+    run = load(tmp_path)
+    assert run.meta["objective"]["tags"] == ["log(train_ppl)"]
+    a = analyze_run(run)
+    assert a.verdict == "anomaly" and 1400 <= a.onset["step"] <= 1700

@@ -151,3 +151,22 @@ def test_text_once_and_verbose_lists_every_finding() -> None:
     analysis = forensics.api.analyze_run(forensics.api.load(COMMANDS["analyze"][0]))
     assert verbose.count("evidence:") == len(analysis.findings)
     assert all(s.what in verbose for s in analysis.skipped) and "--verbose lists" not in verbose
+
+
+def test_markdown_command_quotes_the_run_path(tmp_path) -> None:  # noqa: ANN001
+    """The paste-ready ``forensics analyze PATH`` line of the Markdown report is shell-quoted (spaces, ``<``)."""
+    import json
+    import shlex
+
+    from forensics.api import analyze_run, load
+    from reports import render
+
+    run = tmp_path / "sp ace" / "run <x>"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3 - s * 0.01}) + "\n"
+                                               for s in range(100)))
+    data = load(run)
+    md = render(analyze_run(data), data, "markdown")
+    line = next(x for x in md.splitlines() if x.startswith("Full report: run `"))
+    cmd = line.split("`")[1]
+    assert shlex.split(cmd)[2] == str(run) or shlex.split(cmd)[2].endswith("run <x>")

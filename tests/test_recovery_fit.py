@@ -129,3 +129,17 @@ def test_an_overflow_is_judged_on_the_loss_scale() -> None:
     assert any(c.startswith("the loss scale stays at or above its pre-onset median (6.554e+04)")
                for c in kept.success_criteria)
     assert not any("loss scale" in c for c in steady.success_criteria)
+
+
+def test_the_resume_point_claims_loaded_only_when_the_resume_started_right_after_it() -> None:
+    """The resume point says "the checkpoint the faulty resume loaded" only when the resume began right after it.
+
+    A checkpoint at 300 and a resume at 301: loaded; a resume at 400 cannot have loaded it, so the plan names
+    the newest listed one and says the loaded one was not read.
+    """
+    from forensics.recovery._resume import _why_checkpoint
+
+    kw = {"short_margin": False, "at_resume": True, "hw": False, "nonfinite": False}
+    assert "faulty resume loaded" in _why_checkpoint(301, 300, "step", 100, **kw, loaded=True)
+    why = _why_checkpoint(400, 300, "step", 100, **kw, loaded=False)
+    assert "loaded" not in why.split("(")[0] and "not among the files read" in why

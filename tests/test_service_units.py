@@ -332,3 +332,29 @@ def test_run_named_with_a_non_utf8_byte_is_analysed_and_served(tmp_path: Path) -
     assert [r["name"] for r in runs] == ["root/run\\xff"] and runs[0]["verdict"] and not runs[0]["error"]
     assert status == 200 and "<html" in report.lower()
     assert "run\\xff" in page
+
+
+def test_serve_start_up_errors_are_one_line_naming_what_failed(tmp_path) -> None:  # noqa: ANN001
+    """Serve's start-up errors are one line naming what failed, exit 2.
+
+    A port already taken: host:port, before any URL or token is announced; a corrupt ``--db``: the database
+    file, not the root, not an "internal error".
+    """
+    import socket as _socket
+
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    with _socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = CliRunner().invoke(main, ["serve", str(root), "--port", str(port), "--db", str(tmp_path / "s.db")])
+    assert res.exit_code == 2 and f"127.0.0.1:{port}" in res.output and "token" not in res.output
+    bad = tmp_path / "bad.db"
+    bad.write_text("garbage" * 100)
+    res = CliRunner().invoke(main, ["serve", str(root), "--port", "0", "--db", str(bad)])
+    assert res.exit_code == 2 and "bad.db" in res.output and "internal" not in res.output

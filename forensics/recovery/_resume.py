@@ -91,21 +91,25 @@ def resume_point(run: RunData, facts: RunFacts, cause: str, mechanism: str | Non
         return _from_the_start(facts, "the scaling is wrong from the first logged step: fix it and rerun")
     if before:
         step, path = before[-1]
+        loaded = at_resume and onset - step <= max(1, facts.log_interval)  # the resume started right after it
         why = _why_checkpoint(onset, step, unit, rollback, short_margin=short_margin, at_resume=at_resume, hw=hw,
-                              nonfinite=mechanism == Mechanism.NONFINITE_STATE)
+                              nonfinite=mechanism == Mechanism.NONFINITE_STATE, loaded=loaded)
         return {"checkpoint": path, "step": step, "why": why + (f"; {verified}" if verified is not None else "")}
     return _no_checkpoint(facts, onset, target, rollback, verified)
 
 
 def _why_checkpoint(onset: int, step: int, unit: str, rollback: int, *, short_margin: bool, at_resume: bool,
-                    hw: bool, nonfinite: bool) -> str:
+                    hw: bool, nonfinite: bool, loaded: bool = True) -> str:
     if short_margin:
         return (f"the only checkpoint before the onset {onset} ({onset - step} {unit}s before it, less than "
                 f"the {rollback}-{unit} margin PaLM used: keep the trial's first steps under watch)")
     if nonfinite:
         return f"newest checkpoint before the onset {onset} whose tensors are all finite"
-    if at_resume:
+    if at_resume and loaded:
         return f"the checkpoint the faulty resume loaded ({unit} {step}); its weights are fine, the resume was not"
+    if at_resume:  # the resume began later than this checkpoint: the one it loaded is not listed
+        return (f"newest listed checkpoint before the faulty resume at {unit} {onset} (the checkpoint that resume "
+                f"loaded is not among the files read); the fault is in the resume, not in these weights")
     if hw:
         return f"newest checkpoint before the fault at {unit} {onset}"
     return f"newest checkpoint at least {rollback} {unit}s before the onset {onset}"

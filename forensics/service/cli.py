@@ -5,6 +5,8 @@ Registered on the main group by :mod:`forensics.cli`; the service itself is impo
 
 from __future__ import annotations
 
+import socket
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -12,6 +14,19 @@ import click
 
 from forensics.cli_common import errors as _errors
 from forensics.cli_common import fail as _fail
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit 2 with one line naming ``host:port`` when it cannot be listened on (before announcing the service)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind((host, port))
+    except OSError as exc:
+        _fail(f"{host}:{port}: cannot listen there: {exc.strerror or exc} (another server? try --port)")
 
 
 @click.command()
@@ -58,7 +73,11 @@ def serve(roots: tuple[Path, ...], host: str, port: int, db: Path, hooks: tuple[
                             unreadable_grace_s=unreadable_grace, settle_s=settle)
         if not cfg.loopback and token is None:
             _fail(f"{host}: a non-loopback bind needs --token (or FORENSICS_TOKEN)")
-        app = create_app(cfg)
+        _check_port(host, port)
+        try:
+            app = create_app(cfg)
+        except sqlite3.DatabaseError as exc:  # a corrupt or foreign --db: its path, not the root's
+            _fail(f"{db}: cannot open the service database: {exc}")
         click.echo(f"forensics serve: {', '.join(str(r) for r in cfg.roots)} on {cfg.base_url} (db {db})", err=True)
         if cfg.token_generated:
             click.echo(f"write token (this start only): {cfg.token}  UI login: {cfg.base_url}/login", err=True)
