@@ -1,4 +1,4 @@
-"""Peak memory and time of a 10M-line text log (issue 16): the text reader, ``load`` and ``forensics analyze``.
+"""Peak memory and time of a 10M-line text log (issue 16): the reader, ``load``, ``analyze`` (JSON, HTML).
 
 The file is the hostile-input suite's (``tests/hostile_gen.big_textlog``: ``step S loss X lr 0.001``, the steps
 starting again every 10,000 lines: 1,000 segments, 20M rows, 329 MB). Each measurement runs in its own
@@ -30,7 +30,7 @@ READ = ("import sys; from pathlib import Path; from parsers import textlog; p = 
         "t = textlog.read(p, p.parent).metrics; print(t.num_rows, t.nbytes)")
 LOAD = ("import sys; from forensics.api import load; d = load(sys.argv[1]); print(d.metrics.height)")
 ANALYZE = ("import sys; from forensics.cli import main; "
-           "sys.argv = ['forensics', 'analyze', sys.argv[1], '-f', 'json', '-o', sys.argv[2]]; main()")
+           "sys.argv = ['forensics', 'analyze', sys.argv[1], '-f', sys.argv[3], '-o', sys.argv[2]]; main()")
 LIMIT_S, LIMIT_RSS = 60.0, 3 << 29  # issue 16: 60 s, 1.5 GiB
 
 
@@ -86,7 +86,8 @@ def main() -> None:
         for label, code in codes:  # one at a time: the machine is shared
             for what, argv in (("reader alone", [READ, str(run / "train.log")]),
                                ("load (read, frame, objective)", [LOAD, str(run)]),
-                               ("forensics analyze -f json", [ANALYZE, str(run), str(tmp / f"r-{len(rows)}.json")])):
+                               ("forensics analyze -f json", [ANALYZE, str(run), str(tmp / "r.json"), "json"]),
+                               ("forensics analyze -f html", [ANALYZE, str(run), str(tmp / "r.html"), "html"])):
                 rows.append((what, label, *measure(code, argv, timeout, cap)))
     print(f"{n:,} lines ({(n // 10000):,} segments, {2 * n:,} rows); limit {timeout:.0f} s, cap {cap >> 20} MiB; "
           f"issue 16 asks analyze < {LIMIT_S:.0f} s and < {LIMIT_RSS >> 20} MiB")

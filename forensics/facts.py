@@ -260,9 +260,7 @@ def _log_interval(run: RunData) -> int:
 def _launches(run: RunData) -> tuple[Launch, ...]:
     if run.metrics.height == 0:
         return ()
-    rows = (run.metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
-            .sort("segment").iter_rows())
-    return tuple(Launch(int(s), int(lo), int(hi)) for s, lo, hi in rows)
+    return tuple(Launch(int(s), int(lo), int(hi)) for s, lo, hi in run.segment_spans().iter_rows())
 
 
 def _step_unit(run: RunData) -> str:

@@ -21,7 +21,8 @@ WALK_ITEMS = 50
 def lr_rows(run: RunData) -> pl.DataFrame:
     """Lr rows of the best source (the source group of the effective ``lr`` series), all segments, read order.
 
-    Columns of :data:`forensics.schema.METRICS_SCHEMA`; empty when the run logs no lr.
+    Columns ``segment``, ``step``, ``value`` (slices of the run's frame, no copy, when every row is kept);
+    empty when the run logs no lr.
     """
     s = run.series("lr")
     if s is None:
@@ -29,7 +30,9 @@ def lr_rows(run: RunData) -> pl.DataFrame:
     groups = run.meta.get("source_groups", {})
     group = groups.get(s.source)
     members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return run.raw("lr").filter(pl.col("source").is_in(members) & pl.col("value").is_not_null())
+    raw = run.raw("lr", ["source", "segment", "step", "value"])
+    keep = raw.get_column("source").is_in(members) & raw.get_column("value").is_not_null()
+    return (raw if keep.all() else raw.filter(keep)).select("segment", "step", "value")
 
 
 def intentional_override(run: RunData) -> str | None:
@@ -78,9 +81,14 @@ def by_segment(rows: pl.DataFrame) -> dict[int, pl.DataFrame]:
 
     A segment whose steps already rise strictly is kept as it is (the sort would not move a row).
     """
-    segs = rows.get_column("segment").unique().sort().to_list()
-    parts = {segs[0]: rows} if len(segs) == 1 else {g: df for (g,), df in rows.partition_by(
-        "segment", as_dict=True).items()}
+    seg = rows.get_column("segment").to_numpy()
+    heads = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+    if np.unique(seg[heads]).size == heads.size:  # each segment one run of rows: slices, no copy
+        ends = np.r_[heads[1:], seg.size]
+        parts = {int(seg[a]): rows.slice(int(a), int(b - a)) for a, b in zip(heads, ends, strict=True)}
+    else:
+        parts = {g: df for (g,), df in rows.partition_by("segment", as_dict=True).items()}
+    segs = sorted(parts)
     out = {}
     for g in segs:
         df = parts[g]

@@ -31,23 +31,25 @@ ZERO = "constant_zero:"
 """Prefix of the name a constant-zero ``loss`` series is kept under (it is not the loss)."""
 
 
-def _single_eval_part(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFrame:
+def _single_eval_part(metrics: pl.DataFrame, names: dict[str, Any],
+                      pairs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The only evaluation loss of a run, logged per dataset or split, is ``eval_loss`` (said in ``names``).
 
     ``eval/paloma/c4_en/loss`` (named ``eval_loss/paloma_c4_en`` by rule) alone is the eval loss; several
-    per-dataset eval losses stay as parts.
+    per-dataset eval losses stay as parts. ``pairs``: the frame's distinct (tag, metric) rows; returns
+    ``(metrics, pairs)``, both renamed alike.
     """
-    present = metrics.get_column("metric").unique().to_list()
+    present = pairs.get_column("metric").unique().to_list()
     if "eval_loss" in present:
-        return metrics
+        return metrics, pairs
     parts = [m for m in present if m.startswith("eval_loss/") and not re.search(_STAT, m)]
     if len(parts) != 1:
-        return metrics
+        return metrics, pairs
     part = parts[0]
-    for t in metrics.filter(pl.col("metric") == part).get_column("tag").unique().to_list():
+    for t in pairs.filter(pl.col("metric") == part).get_column("tag").unique().to_list():
         names[t] = {"metric": "eval_loss", "why": f"the run's only evaluation loss ({part})"}
-    return metrics.with_columns(pl.when(pl.col("metric") == part).then(pl.lit("eval_loss"))
-                                .otherwise(pl.col("metric")).alias("metric"))
+    rename = pl.when(pl.col("metric") == part).then(pl.lit("eval_loss")).otherwise(pl.col("metric")).alias("metric")
+    return metrics.with_columns(rename), pairs.with_columns(rename)
 
 
 def _constant_zero(df: pl.DataFrame) -> bool:
@@ -117,8 +119,9 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     names: dict[str, Any] = {}
     if metrics.height == 0:
         return metrics, None, names
-    metrics = _single_eval_part(metrics, names)
-    _reader_names(metrics, names)
+    pairs = metrics.group_by("tag", "metric").len().select("tag", "metric")  # one pass over the long table
+    metrics, pairs = _single_eval_part(metrics, names, pairs)
+    _reader_names(pairs, names)
     metrics, loss = _direct_loss(metrics, names)
     if loss.height:
         tags = sorted(loss.get_column("tag").unique().to_list())
@@ -154,9 +157,12 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     return metrics, None, names
 
 
-def _reader_names(metrics: pl.DataFrame, names: dict[str, Any]) -> None:
-    """Record in ``names`` why each raw tag got the canonical name its reader gave it."""
-    for tag, metric in metrics.group_by("tag", "metric").len().select("tag", "metric").sort("tag").iter_rows():
+def _reader_names(pairs: pl.DataFrame, names: dict[str, Any]) -> None:
+    """Record in ``names`` why each raw tag got the canonical name its reader gave it.
+
+    ``pairs``: the frame's distinct (tag, metric) rows.
+    """
+    for tag, metric in pairs.sort("tag").iter_rows():
         if tag != metric:
             canon, why = explain_metric(tag)
             if canon != metric:
@@ -198,13 +204,11 @@ def _split_co_logged(metrics: pl.DataFrame, names: dict[str, Any]) -> pl.DataFra
     :data:`SPARSE_SHARE`) keeps its raw name; why is in ``names``. Names in different files (a writer's and a
     log's spelling of the same loss) are left alone.
     """
-    if (metrics.get_column("metric") == "loss").sum() == 0:
-        return metrics
+    if metrics.select(pl.col("tag").filter(pl.col("metric") == "loss").n_unique()).item() < 2:
+        return metrics  # one name (or none) read as loss: nothing to split (no copy of the loss rows)
     rows = metrics.filter(pl.col("metric") == "loss").select(
         pl.col("tag").cast(pl.String), pl.col("source").cast(pl.String), "segment", "step", "value")
     tags = rows.get_column("tag").unique().to_list()
-    if len(tags) < 2:
-        return metrics
     counts = dict(rows.group_by("tag").len().iter_rows())
     dense = [t for t in tags if counts[t] * SPARSE_SHARE >= max(counts.values())]
     keep = min(dense, key=lambda t: (_objective_rank(t), -counts[t], t))

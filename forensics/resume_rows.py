@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from forensics.model import RunData
+from forensics.segment_index import SegmentIndex
 from forensics.stats import MAD_TO_SIGMA
 
 RESTART_GAP_S = 60.0
@@ -78,28 +79,59 @@ class ResumeWindows:
     jump_sigma_floor: float = 0.02
 
 
-def raw_rows(run: RunData, metric: str) -> pl.DataFrame:
-    """Rows of ``metric`` from the sources of the group its effective series comes from (all segments)."""
+def raw_rows(run: RunData, metric: str, columns: tuple[str, ...] = ("segment", "step", "value")) -> pl.DataFrame:
+    """Rows of ``metric`` from the sources of the group its effective series comes from (all segments, read order).
+
+    Only ``columns`` are moved (a slice of the run's frame, no copy, when every row is kept).
+    """
     s = run.series(metric)
     if s is None:
         return pl.DataFrame()
-    raw = run.raw(metric).filter(pl.col("value").is_not_null())
     groups = run.meta.get("source_groups", {})
     group = groups.get(s.source)
     members = [p for p, g in groups.items() if g == group] if group else [s.source]
-    return raw.filter(pl.col("source").is_in(members))
+    raw = run.raw(metric, list(dict.fromkeys(["source", "value", *columns])))
+    keep = raw.get_column("value").is_not_null() & raw.get_column("source").is_in(members)
+    if not keep.all():
+        raw = raw.filter(keep)
+    return raw.select(columns)
+
+
+ORDER_SLICE = 1 << 20
+"""Rows compared at a time by :func:`_in_order` (our choice: its temporaries stay a few MB)."""
+
+
+def _in_order(seg: np.ndarray, st: np.ndarray) -> bool:
+    """Whether rows are sorted by segment, then step (the stable sort would not move one)."""
+    for a in range(0, max(seg.size - 1, 0), ORDER_SLICE):
+        ds = np.diff(seg[a:a + ORDER_SLICE + 1])
+        if not (bool(np.all(ds >= 0)) and bool(np.all((ds > 0) | (np.diff(st[a:a + ORDER_SLICE + 1]) >= 0)))):
+            return False
+    return True
+
+
+def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` sorted by segment, then step, rows of a tie in read order (no copy when already so)."""
+    seg, st = frame.get_column("segment").to_numpy(), frame.get_column("step").to_numpy()
+    return frame if _in_order(seg, st) else frame.sort(["segment", "step"], maintain_order=True)
 
 
 def restarts_of(run: RunData) -> list[tuple[int, int]]:
-    """(segment, first step after the gap) of each wall-clock restart inside a segment of the loss."""
-    loss = raw_rows(run, "loss")
+    """(segment, first step after the gap) of each wall-clock restart inside a segment of the loss.
+
+    One sort of the loss rows by (segment, step) at most, then each segment is a slice (:class:`SegmentIndex`).
+    """
+    loss = raw_rows(run, "loss", ("segment", "step", "value", "wall_time"))
     if loss.height < RESTART_MIN_POINTS or "wall_time" not in loss.columns:
         return []
+    if loss.get_column("wall_time").null_count() == loss.height:
+        return []  # no wall time logged: no gap to find
+    loss = _sorted(loss.select("segment", "step", pl.col("wall_time").cast(pl.Float64)))
+    idx = SegmentIndex(loss)
+    wall = loss.get_column("wall_time").to_numpy()
     out = []
-    for seg in sorted(set(loss.get_column("segment").to_list())):
-        rows = loss.filter(pl.col("segment") == seg).sort("step")
-        w = rows.get_column("wall_time").cast(pl.Float64).to_numpy()
-        st = rows.get_column("step").to_numpy()
+    for seg, a, b in zip(idx.ids.tolist(), idx.start.tolist(), idx.end.tolist(), strict=True):
+        w, st = wall[a:b], idx.steps[a:b]
         ok = np.isfinite(w)
         w, st = w[ok], st[ok]
         d = np.diff(w)
@@ -113,16 +145,49 @@ def restarts_of(run: RunData) -> list[tuple[int, int]]:
 def rows(run: RunData, metric: str, restarts: list[tuple[int, int]] | None = None) -> pl.DataFrame:
     """Rows of ``metric`` from the source its effective series comes from (all segments), sorted by segment, step.
 
-    ``segment`` is the virtual segment (``VSEG``): a wall-clock restart inside a segment starts a new one.
+    Columns ``segment``, ``step``, ``value``. ``segment`` is the virtual segment (``VSEG``): a wall-clock restart
+    inside a segment starts a new one (the restarts before a row are counted by binary search).
     """
     raw = raw_rows(run, metric)
     if raw.height == 0:
         return raw
-    part = pl.lit(0, dtype=pl.Int64)
-    for seg, st in restarts or []:
-        part = part + ((pl.col("segment") == seg) & (pl.col("step") >= st)).cast(pl.Int64)
-    raw = raw.with_columns((pl.col("segment").cast(pl.Int64) * VSEG + part).alias("segment"))
-    return raw.sort(["segment", "step"], maintain_order=True)
+    seg = raw.get_column("segment").to_numpy()
+    st = raw.get_column("step").to_numpy()
+    small = (run.n_segments + 1) * VSEG < np.iinfo(np.int32).max  # one type per run: frames join on it
+    vseg = seg.astype(np.int32 if small else np.int64)  # in place from here
+    vseg *= VSEG
+    if restarts:
+        base = min(int(st.min()), min(r[1] for r in restarts))
+        keys = np.sort(np.array([g * LR_KEY_SPAN + (r - base) for g, r in restarts], dtype=np.int64))
+        head = seg.astype(np.int64) * LR_KEY_SPAN
+        vseg += (np.searchsorted(keys, head + (st - base), side="right")
+                 - np.searchsorted(keys, head, side="left")).astype(vseg.dtype)
+    del seg
+    out = pl.DataFrame({"segment": vseg, "step": st, "value": raw.get_column("value").to_numpy()})
+    return _sorted(out)
+
+
+class ResumeRows:
+    """The rows of :func:`rows` of each metric of one run, with their :class:`SegmentIndex`, built once.
+
+    RS01 reads a few metrics at every resume; a run with a thousand resumes builds each metric's rows once.
+    """
+
+    def __init__(self, run: RunData, restarts: list[tuple[int, int]]) -> None:
+        """Rows of ``run`` split at its segments and at ``restarts`` (:func:`restarts_of`)."""
+        self.run, self.restarts = run, restarts
+        self._memo: dict[str, tuple[pl.DataFrame, SegmentIndex]] = {}
+
+    def get(self, metric: str) -> tuple[pl.DataFrame, SegmentIndex]:
+        """(rows of ``metric`` sorted by virtual segment and step, their index)."""
+        if metric not in self._memo:
+            r = rows(self.run, metric, self.restarts)
+            self._memo[metric] = (r, SegmentIndex(r))
+        return self._memo[metric]
+
+    def drop(self, metric: str) -> None:
+        """Forget ``metric``'s rows (memory; they are built again if asked for)."""
+        self._memo.pop(metric, None)
 
 
 def sigma_log(v: np.ndarray) -> float:
@@ -142,25 +207,26 @@ def sigma_log(v: np.ndarray) -> float:
     return max(MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), NOISE_FLOOR_LOG)
 
 
-def metric_jump(run: RunData, metric: str, s0: int, seg: int, restarts: list[tuple[int, int]],
-                w: ResumeWindows) -> dict[str, float | bool] | None:
+def metric_jump(rr: ResumeRows, metric: str, s0: int, seg: int, w: ResumeWindows) -> dict[str, float | bool] | None:
     """How a positive metric (grad norm, update ratio) moves at the resume at step ``s0`` into segment ``seg``.
 
     The earlier band is the last ``w.pre_points`` finite positive values before ``s0``: its log median and
     ``MAD_TO_SIGMA`` x MAD (at least ``w.jump_sigma_floor``). ``z`` is the largest of the first ``w.head_points``
     values after the resume in band sigmas; the jump *stays* when the points after those sit ``w.min_factor`` or
-    more above the band with little spread (the fields of :class:`ResumeWindows`).
+    more above the band with little spread (the fields of :class:`ResumeWindows`). ``rr``: the run's rows.
 
     Returns:
         ``{"z", "factor", "stays"}`` (``factor``: the head's peak over the band, or the level over
         ``w.fade_points`` points when it stays), or None when too few points are logged.
     """
-    r = rows(run, metric, restarts)
+    r, idx = rr.get(metric)
     if r.height < w.min_metric_points:
         return None
-    pre = r.filter((pl.col("segment") < seg) & (pl.col("step") < s0)).get_column("value").to_numpy()
-    post = r.filter(pl.col("segment") == seg).get_column("value").to_numpy()
-    pre = pre[np.isfinite(pre) & (pre > 0)][-w.pre_points:]
+    v = r.get_column("value").to_numpy()
+    good = np.isfinite(v) & (v > 0)
+    pre = v[idx.before(idx.position(seg), s0, w.pre_points, good)]
+    a, b = idx.rows(seg)
+    post = v[a:b]
     post = post[np.isfinite(post) & (post > 0)]
     if pre.size < w.min_jump_before or post.size < w.head_points:
         return None
@@ -178,29 +244,29 @@ def metric_jump(run: RunData, metric: str, s0: int, seg: int, restarts: list[tup
             "stays": stays}
 
 
-def update_scale_jump(run: RunData, lr: pl.DataFrame, s0: int, seg: int, restarts: list[tuple[int, int]],
-                      w: ResumeWindows) -> dict[str, float | bool] | None:
+def update_scale_jump(rr: ResumeRows, s0: int, seg: int, w: ResumeWindows) -> dict[str, float | bool] | None:
     """The update ratio's jump at the resume: log ratio to the earlier process, in its noise sigmas.
 
     At re-logged steps (the same steps, the same lr) the values are compared directly (the largest log ratio
     of the first ``w.head_points``, when their median is at least half of it); without them the first
     ``w.head_points`` points after the resume are compared with the last ``w.level_points`` before it, each
-    divided by its lr (``lr``: the rows of :func:`rows` for ``"lr"``).
+    divided by its lr (the rows of :func:`rows` for ``"lr"``). ``rr``: the run's rows.
 
     Returns:
         ``{"factor", "z", "relogged", "noise_log"}``, or None when too few points are logged.
     """
-    r = rows(run, "update_ratio", restarts)
+    r, idx = rr.get("update_ratio")
     if r.height < w.min_metric_points:
         return None
-    prev = r.filter(pl.col("segment") < seg)
-    cur = r.filter(pl.col("segment") == seg)
-    pre = prev.filter(pl.col("step") < s0)
+    k = idx.position(seg)
+    lo, hi = idx.rows(seg)
+    cur = r.slice(lo, hi - lo)
+    pre = r[idx.before(k, s0, w.pre_points)]
     pv = pre.get_column("value").to_numpy().astype(float)[-w.pre_points:]
     if np.sum(np.isfinite(pv) & (pv > 0)) < w.min_points_before or cur.height < 2:
         return None
     sig = sigma_log(pv)
-    ov = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
+    ov = r[idx.from_step(k, s0)].join(cur.select("step", pl.col("value").alias("new")), on="step")
     d = np.array([])
     if ov.height:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -210,9 +276,10 @@ def update_scale_jump(run: RunData, lr: pl.DataFrame, s0: int, seg: int, restart
     if relogged:  # fresh moments move most at the first step: the largest of the first points, if they agree
         level = float(np.max(d)) if float(np.median(d)) >= 0.5 * float(np.max(d)) else float(np.median(d))
     else:
-        lrs = lr.select("segment", "step", pl.col("value").alias("lr")) if lr.height else None
-        if lrs is None:
+        lr = rr.get("lr")[0]
+        if lr.height == 0:
             return None
+        lrs = lr.select("segment", "step", pl.col("value").alias("lr"))
         a = pre.tail(w.level_points).join(lrs, on=["segment", "step"])
         b = cur.head(w.head_points).join(lrs, on=["segment", "step"])
         if a.height < w.min_lr_points or b.height < 2:
@@ -240,15 +307,21 @@ class LrIndex:
 
     def __init__(self, lr: pl.DataFrame) -> None:
         """Index ``lr`` (columns ``segment``, ``step``, ``value``; empty allowed)."""
-        seg = lr.get_column("segment").to_numpy().astype(np.int64) if lr.height else np.zeros(0, np.int64)
-        st = lr.get_column("step").to_numpy().astype(np.int64) if lr.height else np.zeros(0, np.int64)
+        seg = lr.get_column("segment").to_numpy() if lr.height else np.zeros(0, np.int64)
+        st = lr.get_column("step").to_numpy() if lr.height else np.zeros(0, np.int64)
         self.base = int(st.min()) if st.size else 0
-        key = seg * LR_KEY_SPAN + (st - self.base)
-        order = np.argsort(key, kind="stable")  # already sorted by rows(); stable keeps read order of ties
-        self.key = key[order]
-        self.values = (lr.get_column("value").to_numpy().astype(np.float64)[order] if lr.height
-                       else np.zeros(0, np.float64))
-        self.segments = np.unique(seg)
+        self.segments = np.unique(seg).astype(np.int64)
+        key = seg.astype(np.int64)  # in place from here: one array of the rows' size
+        key *= LR_KEY_SPAN
+        key += st
+        key -= self.base
+        del seg, st
+        values = np.asarray(lr.get_column("value").to_numpy() if lr.height else np.zeros(0), dtype=np.float64)
+        if bool(np.all(key[1:] >= key[:-1])):  # sorted by rows(): no copy
+            self.key, self.values = key, values
+        else:
+            order = np.argsort(key, kind="stable")  # stable keeps read order of ties
+            self.key, self.values = key[order], values[order]
 
     def first(self, seg: int) -> tuple[int, float] | None:
         """(step, lr) of the first row of virtual segment ``seg``, or None when it logged no lr."""

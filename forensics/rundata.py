@@ -10,7 +10,8 @@ once, ``metric``/``tag``/``source`` are categoricals (4 bytes a row; they compar
 lie in few runs of rows (the text reader groups each block by metric), else as row numbers; no second copy
 of the table is kept.
 
-Imports only :mod:`forensics.schema` from the project at run time (the result types are annotations only).
+Imports only :mod:`forensics.metric_rows` (and through it :mod:`forensics.schema`) from the project at run
+time (the result types are annotations only).
 """
 
 from __future__ import annotations
@@ -20,86 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
-from forensics.schema import METRICS_SCHEMA, METRICS_TEXT
+from forensics.metric_rows import MAX_SLICES, Grouped, Layout, grouped, layout, metrics_frame  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from forensics.model import Skip, SourceInfo
-
-MAX_SLICES = 4096
-"""A metric whose rows lie in at most this many runs of rows of the frame is read as zero-copy slices of it;
-more (rows interleaved metric by metric) and its rows are gathered by row number (our choice: a slice costs
-about a microsecond, a gather copies the rows)."""
-
-
-def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
-    """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
-
-    Column by column, each Arrow column dropped from ``t`` once converted: numbers are shared with Arrow
-    (no copy; every column keeps the table's chunks, so no operation has to realign them);
-    ``metric``/``tag``/``source`` become ``pl.Categorical`` (held once when the column has one value);
-    ``run`` is set to ``run`` and held once (a literal column), ``wall_time`` too when every row lacks
-    one; ``offset`` is added to the segments.
-
-    Args:
-        t: Table with the columns of :data:`forensics.schema.METRICS_SCHEMA` (string or dictionary text,
-            ``wall_time`` float64 or null-typed).
-        run: The run's name.
-        offset: Added to every ``segment``.
-
-    Returns:
-        A polars frame, columns in :data:`~forensics.schema.METRICS_SCHEMA` order.
-    """
-    n = t.num_rows
-    cols: dict[str, pl.Series] = {}
-    lits: list[pl.Expr] = [pl.lit(run, dtype=pl.String).alias("run")]
-    t = t.drop_columns(["run"])
-    for name in METRICS_SCHEMA.names[1:]:
-        col = t.column(name)
-        t = t.drop_columns([name])
-        if name == "wall_time" and col.null_count == n:
-            lits.append(pl.lit(None, dtype=pl.Float64).alias(name))
-            continue
-        if name in METRICS_TEXT and _one_value(col) is not None:
-            lits.append(pl.lit(_one_value(col), dtype=pl.Categorical).alias(name))
-            continue
-        if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
-            s = pl.concat([pl.from_arrow(c).cast(pl.Categorical) for c in col.chunks] or
-                          [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
-        else:
-            s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
-        del col
-        if name == "segment" and offset:
-            s = (s.cast(pl.Int64) + offset).cast(pl.Int32)
-        cols[name] = s
-    frame = pl.DataFrame(cols, height=n) if cols else pl.DataFrame(height=n)
-    return frame.with_columns(lits).select(METRICS_SCHEMA.names)
-
-
-def _one_value(col: pa.ChunkedArray) -> str | None:
-    """The only value of a dictionary-encoded text column (a file's ``source``), or ``None``."""
-    if not pa.types.is_dictionary(col.type) or col.null_count or len(col) == 0:
-        return None
-    values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
-    return values.pop() if len(values) == 1 else None
-
-
-def _rows_of(metrics: pl.DataFrame) -> dict[str, Any]:
-    """Where each metric's rows are: ``{metric: [(offset, length), ...]}`` or ``{metric: row numbers}``."""
-    col = metrics.get_column("metric")
-    runs = col.rle()
-    if runs.len() <= MAX_SLICES * max(1, col.n_unique()):
-        lens = runs.struct.field("len").to_numpy().astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        out: dict[str, Any] = {}
-        for name, a, k in zip(runs.struct.field("value").to_list(), starts.tolist(), lens.tolist(), strict=True):
-            out.setdefault(name, []).append((a, k))
-        if max(len(v) for v in out.values()) <= MAX_SLICES:
-            return out
-    groups = metrics.select("metric").with_row_index("_i").group_by("metric").agg("_i")
-    return dict(zip(groups.get_column("metric").to_list(), groups.get_column("_i"), strict=True))
-
 
 @dataclass(frozen=True)
 class Series:
@@ -135,11 +61,12 @@ def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
     a step logged in segment k but followed by a lower-numbered start step in a later segment is superseded.
     """
     if bool((np.diff(segs) >= 0).all()):  # segments in read order (one file, or files in time order)
-        order = np.argsort(steps, kind="stable")  # the rows of each step in read order: its last row wins
-        ordered = steps[order]
+        cand = _not_purged(steps, segs)  # the rows no later segment purges (the same rule as below, first)
+        order = np.argsort(steps[cand], kind="stable")  # the rows of each step in read order: its last row wins
+        ordered = steps[cand][order]
         last = np.ones(ordered.shape[0], dtype=bool)
         last[:-1] = ordered[1:] != ordered[:-1]
-        rows = order[last]
+        rows = cand[order[last]]
     else:
         frame = pl.DataFrame({"step": steps, "segment": segs}).with_row_index("_i")
         kept = frame.sort(["step", "segment", "_i"]).unique(subset=["step"], keep="last", maintain_order=True)
@@ -154,6 +81,23 @@ def _effective(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
         later_min[:-1] = np.minimum.accumulate(seg_min[::-1])[::-1][1:]
         rows = rows[k_steps < later_min[first]]
     return rows
+
+
+def _not_purged(steps: np.ndarray, segs: np.ndarray) -> np.ndarray:
+    """Row numbers whose step is below the first step of every later segment (``segs`` non-decreasing).
+
+    A later segment that starts at or before a row's step purges it (TensorBoard's rule), so the sort of
+    :func:`_effective` needs only these rows: a log of 1,000 restarts at step 0 keeps its last segment's rows.
+    """
+    heads = np.flatnonzero(np.r_[True, segs[1:] != segs[:-1]])
+    if heads.size < 2:
+        return np.arange(steps.shape[0])
+    first = np.minimum.reduceat(steps, heads)
+    later = np.full(heads.size, np.iinfo(np.int64).max)  # the lowest start of any later segment
+    later[:-1] = np.minimum.accumulate(first[::-1])[::-1][1:]
+    ends = np.r_[heads[1:], steps.shape[0]]
+    return np.concatenate([a + np.flatnonzero(steps[a:b] < lim)
+                           for a, b, lim in zip(heads.tolist(), ends.tolist(), later.tolist(), strict=True)])
 
 
 @dataclass
@@ -186,8 +130,10 @@ class RunData:
         """Canonical metric names present, sorted."""
         if self.metrics.height == 0:
             return []
-        if "__metric_names__" not in self._cache:  # one pass over the long table per run (cleared with the cache)
-            self._cache["__metric_names__"] = sorted(self.metrics.get_column("metric").unique().to_list())  # type: ignore[assignment]
+        if "__metric_names__" not in self._cache:  # once per run (cleared with the cache): from the rows' layout
+            lay = self._layout()
+            names = (lay.slices if lay.slices is not None else lay.span) if lay else {}
+            self._cache["__metric_names__"] = sorted(names)  # type: ignore[assignment]
         return list(self._cache["__metric_names__"])  # type: ignore[arg-type]
 
     def has(self, metric: str) -> bool:
@@ -208,16 +154,24 @@ class RunData:
         The rows of every metric are found in one pass per run (:data:`MAX_SLICES`): slices of the frame
         (no copy) when they lie in few runs of rows, else a gather of the metric's rows.
         """
-        if "__rows_by_metric__" not in self._cache:  # one pass over the long table per run, not one filter per metric
-            self._cache["__rows_by_metric__"] = _rows_of(self.metrics) if self.metrics.height else {}  # type: ignore[assignment]
-        where = self._cache["__rows_by_metric__"].get(metric)  # type: ignore[union-attr]
         frame = self.metrics if columns is None else self.metrics.select(columns)
-        if where is None:
+        lay = self._layout()
+        if lay is None:
             return frame.clear()
-        if isinstance(where, list):
+        if lay.slices is not None:
+            where = lay.slices.get(metric)
+            if where is None:
+                return frame.clear()
             parts = [frame.slice(a, k) for a, k in where]
             return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical", rechunk=False)
-        return frame[where]
+        rows = lay.rows(metric)
+        return frame.clear() if rows is None else frame[rows]
+
+    def _layout(self) -> Layout | None:
+        """:func:`forensics.metric_rows.layout` of the frame, once per run (``None``: no rows)."""
+        if "__layout__" not in self._cache:  # one pass over the long table per run, not one filter per metric
+            self._cache["__layout__"] = layout(self.metrics, MAX_SLICES) if self.metrics.height else None  # type: ignore[assignment]
+        return self._cache["__layout__"]  # type: ignore[return-value]
 
     def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
         """Values of ``metric``'s effective timeline after an onset, or ``None`` when there are none.
@@ -239,6 +193,10 @@ class RunData:
         """
         if metric in self._cache:
             return self._cache[metric]
+        out = self._series_of(metric) if self.metrics.height else None
+        if out is not False:
+            self._cache[metric] = out  # type: ignore[assignment]
+            return out  # type: ignore[return-value]
         df = self.raw(metric, ["source", "step", "segment", "value"])
         if df.get_column("value").null_count():
             df = df.filter(pl.col("value").is_not_null())  # JSON null = not logged
@@ -257,6 +215,39 @@ class RunData:
                      segments=np.asarray(segs, dtype=np.int32), source=str(best))
         self._cache[metric] = out
         return out
+
+    def _series_of(self, metric: str) -> Series | None | bool:
+        """:meth:`series` from the rows grouped by metric (:func:`~forensics.metric_rows.grouped`), or ``False``.
+
+        ``False`` when the frame's rows lie in few runs (slices of the frame are as cheap) or the metric's rows
+        come from several sources (then :meth:`series` chooses among them on the frame).
+        """
+        lay = self._layout()
+        if lay is None or lay.slices is not None:
+            return False
+        if metric not in lay.span:
+            return None
+        if "__grouped__" not in self._cache:
+            self._cache["__grouped__"] = grouped(self.metrics, lay)  # type: ignore[assignment]
+        g: Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
+        a, b = lay.span[metric]
+        steps, segs, vals = g.part(a, b)
+        keep = ~g.nulls[a:b] if g.nulls is not None and g.nulls[a:b].any() else None
+        if keep is not None:
+            steps, segs, vals = steps[keep], segs[keep], vals[keep]
+        if steps.shape[0] == 0:
+            return None
+        source = g.one_source
+        if g.sources is not None:
+            src = g.sources[a:b] if keep is None else g.sources[a:b][keep]
+            source = g.source_names.get(int(src[0])) if g.source_names else None
+            if source is None or bool((src != src[0]).any()):
+                return False
+        if not (bool((np.diff(steps) > 0).all()) and bool((np.diff(segs) >= 0).all())):
+            keep = _effective(steps, segs)  # row numbers of the effective timeline, in step order
+            steps, segs, vals = steps[keep], segs[keep], vals[keep]
+        return Series(metric=metric, steps=np.asarray(steps, dtype=np.int64), values=vals,
+                      segments=np.asarray(segs, dtype=np.int32), source=str(source))
 
     def _best_group(self, df: pl.DataFrame) -> tuple[pl.DataFrame, str]:
         """The rows of the source group with the most rows (ties: the first key) and its file with the most rows.
@@ -291,6 +282,16 @@ class RunData:
             updates=self.updates,
         )
 
+    def segment_spans(self) -> pl.DataFrame:
+        """First and last logged step of each global segment: columns ``segment``, ``lo``, ``hi``, by segment.
+
+        One pass over the frame in slices of :data:`SPAN_ROWS` rows (cached): a group-by over every row held
+        about 600 MB more at 20M rows (the 1,000-segment text log of the hostile suite).
+        """
+        if "__segment_spans__" not in self._cache:
+            self._cache["__segment_spans__"] = _spans(self.metrics)  # type: ignore[assignment]
+        return self._cache["__segment_spans__"]  # type: ignore[return-value]
+
     def rolled_back_segments(self) -> list[int]:
         """Segments that a later restart rolled back: a later segment starts before their last step.
 
@@ -298,8 +299,7 @@ class RunData:
         """
         if self.metrics.height == 0:
             return []
-        span = (self.metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
-                .sort("segment"))
+        span = self.segment_spans()
         lo = span.get_column("lo").to_numpy()
         later_lo = np.full(lo.shape[0], np.iinfo(np.int64).max)  # the lowest start of any later segment
         later_lo[:-1] = np.minimum.accumulate(lo[::-1])[::-1][1:]
@@ -309,7 +309,32 @@ class RunData:
         """First logged step of each global segment."""
         if self.metrics.height == 0:
             return {}
-        return {
-            int(s): int(v)
-            for s, v in self.metrics.group_by("segment").agg(pl.col("step").min()).sort("segment").iter_rows()
-        }
+        return {int(s): int(v) for s, v, _ in self.segment_spans().iter_rows()}
+
+
+SPAN_ROWS = 1 << 20
+"""Rows per slice of :meth:`RunData.segment_spans` (our choice: 1M rows, a few MB of numbers at a time)."""
+SPAN_MAX_WIDTH = 1 << 22
+"""Segment numbers spanning more than this many values are grouped by polars instead (our choice: the
+per-segment arrays stay small; readers number segments from 0)."""
+
+
+def _spans(metrics: pl.DataFrame) -> pl.DataFrame:
+    """``segment``, ``lo`` (min step), ``hi`` (max step) of every segment of ``metrics`` (sorted by segment)."""
+    schema = {"segment": pl.Int32, "lo": pl.Int64, "hi": pl.Int64}
+    if metrics.height == 0:
+        return pl.DataFrame(schema=schema)
+    seg = metrics.get_column("segment")
+    first, last = int(seg.min()), int(seg.max())  # type: ignore[arg-type]
+    if last - first >= SPAN_MAX_WIDTH:
+        return (metrics.group_by("segment").agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+                .sort("segment").cast(schema))  # type: ignore[arg-type]
+    lo = np.full(last - first + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(last - first + 1, np.iinfo(np.int64).min, dtype=np.int64)
+    for part in metrics.select("segment", "step").iter_slices(SPAN_ROWS):
+        g = part.get_column("segment").to_numpy().astype(np.int64) - first
+        st = part.get_column("step").to_numpy()
+        np.minimum.at(lo, g, st)
+        np.maximum.at(hi, g, st)
+    present = np.flatnonzero(lo <= hi)
+    return pl.DataFrame({"segment": (present + first).astype(np.int32), "lo": lo[present], "hi": hi[present]})

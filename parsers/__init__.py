@@ -14,6 +14,8 @@ Parser contract (every module listed below):
 
 from __future__ import annotations
 
+import forensics  # noqa: F401 - first: its allocator setting (Arrow's system pool) precedes any Arrow buffer
+
 PARSER_MODULES: tuple[str, ...] = (
     "parsers.tensorboard",   # events.out.tfevents.*
     "parsers.hf_trainer",    # trainer_state.json (log_history)

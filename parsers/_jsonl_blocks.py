@@ -1,13 +1,18 @@
 """Blocks of whole lines from a JSONL stream (:mod:`parsers.jsonl`), with a bound on line length.
 
 The stream is read into one reused buffer; a line longer than :data:`MAX_LINE_BYTES` is dropped as its
-bytes arrive (so a gzip file holding one 1 GB line costs one buffer, not the line) and listed.
+bytes arrive (so a gzip file holding one 1 GB line costs one buffer, not the line) and listed. A regular
+uncompressed file is read block by block with ``os.pread`` up to the last newline of each block (one copy
+of the bytes, not two) while its lines are short; its last block and any long line take the stream path.
 """
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import IO
 
 MAX_LINE_BYTES = 64 << 20
@@ -38,6 +43,46 @@ def _skip_line(fh: IO[bytes], buf: bytearray) -> tuple[int, int, bool, str | Non
         return dropped + nl + 1, got - nl - 1, False, None
 
 
+_PREAD_TAIL = 1 << 16  # bytes at the end of a block searched for its last newline (pread path)
+
+
+def _preads(fh: IO[bytes], size: int) -> Generator[tuple[bytes, bytes, None], None, int]:
+    """The first blocks of whole lines of a regular uncompressed file, one ``os.pread`` each; returns how many.
+
+    The blocks are yielded as :func:`_blocks` yields them.
+
+    Stops (with ``fh`` positioned after the last block yielded) before the file's last ``size`` bytes, at a
+    block whose last :data:`_PREAD_TAIL` bytes (at most half the block) hold no newline, or when ``fh`` is
+    no plain file.
+    """
+    if type(fh) is not io.BufferedReader or type(fh.raw) is not io.FileIO or size < 2:
+        return 0
+    window = min(_PREAD_TAIL, size // 2)
+    try:
+        fd, pos = fh.fileno(), fh.tell()
+        end = os.fstat(fd)
+    except OSError:
+        return 0
+    if not stat.S_ISREG(end.st_mode):
+        return 0
+    count = 0
+    try:
+        while pos + 2 * size <= end.st_size:
+            cut = os.pread(fd, window, pos + size - window).rfind(b"\n") + 1
+            if not cut:
+                break
+            n = size - window + cut
+            data = os.pread(fd, n, pos)
+            if len(data) != n or data[-1:] != b"\n":  # the file changed under us: the stream path goes on
+                break
+            pos, count = pos + n, count + 1
+            yield data, b"", None
+    except OSError:
+        pass
+    fh.seek(pos)
+    return count
+
+
 def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None = None,
             max_line: int | None = None) -> Iterator[tuple[bytes, bytes, str | None]]:
     r"""Read ``fh`` in blocks of whole lines (into one reused buffer; one copy per block).
@@ -54,11 +99,11 @@ def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None =
         in the last block: the bytes after the last newline (a last line without one); ``error`` is the
         message of a read error (a gzip stream cut short) in the last block, else None.
     """
+    yielded = yield from _preads(fh, size)  # blocks yielded so far
     buf = bytearray(min(size, 1 << 16))
     limit = size
     max_line = MAX_LINE_BYTES if max_line is None else max_line
     n = 0  # bytes held in buf (the first ones: the cut line of the last block)
-    yielded = 0  # blocks yielded so far
     while True:
         error, eof = None, False
         try:

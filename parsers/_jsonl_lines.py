@@ -54,8 +54,9 @@ class _PyRecords(_Records):
         r_rec, r_key, r_val, r_null = rows
         rank, key_index, first, non_numeric = st.rank, st.key_index, self.first, self.non_numeric
         step_key, stp = None, 0
+        flat = _flatten(obj, "", {})  # a nested step key ({"train": {"global_step": N}}) counts, as in polars' path
         for i, k in enumerate(st.step_keys):
-            if k in obj and (stp := _as_step(obj[k])) is not None:
+            if k in flat and (stp := _as_step(flat[k])) is not None:
                 step_key = k
                 step_key_of.append(i)
                 break
@@ -66,7 +67,6 @@ class _PyRecords(_Records):
                 if type(obj.get(k)) is int:
                     st.big_steps[k] = st.big_steps.get(k, 0) + 1
         skip_key = step_key if step_key_of[-1] < st.fallback_from else None  # an epoch stays a metric too
-        flat = _flatten(obj, "", {})
         w = next((w for k in TIME_KEYS if k in flat and (w := _as_time(flat[k])) is not None), None)
         rt = next((r for k in RUNTIME_KEYS if k in flat and not math.isnan(r := _as_runtime(flat[k]))), math.nan)
         sfx = next((v for k in NAME_KEYS if isinstance(v := flat.get(k), str) and v), None)

@@ -19,6 +19,7 @@ from parsers._jsonl_fields import FALLBACK_STEP_KEYS, STEP_KEYS
 # lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
 # a null polars reads as a missing key, which the key count then finds
 _PER_LINE = ((b"N", (b"NaN",)), (b"I", (b"Infinity",)), (b"\\", (b"\\ud", b"\\uD")))
+_LEAD_WALK = 64  # hits of a token's first byte walked one by one before the token itself is searched for
 _MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
 _SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
 _EXACT_INT = float(1 << 53)
@@ -158,15 +159,8 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     # '{' '[': polars overflows its stack (a segfault) on lines nested ~600 deep: at most _MAX_BRACKETS a
     # line (the positions between two newlines are the line's brackets)
     plain &= np.diff(np.flatnonzero(is_nl), prepend=-1) - 1 <= _MAX_BRACKETS
-    for lead, tokens in _PER_LINE:  # a byte search (memchr) first: these bytes are rare in metric logs
-        if buf.find(lead) < 0:
-            continue
-        for token in tokens:
-            at = buf.find(token)
-            while at >= 0:
-                li = int(np.searchsorted(ends, at))
-                plain[li] = False
-                at = buf.find(token, int(ends[li]) + 1)
+    for lead, tokens in _PER_LINE:
+        _token_lines(buf, ends, plain, lead, tokens)
     if not buf.isascii():
         try:
             buf.decode()
@@ -183,6 +177,31 @@ def _count(data: bytes, byte: int, work: np.ndarray) -> int:
     """How many times ``byte`` occurs in ``data`` (``work``: a bool array as long as ``data``)."""
     np.equal(np.frombuffer(data, np.uint8), byte, out=work)
     return int(np.count_nonzero(work))
+
+
+def _token_lines(buf: bytes, ends: np.ndarray, plain: np.ndarray, lead: bytes, tokens: tuple[bytes, ...]) -> None:
+    """Clear ``plain`` for the lines of ``buf`` (``ends``: newline offsets) holding one of ``tokens``.
+
+    The tokens start with the byte ``lead``, which is rare in metric logs: its hits are walked with a byte
+    search (memchr); after :data:`_LEAD_WALK` hits that start no token, each token is searched for instead.
+    """
+    at, misses = buf.find(lead), 0
+    while at >= 0 and misses < _LEAD_WALK:
+        if buf.startswith(tokens, at):
+            li = int(np.searchsorted(ends, at))
+            plain[li] = False
+            at = int(ends[li])
+        else:
+            misses += 1
+        at = buf.find(lead, at + 1)
+    if at < 0:
+        return
+    for token in tokens:
+        hit = buf.find(token, at)
+        while hit >= 0:
+            li = int(np.searchsorted(ends, hit))
+            plain[li] = False
+            hit = buf.find(token, int(ends[li]) + 1)
 
 
 def _key_counts(buf: bytes, ends: np.ndarray, work: np.ndarray) -> np.ndarray:

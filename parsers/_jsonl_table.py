@@ -64,9 +64,9 @@ class _Stream:
         seg = self.segments(rec_step, counts, tag)
         reps = k if uniform else counts
         step, wall = np.repeat(rec_step, reps), np.repeat(rec_wall, reps)
-        missing = np.isnan(wall)
+        missing = np.isnan(wall) if np.isnan(rec_wall).any() else None  # per record first: most have a time
         cols = [pa.array(seg, pa.int32()), pa.array(step, pa.int64()), pa.array(val, pa.float64(), mask=null),
-                pa.array(wall, pa.float64(), mask=missing if missing.any() else None)]
+                pa.array(wall, pa.float64(), mask=missing)]
         for lo, hi, metric_col, tag_col in st.text_runs(tag, counts):  # one batch per run of one key pattern
             seg_a, step_a, val_a, wall_a = (c.slice(lo, hi - lo) for c in cols)
             self.batches.append(pa.RecordBatch.from_arrays(

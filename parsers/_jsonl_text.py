@@ -43,12 +43,16 @@ def tiled(names: pa.Array, pattern: np.ndarray, reps: int) -> pa.Array | None:
 def _dominant(tag: np.ndarray, counts: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(pattern int32[k], bool per record: it logs exactly that pattern) of the most common row count, or None."""
     k = int(np.bincount(counts).argmax())
-    cand = np.flatnonzero(counts == k)
+    is_k = counts == k
+    cand = np.flatnonzero(is_k)
     if k == 0 or k * len(cand) < MIN_RUN_SHARE * len(tag):
         return None
     pattern = tag[first[cand[0]]:first[cand[0]] + k]
-    same = np.zeros(len(counts), bool)
-    same[cand] = (tag[first[cand][:, None] + np.arange(k)] == pattern).all(axis=1)
+    if len(cand) == len(counts):  # every record logs k rows: no gather
+        same = (tag.reshape(-1, k) == pattern).all(axis=1)
+    else:
+        same = np.zeros(len(counts), bool)
+        same[cand] = (tag[np.repeat(is_k, counts)].reshape(-1, k) == pattern).all(axis=1)
     if k * int(same.sum()) < MIN_RUN_SHARE * len(tag):
         return None
     return pattern, same

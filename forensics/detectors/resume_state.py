@@ -50,13 +50,15 @@ from forensics.model import Cause, Finding, Mechanism, RunData, Severity
 from forensics.resume_rows import (
     VSEG,
     LrIndex,
+    ResumeRows,
     ResumeWindows,
     metric_jump,
+    raw_rows,
     restarts_of,
     sigma_log,
     update_scale_jump,
 )
-from forensics.resume_rows import rows as _rows
+from forensics.segment_index import SegmentIndex
 from forensics.signals import SPIKE_Z
 
 LR_FLOOR = 1e-30
@@ -80,7 +82,7 @@ class _Resume:
     ratio: float | None
     rms: float | None
     ev: dict[str, object]
-    restarts: list[tuple[int, int]] = field(default_factory=list)
+    rows: ResumeRows | None = None
     against: list[str] = field(default_factory=list)
 
 
@@ -124,30 +126,30 @@ class ResumeState(Detector, ResumeWindows):
     loss_jump_confidence: float = 0.6
 
     def detect(self, run: RunData) -> list[Finding]:
-        """At most one finding per resume."""
-        restarts = restarts_of(run)
-        loss = _rows(run, "loss", restarts)
-        if loss.height < self.min_loss_points:
+        """At most one finding per resume.
+
+        Each metric's rows are sorted and split at the (virtual) segments once (:class:`ResumeRows`): the
+        earlier process is a prefix of the rows, the resumed one a slice.
+        """
+        rr = ResumeRows(run, restarts_of(run))
+        if raw_rows(run, "loss", ("segment",)).height < self.min_loss_points:
             return []
-        segs = sorted(set(loss.get_column("segment").to_list()))
-        if len(segs) < 2:
+        lr_index = LrIndex(rr.get("lr")[0])  # one index per run: each resume's lr lookup is a binary search
+        rr.drop("lr")  # built again only if the update ratio needs it (memory: the loss rows come next)
+        loss, idx = rr.get("loss")
+        if loss.height < self.min_loss_points or idx.ids.size < 2:
             return []
-        lr = _rows(run, "lr", restarts)
-        lr_index = LrIndex(lr)  # one index per run: each resume's lr lookup is a binary search
-        first = loss.filter(pl.col("segment") == segs[0])
-        fv = first.get_column("value").to_numpy().astype(float)
+        fv = loss.get_column("value").to_numpy()[idx.start[0]:idx.end[0]].astype(float)
         fv = fv[np.isfinite(fv)]
         if fv.size < self.initial_points:
             return []
         l_init = float(np.median(fv[: self.initial_points]))
         out: list[Finding] = []
-        for a, b in zip(segs, segs[1:], strict=False):
-            prev = loss.filter(pl.col("segment") <= a)
-            cur = loss.filter(pl.col("segment") == b)
-            if cur.height < self.head_points or prev.height < self.min_points_before:
+        for j, b in enumerate(idx.ids[1:].tolist(), start=1):
+            if idx.end[j] - idx.start[j] < self.head_points or idx.end[j - 1] < self.min_points_before:
                 continue
-            s0 = int(cur.get_column("step")[0])
-            f = self._judge(run, prev, cur, s0, b, l_init, (lr, lr_index), restarts)
+            s0 = int(idx.steps[idx.start[j]])
+            f = self._judge(rr, j, s0, b, l_init, lr_index)
             if f is not None:
                 out.append(f)
         return out
@@ -165,30 +167,34 @@ class ResumeState(Detector, ResumeWindows):
         tol = self.lr_tol if exact else max(self.lr_tol, self.lr_tol_unrelogged)
         return abs(obs - exp) <= tol * max(abs(exp), LR_FLOOR)
 
-    def _judge(self, run: RunData, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
-               lrs: tuple[pl.DataFrame, LrIndex], restarts: list[tuple[int, int]]) -> Finding | None:
-        """The first signature that the resume at ``s0`` shows, in the order weights, gradients, data, loss.
+    def _judge(self, rr: ResumeRows, j: int, s0: int, seg: int, l_init: float, lr_index: LrIndex) -> Finding | None:
+        """The first signature that the resume at ``s0`` (segment ``seg``, position ``j``) shows.
 
-        ``lrs``: the lr rows and their :class:`LrIndex`.
+        In the order weights, gradients, data, loss; ``rr``: the run's rows, ``lr_index``: the lr's :class:`LrIndex`.
         """
-        lr, lr_index = lrs
         continuous = self._lr_continuous(lr_index, seg)
         if continuous is False:
             return None  # the lr changed at the resume: LR01 judges it, and it explains a loss change
-        c = self._context(prev, cur, s0, seg, l_init, continuous)
+        c = self._context(rr.get("loss"), j, s0, seg, l_init, continuous)
         if c is None:
             return None
-        c.restarts = restarts
+        c.rows = rr
         if seg % VSEG:
             c.ev["restart"] = "wall-clock gap (the first logged step did not go back)"
-        return (self._weights(c) or self._param_break(run, c) or self._gradients(run, lr, c)
-                or self._batch_position(run, c) or self._data(c) or self._loss_jump(c))
+        return (self._weights(c) or self._param_break(c) or self._gradients(c)
+                or self._batch_position(c) or self._data(c) or self._loss_jump(c))
 
-    def _context(self, prev: pl.DataFrame, cur: pl.DataFrame, s0: int, seg: int, l_init: float,
+    def _context(self, loss: tuple[pl.DataFrame, SegmentIndex], j: int, s0: int, seg: int, l_init: float,
                  lr_continuous: bool | None) -> _Resume | None:
-        """Loss levels before and after the resume, its noise, and the comparison at re-logged steps."""
-        pv = prev.filter(pl.col("step") < s0).get_column("value").to_numpy().astype(float)[-self.pre_points:]
+        """Loss levels before and after the resume, its noise, and the comparison at re-logged steps.
+
+        ``loss``: its rows and index; the earlier process is the segments before position ``j``.
+        """
+        rows, idx = loss
+        v = rows.get_column("value").to_numpy()
+        pv = v[idx.before(j, s0, self.pre_points)].astype(float)
         pv = pv[np.isfinite(pv)]
+        cur = rows.slice(int(idx.start[j]), int(idx.end[j] - idx.start[j]))
         cv = cur.get_column("value").to_numpy().astype(float)
         cv = cv[np.isfinite(cv)]
         if pv.size < self.min_loss_before or cv.size < self.head_points:
@@ -200,7 +206,7 @@ class ResumeState(Detector, ResumeWindows):
                                  "initial_loss": l_init, "loss_noise_log": round(sig, 4),
                                  "lr_continuous": lr_continuous}
         # the re-logged steps: identical values say the state was restored
-        overlap = prev.filter(pl.col("step") >= s0).join(cur.select("step", pl.col("value").alias("new")), on="step")
+        overlap = rows[idx.from_step(j, s0)].join(cur.select("step", pl.col("value").alias("new")), on="step")
         ratio = rms = None
         if overlap.height >= 2:
             r = np.log(overlap.get_column("new").to_numpy() / overlap.get_column("value").to_numpy())
@@ -220,7 +226,7 @@ class ResumeState(Detector, ResumeWindows):
                            f"first logged {fmt(c.l_init)}) while the lr continues: the weights were not loaded")
         return None
 
-    def _param_break(self, run: RunData, c: _Resume) -> Finding | None:
+    def _param_break(self, c: _Resume) -> Finding | None:
         """1b. weights: the parameter norm at the first re-logged step is not the earlier process's.
 
         From a restored checkpoint both processes move the norm by about its usual per-step change, so at the
@@ -229,13 +235,14 @@ class ResumeState(Detector, ResumeWindows):
         (10) points; fresh Adam moments, 2-8x). A difference beyond ``param_break_x`` (10) ``k x delta`` and
         ``param_break_min_rel`` (1%) says other weights.
         """
-        pn = _rows(run, "param_norm", c.restarts)
+        pn, idx = c.rows.get("param_norm")  # type: ignore[union-attr]
         if pn.height < self.min_metric_points:
             return None
-        prev, cur = pn.filter(pl.col("segment") < c.seg), pn.filter(pl.col("segment") == c.seg)
-        before = prev.filter(pl.col("step") < c.s0).tail(self.param_delta_points + 1)
-        ov = prev.filter(pl.col("step") >= c.s0).join(cur.select("step", pl.col("value").alias("new")),
-                                                       on="step").sort("step")
+        k, (lo, hi) = idx.position(c.seg), idx.rows(c.seg)
+        cur = pn.slice(lo, hi - lo)
+        before = pn[idx.before(k, c.s0, self.param_delta_points + 1)]
+        ov = pn[idx.from_step(k, c.s0)].join(cur.select("step", pl.col("value").alias("new")),
+                                              on="step").sort("step")
         if ov.height == 0 or before.height < self.min_points_before:
             return None
         st, old, new = int(ov.get_column("step")[0]), float(ov.get_column("value")[0]), float(ov.get_column("new")[0])
@@ -254,10 +261,12 @@ class ResumeState(Detector, ResumeWindows):
                        f"resume against {fmt(old)} before ({d:.1%}, {d / (k * delta):.0f}x what {k} "
                        "step(s) of training move it): the weights were not loaded")
 
-    def _gradients(self, run: RunData, lr: pl.DataFrame, c: _Resume) -> Finding | None:
+    def _gradients(self, c: _Resume) -> Finding | None:
         """2. grad norm and update scale: a constant factor (scaling), an update jump or a fading spike (moments)."""
-        gn = metric_jump(run, "grad_norm", c.s0, c.seg, c.restarts, self)
-        up = metric_jump(run, "update_ratio", c.s0, c.seg, c.restarts, self)
+        rr = c.rows
+        assert rr is not None
+        gn = metric_jump(rr, "grad_norm", c.s0, c.seg, self)
+        up = metric_jump(rr, "update_ratio", c.s0, c.seg, self)
         if gn is not None:
             c.ev["grad_norm_jump"] = gn
         if up is not None:
@@ -269,7 +278,7 @@ class ResumeState(Detector, ResumeWindows):
                            f"stays there while the loss continues its trend ({fmt(c.l_pre)} -> {fmt(c.l_post)}): the "
                            "gradients are scaled by a constant (loss summed over micro-batches, or the accumulation "
                            "factor changed)")
-        us = update_scale_jump(run, lr, c.s0, c.seg, c.restarts, self)
+        us = update_scale_jump(rr, c.s0, c.seg, self)
         if us is not None:
             c.ev["update_scale_jump"] = us
             if us["factor"] >= self.min_update_factor and us["z"] >= self.spike_z and not gn_const:
@@ -290,21 +299,22 @@ class ResumeState(Detector, ResumeWindows):
                            "(state not restored)")
         return None
 
-    def _batch_position(self, run: RunData, c: _Resume) -> Finding | None:
+    def _batch_position(self, c: _Resume) -> Finding | None:
         """3a. the data position, when the batch index is logged: the resumed process does not continue it.
 
         At a re-logged step the index must equal the earlier process's; else the first point after the resume
         must be the last one before it plus the steps in between (one batch per step).
         """
-        bi = _rows(run, "batch_index", c.restarts)
+        bi, idx = c.rows.get("batch_index")  # type: ignore[union-attr]
         if bi.height < self.min_batch_points:
             return None
-        prev, cur = bi.filter(pl.col("segment") < c.seg), bi.filter(pl.col("segment") == c.seg)
-        before = prev.filter(pl.col("step") < c.s0)
+        k, (lo, hi) = idx.position(c.seg), idx.rows(c.seg)
+        cur = bi.slice(lo, hi - lo)
+        before = bi[idx.before(k, c.s0, 2)]
         if cur.height == 0 or before.height < 2:
             return None
         st, got = int(cur.get_column("step")[0]), float(cur.get_column("value")[0])
-        same = prev.filter(pl.col("step") == st)
+        same = bi[idx.from_step(k, st)].filter(pl.col("step") == st)
         if same.height:
             exp = float(same.get_column("value")[-1])
         else:
