@@ -289,19 +289,16 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
            .filter(pl.col("n") == len(keep)))
     dense = (sub.select("metric", "source", "segment", "step").unique().group_by("metric").len()  # steps, not rows
              .sort(["len", "metric"], descending=[True, False]).row(0))
-    shared = agg.height
-    if shared and shared < PARTS_MIN_SHARE * dense[1]:  # ``loss/train`` every step, ``loss/test`` rarely: no sum
-        agg = agg.clear()
-    if agg.height:
+    shared = agg.height  # ``loss/train`` every step, ``loss/test`` rarely: no sum below PARTS_MIN_SHARE
+    if shared >= PARTS_MIN_SHARE * dense[1]:
         tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
         rows = agg.select(
             "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
             pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
             pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
         metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-        why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
-               f"{agg.height} steps where all were logged (the objective of detection and RLHF "
-               f"trainers is their sum)")
+        why = (f"no training loss was logged; its components {', '.join(keep)} summed at the {agg.height} steps "
+               "where all were logged (the objective of detection and RLHF trainers is their sum)")
         if zero:
             why += f"; constant-zero component(s) left out: {', '.join(zero)}"
         return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)", "why": why}
@@ -316,8 +313,7 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
 
 
 PARTS_MIN_SHARE = 0.5
-"""The loss components' sum is the objective only where it covers >= half the steps of the most logged one (our choice:
-parts on one line cover all; the user test's ``Loss/train`` every step + ``Loss/test`` every 50 covers 2 %)."""
+"""The components' sum needs >= half the most logged one's steps (our choice; ``Loss/train`` + ``Loss/test``: 2 %)."""
 _STAT = r"/(?:mean|num|std|min|max|count|sum)$"
 _LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
                              "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})
