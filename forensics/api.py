@@ -80,11 +80,20 @@ def _step_axis(run: RunData) -> dict[str, object] | None:
     meta = (run.meta.get("by_source") or {}).get(s.source) or {}
     axis = meta.get("step_axis")
     if isinstance(axis, dict):
-        return {**axis, "source": s.source}
+        return _with_note({**axis, "source": s.source})
     unit = str(meta.get("step_unit") or "")
+    column = str(meta.get("step_key") or meta.get("step_source") or "step")
     kind = ("epoch" if unit == "epoch" else "batch_within_epoch" if unit.startswith("batch within")
-            else "optimizer_step")
-    return {"column": meta.get("step_key") or meta.get("step_source") or "step", "kind": kind, "source": s.source}
+            else "row_index" if column.startswith(("index", "line index")) else "optimizer_step")
+    return _with_note({"column": column, "kind": kind, "source": s.source})
+
+
+def _with_note(axis: dict[str, object]) -> dict[str, object]:
+    """``axis`` with a ``note`` for the reports when the steps are row (entry) numbers, not logged steps."""
+    if axis.get("kind") == "row_index":
+        axis["note"] = (f"steps are row numbers: no step column found in {axis.get('source')} (the N-th record is "
+                        "step N; the trainer's own step numbers may differ)")
+    return axis
 
 
 SKIPPED_INPUT_WEIGHT = 0.03
@@ -151,6 +160,9 @@ def analyze_run(run: RunData) -> Analysis:
         verdict, confidence, summary = Verdict.INCONCLUSIVE, 0.0, f"inconclusive: {short}."
     elif notes and verdict == Verdict.HEALTHY:
         summary = summary.rstrip(".") + f" (confidence {confidence:.2f}: " + "; ".join(notes) + ")."
+    note = (run.meta.get("step_axis") or {}).get("note")
+    if note:
+        summary = summary.rstrip() + f" Note: {note}."
     meta = {k: v for k, v in run.meta.items() if k != "by_source"}
     meta["coverage"] = {"factor": factor, "why": notes or ["everything found was read and every detector ran"],
                         **(d.coverage or {})}  # share_evaluated, cap, capped, note: forensics.calibration.coverage

@@ -287,28 +287,33 @@ def _loss_parts(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any]] | 
     agg = (sub.group_by(["run", "source", "segment", "step"], maintain_order=True)
            .agg(pl.col("value").sum(), pl.col("metric").n_unique().alias("n"), pl.col("wall_time").first())
            .filter(pl.col("n") == len(keep)))
-    if agg.height:
+    dense = (sub.select("metric", "source", "segment", "step").unique().group_by("metric").len()  # steps, not rows
+             .sort(["len", "metric"], descending=[True, False]).row(0))
+    shared = agg.height  # ``loss/train`` every step, ``loss/test`` rarely: no sum below PARTS_MIN_SHARE
+    if shared >= PARTS_MIN_SHARE * dense[1]:
         tag = "sum(" + " + ".join(k.partition("/")[2] for k in keep) + ")"
         rows = agg.select(
             "run", pl.col("segment").cast(pl.Int32), pl.col("step").cast(pl.Int64),
             pl.lit("loss").alias("metric"), pl.col("value").cast(pl.Float64),
             pl.col("wall_time").cast(pl.Float64), pl.lit(tag).alias("tag"), "source")
         metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-        why = (f"no training loss was logged; its components {', '.join(keep)} summed at the "
-               f"{agg.height} steps where all were logged (the objective of detection and RLHF "
-               f"trainers is their sum)")
+        why = (f"no training loss was logged; its components {', '.join(keep)} summed at the {agg.height} steps "
+               "where all were logged (the objective of detection and RLHF trainers is their sum)")
         if zero:
             why += f"; constant-zero component(s) left out: {', '.join(zero)}"
         return metrics, {"metric": "loss", "tags": [tag], "kind": "training (sum of components)", "why": why}
-    top = sub.group_by("metric").len().sort(["len", "metric"], descending=[True, False]).row(0)[0]
+    top = dense[0]
     rows = sub.filter(pl.col("metric") == top).with_columns(pl.lit("loss").alias("metric"))
     metrics = pl.concat([metrics, rows.select(metrics.columns)], how="vertical_relaxed")
-    why = (f"no training loss was logged and its components {', '.join(keep)} are never logged at the "
-           f"same steps; the most logged one, {top}, is taken")
+    together = (f"are all logged at only {shared} of the {dense[1]} steps of {top}, so their sum would drop most "
+                "of the points" if shared else "are never logged at the same steps")
+    why = f"no training loss was logged and its parts {', '.join(keep)} {together}; the most logged, {top}, is taken"
     return metrics, {"metric": "loss", "tags": sorted(set(rows.get_column("tag").to_list())),
                      "kind": "training (one component)", "why": why}
 
 
+PARTS_MIN_SHARE = 0.5
+"""The components' sum needs >= half the most logged one's steps (our choice; ``Loss/train`` + ``Loss/test``: 2 %)."""
 _STAT = r"/(?:mean|num|std|min|max|count|sum)$"
 _LOSS_FUNCTIONS = frozenset({"rmse", "mse", "mae", "logloss", "crossentropy", "cross_entropy", "bce", "nll",
                              "huber", "smoothl1", "l1", "l2", "mape", "multilogloss", "quantile"})

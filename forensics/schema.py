@@ -7,6 +7,7 @@ All parsers emit these tables. Values are kept exactly as logged (NaN and +-inf 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -151,6 +152,10 @@ _ALIASES: dict[str, str] = {
     "grad/norm/total": "grad_norm", "elapsed time per iteration (s)": "step_time",
 }
 
+_NORMALIZED: dict[str, str] = {"_".join(w for w in re.split(r"[^0-9a-z]+", k) if w): v
+                               for k, v in _ALIASES.items()}
+"""The alias table keyed by :func:`normalized` names (``GradNorm`` -> ``grad_norm``), for names without a slash."""
+
 _PREFIXES = ("train/", "training/", "train_inner/", "optim/", "trainer/", "metrics/", "train_")
 
 
@@ -159,15 +164,83 @@ _WRAP = frozenset({"train", "training", "sft", "trainer", "metrics", "metric", "
                    "avg", "mean", "global", "total", "reduced", "running", "smoothed", "lm", "ce", "nll", "objective",
                    "loss_metrics", "losses", "value", "main", "overall", "final", "batch", "iter", "cur", "current",
                    "loss", "with", "at", "of", "is", "the", "a", "an", "in", "on", "for", "and", "mean_of"})
+_SPLIT = frozenset({"train", "training"}) | _EVAL
 _AGGREGATE = frozenset({"epoch", "ema", "min", "max", "std", "sum", "count", "best"})
 _SHORT = {"trl": ("loss", "abbreviation of train loss"), "tl": ("loss", "abbreviation of train loss"),
           "tel": ("eval_loss", "abbreviation of test/eval loss"), "vl": ("eval_loss", "abbreviation of val loss")}
 
 
+def words_of(raw: str) -> list[str]:
+    """The lower-case words of a name: split at camel case and at any character that is not a letter or digit.
+
+    ``Train Loss (avg)`` -> ``["train", "loss", "avg"]``; ``GradNorm`` -> ``["grad", "norm"]``; ``Iteration #``
+    -> ``["iteration"]``.
+    """
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", raw.strip()).lower()
+    return [w for w in re.split(r"[^0-9a-z]+", spaced) if w]
+
+
+def normalized(raw: str) -> str:
+    """A name's words joined by ``_`` (:func:`words_of`): the key that alias look-ups ignoring punctuation use."""
+    return "_".join(words_of(raw))
+
+
+_SCALE_NAMES = frozenset({"loss_scale", "loss_scaler", "lossscale", "grad_scale", "grad_scaler", "loss_scaling",
+                          "scaler_scale", "cur_scale", "current_scale"})
+"""Last path parts that name the dynamic loss scale whatever the prefix (``amp/loss_scale``, ``fp16/loss_scale``)."""
+_SCALER_SPACES = frozenset({"amp", "fp16", "scaler", "grad_scaler", "gradscaler", "loss_scaler", "mixed_precision",
+                            "half", "deepspeed"})
+"""Prefixes under which a bare ``scale`` is the loss scale (``scaler/scale``, ``amp/scale``)."""
+_SKIP_WORDS = frozenset({"skipped", "skip", "skips", "overflow", "overflows", "overflowed"})
+_COUNT_WORDS = frozenset({"num", "n", "nb", "total", "count", "cnt", "steps", "step", "iters", "iter", "iterations",
+                          "iteration", "number", "of", "optimizer", "optim", "updates", "update", "amp", "fp16",
+                          "scaler", "train", "training", "grad", "grads", "gradient", "is", "has", "flag"})
+"""Words a skipped-step counter or overflow flag may carry besides a skip word (``num_skipped``,
+``amp/skipped_total``, ``Skipped Steps``, ``grad_overflow``); any other word (``skipped_batches``,
+``overflow_rate``) leaves the name as logged."""
+
+
+def scale_or_skip_rule(raw: str) -> tuple[str, str] | None:
+    """``loss_scale`` or ``skipped_step`` for a loss-scale or skipped-step name by rule, with why; else ``None``.
+
+    A loss-scale name (:data:`_SCALE_NAMES` as the last path part, or ``scale`` under a scaler's prefix
+    :data:`_SCALER_SPACES`) is the loss scale under any prefix, never a part of the loss. A name whose words are a
+    skip word (``skipped``, ``overflow``) and counting words only (:data:`_COUNT_WORDS`) is the skipped-step
+    count (a running total is made per-step later, :func:`forensics.objective.per_step_counters`).
+    """
+    parts = [normalized(p) for p in raw.strip().split("/") if normalized(p)]
+    if not parts:
+        return None
+    last = parts[-1]
+    if last in _SCALE_NAMES or (last in ("scale", "scaler") and any(p in _SCALER_SPACES for p in parts[:-1])):
+        return "loss_scale", f"a loss-scale name ({last!r}) under any prefix: the dynamic loss scale"
+    words = words_of(raw)
+    if any(w in _SKIP_WORDS for w in words) and all(w in _SKIP_WORDS or w in _COUNT_WORDS for w in words):
+        return "skipped_step", "a skipped-step counter or overflow flag by its words"
+    return None
+
+
+def _split_suffix(canon: str, raw: str, tail: str) -> str | None:
+    """The name of ``<alias>/<split word>`` (``Loss/train``, ``Loss/test``), or ``None`` when the tail is not one.
+
+    A split word after the slash is like the prefix in ``train/loss``: ``train`` -> the metric itself, an eval word
+    -> its eval form (``eval_loss``; the raw name when there is none), ``epoch`` -> the raw name (a summary).
+    """
+    words = words_of(tail)
+    if not words or not all(w in _SPLIT or w == "epoch" or w == "step" for w in words) \
+            or not any(w in _SPLIT for w in words):
+        return None
+    if "epoch" in words:
+        return raw
+    if any(w in _EVAL for w in words):
+        return f"eval_{canon}" if f"eval_{canon}" in CANONICAL_METRICS else raw
+    return canon
+
+
 def name_rule(raw: str) -> tuple[str, str] | None:
     """The canonical name of a loss- or perplexity-like raw name, by rule, with why; ``None`` if no rule applies.
 
-    Rules (DESIGN.md section 2): the name is split into words at ``/ _ - . space`` and camel case
+    Rules (DESIGN.md section 2): the name is split into words at any punctuation or space and camel case
     (``CrossEntropyLoss``); an eval word (``val``, ``eval``, ``test``, ...) makes it ``eval_loss``; an
     aggregate word (``epoch``, ``ema``, ``min``...) leaves it under its raw name (a per-epoch mean is not the
     per-step objective); wrapper words (``train``, ``sft``, ``total``, ``avg``, ``global``, ``step``...) are
@@ -182,8 +255,11 @@ def name_rule(raw: str) -> tuple[str, str] | None:
     low = raw.strip().lower()
     if low in _SHORT:
         return _SHORT[low]
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", raw.strip()).lower()
-    words = [w for w in re.split(r"[/_\-.\s]+", spaced) if w]
+    if scale_or_skip_rule(raw) is not None:
+        return None  # ``amp/loss_scale``, ``loss_scaler``: the loss scale, never a part of the loss
+    words = words_of(raw)
+    if any(a == "loss" and b.startswith("scal") for a, b in zip(words, words[1:], strict=False)):
+        return None  # ``loss_scale_window``, ``min_loss_scale``: a loss-scale setting, not a part of the loss
     words = ["loss" if w.endswith("loss") and w != "loss" and w[:-4] in ("crossentropy", "ce", "nll", "lm")
              else w for w in words]
     if "loss" in words or low.endswith("loss"):
@@ -217,6 +293,14 @@ def explain_metric(raw: str) -> tuple[str, str]:
         return name, "no alias or rule applies: kept as logged"
     if low in _ALIASES:
         return name, f"alias table: {low!r} -> {name!r}"
+    rule = scale_or_skip_rule(raw)
+    if rule is not None and rule[0] == name:
+        return name, f"rule: {rule[1]}"
+    if "/" not in low and _NORMALIZED.get(normalized(raw)) == name:
+        return name, f"alias table ignoring case and punctuation: {normalized(raw)!r} -> {name!r}"
+    hc = _ALIASES.get(low.partition("/")[0]) or _NORMALIZED.get(normalized(raw.partition("/")[0]))
+    if "/" in low and hc and name in (hc, f"eval_{hc}"):
+        return name, f"rule: {raw.partition('/')[2]!r} after the slash is a split word, like the prefix in train/loss"
     rule = name_rule(raw)
     if rule is not None and rule[0] == name:
         return name, f"rule: {rule[1]}"
@@ -243,10 +327,19 @@ def canonical_metric(raw: str) -> str:
     for prefix in _PREFIXES:
         if low.startswith(prefix) and low[len(prefix):] in _ALIASES:
             return _ALIASES[low[len(prefix):]]
+    rule = scale_or_skip_rule(name)
+    if rule is not None:
+        return rule[0]
+    if "/" not in low and normalized(name) in _NORMALIZED:  # ``GradNorm``, ``Skipped Steps``, ``learning.rate``
+        return _NORMALIZED[normalized(name)]
     if "/" in low:
         head, _, tail = low.partition("/")
         if head in ("eval", "val", "valid", "validation") and tail in ("loss", "lm loss", "lm_loss"):
             return "eval_loss"
+        hc = _ALIASES.get(head) or _NORMALIZED.get(normalized(name.partition("/")[0]))
+        split = _split_suffix(hc, name, tail) if hc else None
+        if split is not None:
+            return split
         if head in _ALIASES and head not in ("train", "eval"):
             return f"{_ALIASES[head]}/{name.partition('/')[2]}"
         if head in ("train", "training", "optim") and "/" in tail:
@@ -257,6 +350,22 @@ def canonical_metric(raw: str) -> str:
     if rule is not None:
         return rule[0]
     return name
+
+
+FLAG_METRICS = ("skipped_step", "nan_step")
+"""Per-step counts that a writer may log as a boolean flag (``"overflow": true``): true/false is their 1/0."""
+
+
+@lru_cache(maxsize=4096)
+def boolean_is_a_count(raw: str) -> bool:
+    """True when a JSON boolean under ``raw`` reads as 1/0: a flag (``fp16_finite``, ``overflow``).
+
+    False for a measurement (a canonical metric other than :data:`FLAG_METRICS`, or a part of one: ``loss``,
+    ``lr``, ``loss/box``): ``"loss": true`` is no loss value.
+    """
+    name = canonical_metric(raw)
+    base = name.split("/")[0]
+    return name in FLAG_METRICS or (base not in CANONICAL_METRICS and name not in CANONICAL_METRICS)
 
 
 def empty_metrics() -> pa.Table:

@@ -190,9 +190,13 @@ def read_table_bytes(path: Path, limit: int = MAX_TABLE_BYTES) -> tuple[bytes, s
 def open_text(path: Path) -> IO[str]:
     """Open for reading text as the parsers do, decompressing ``.gz`` files, lines bounded (:func:`open_binary`).
 
-    UTF-8 with the BOM stripped, bad bytes replaced, no newline translation.
+    UTF-8 with the BOM stripped, bad bytes replaced, no newline translation; UTF-16 when the file starts with its
+    byte-order mark (Windows PowerShell 5's ``python train.py > train.log``).
     """
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="replace", newline="")
+    fh = open_binary(path)
+    bom = fh.peek(2)[:2] if hasattr(fh, "peek") else b""
+    encoding = "utf-16" if bom in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+    return io.TextIOWrapper(fh, encoding=encoding, errors="replace", newline="")
 
 
 STEP_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("forensics_step_key", default=None)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from forensics.schema import boolean_is_a_count
 from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, TIME_KEYS, _as_time
 from parsers._jsonl_lines import _PyRecords
 from parsers._jsonl_stage import _dense, _leaves, _Staged
@@ -93,6 +94,10 @@ class _FrameRecords(_Records):
                 c = int((mask & (self.has_step == hs)).sum())
                 if c:
                     self.non_numeric[(hs, name)] = self.non_numeric.get((hs, name), 0) + c
+        if s.dtype == pl.Boolean and not boolean_is_a_count(name):  # a boolean is no measurement: listed
+            if mask.any():
+                st.booleans[name] = st.booleans.get(name, 0) + int(mask.sum())
+            return
         if s.dtype not in (pl.Int64, pl.Float64, pl.Boolean) or not mask.any():
             return
         ki = st.key_id(name)

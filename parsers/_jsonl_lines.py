@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from forensics.model import Skip
+from forensics.schema import boolean_is_a_count
 from parsers._jsonl_fields import (
     _RUNTIME_SET,
     _SPECIAL_KEYS,
@@ -63,6 +64,9 @@ class _PyRecords(_Records):
         else:
             stp = 0
             step_key_of.append(-1)
+            for k in st.step_keys:  # an integer step beyond int64 is said, not taken for "no step key"
+                if type(obj.get(k)) is int:
+                    st.big_steps[k] = st.big_steps.get(k, 0) + 1
         skip_key = step_key if step_key_of[-1] < st.fallback_from else None  # an epoch stays a metric too
         w = next((w for k in TIME_KEYS if k in flat and (w := _as_time(flat[k])) is not None), None)
         rt = next((r for k in RUNTIME_KEYS if k in flat and not math.isnan(r := _as_runtime(flat[k]))), math.nan)
@@ -84,6 +88,9 @@ class _PyRecords(_Records):
                 nk = (step_key is not None, key)
                 non_numeric[nk] = non_numeric.get(nk, 0) + 1
                 continue
+            if v is _BOOL:
+                st.booleans[key] = st.booleans.get(key, 0) + 1
+                continue
             ki = key_index.get(key)
             if ki is None:
                 ki = st.key_id(key)
@@ -104,6 +111,7 @@ class _PyRecords(_Records):
 
 _SKIP = object()  # a field that is no metric row (the step, the wall time, _runtime, a name, a list)
 _TEXT = object()  # text that is not a number
+_BOOL = object()  # a JSON boolean under a key that is no per-step flag: not a number
 
 
 def _value(key: str, v: object, step_key: str | None, w: float | None) -> object:
@@ -116,7 +124,7 @@ def _value(key: str, v: object, step_key: str | None, w: float | None) -> object
     if tv is int:
         return _float(v)  # type: ignore[arg-type]
     if tv is bool:
-        return float(v)  # type: ignore[arg-type]
+        return float(v) if boolean_is_a_count(key) else _BOOL  # type: ignore[arg-type]
     if tv is str:
         if key in NAME_KEYS:
             return _SKIP

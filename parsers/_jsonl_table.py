@@ -110,6 +110,8 @@ class _State:
         self.bad: list[Skip] = []
         self.n_bad = 0
         self.python_lines = 0
+        self.booleans: dict[str, int] = {}  # key -> JSON booleans not read (not a number unless a per-step flag)
+        self.big_steps: dict[str, int] = {}  # step key -> integer values beyond int64 (not read as steps)
 
     def key_id(self, key: str) -> int:
         ki = self.key_index.get(key)

@@ -1,20 +1,22 @@
 """Header rules of metric tables (CSV/TSV, Parquet, JSON arrays): which column is the step, which are metrics.
 
 By rule, not by file: a step name (:data:`STEP_COLUMNS`, compared exactly, then ignoring case and
-padding), else an epoch or sample count, else the row index when a column is a loss by name. Shared by
+padding, then punctuation: ``Iteration #``), else an epoch or sample count, else the row index when a column is a
+loss by name. Shared by
 :mod:`parsers.csv_metrics` and :mod:`parsers.json_table`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from parsers._io import STEP_KEY
 
 STEP_COLUMNS = ("_step", "step", "Step", "global_step", "trainer/global_step", "iteration", "iter",
                 "num_updates", "train/global_step", "global step", "current_steps", "current_step", "it", "steps",
                 "train_step", "optimizer_step", "update", "updates", "s", "batch", "iterations")
-"""Step columns, in priority order (compared exactly, then ignoring case and padding)."""
+"""Step columns, in priority order (compared exactly, then ignoring case and padding, then punctuation)."""
 SPLIT_KEYS = ("split", "mode", "phase", "stage")
 """String fields naming the data split of a record (``{"split": "val", "step": 50, "loss": 2.3}``)."""
 _SPLIT_PREFIX = {"val": "val", "valid": "val", "validation": "val", "eval": "eval", "evaluation": "eval",
@@ -41,7 +43,7 @@ def step_axis(col: str | None) -> str:
     """The kind of step axis a column names: ``optimizer_step``, ``epoch``, ``samples`` or ``row_index``."""
     if col is None or col == ROW_INDEX:
         return "row_index"
-    low = col.lower()
+    low = _norm(col)
     if low in EPOCH_COLUMNS:
         return "epoch"
     if low in SAMPLE_COLUMNS:
@@ -77,9 +79,18 @@ def step_column(header: list[str], *, row_index: bool = True) -> str | None:
         for name in names:
             if name.lower() in low:
                 return low[name.lower()]
+        norm = {_norm(h): h for h in reversed(header)}  # ``Iteration #``, ``Step #``, ``iter.``, ``Global Step``
+        for name in names:
+            if _norm(name) in norm:
+                return norm[_norm(name)]
     if row_index and lossy_header(header):
         return ROW_INDEX
     return None
+
+
+def _norm(name: str) -> str:
+    """A column name with case, punctuation and spacing ignored: ``Iteration #`` -> ``iteration``."""
+    return "_".join(w for w in re.split(r"[^0-9a-z]+", name.strip().lower()) if w)
 
 
 def to_float(cell: str) -> float | None:

@@ -27,16 +27,19 @@ from parsers.lines import (
     fairseq,
     generic,
     hf_stdout,
+    json_inline,
     kv,
     megatron,
     nanogpt,
     nemo,
     torchtitan,
+    tqdm_bar,
 )
 from parsers.lines.kv_bulk import SIG_SEP
 from parsers.lines.pyrepr import flatten
 
-MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, nanogpt, generic, kv)
+MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, tqdm_bar, nanogpt, generic, json_inline,
+           kv)
 _TRAPS = MODULES[:-1]  # the framework modules, each kept for a trap; kv (the general reader) always goes last
 _QUIET_META = {"step_source", "value_format", "loss_scale_zero_means_small", "batches_per_epoch", "versions",
                "step_unit"}

@@ -50,6 +50,7 @@ from parsers._table_header import (
     step_column,
     to_float,
 )
+from parsers._text_damage import UTF16_BOMS
 from parsers.json_table import json_array_head, read_json
 from parsers.lines import Rows, metric
 
@@ -72,7 +73,7 @@ def sniff(path: Path) -> bool:
             return _table_in_text(path)
         if suffix in (".csv", ".tsv") and path.is_file():
             with open_text(path) as fh:
-                first = fh.readline()
+                first = next((ln for ln in (fh.readline() for _ in range(_MAX_COMMENTS)) if not _comment(ln)), "")
             header = next(csv.reader(io.StringIO(first), delimiter=_delimiter(first, suffix)), [])
             return step_column([h.strip() for h in header]) is not None
         if suffix == ".parquet" and path.is_file():
@@ -106,11 +107,24 @@ def _table_in_text(path: Path) -> bool:
     return all(to_float(c) is not None for c in cells) and step_column(header) is not None
 
 
+_MAX_COMMENTS = 64
+"""Lines read past ``#`` comment lines (an exporter's banner) to find a CSV's header (our choice)."""
+_DELIMITERS = (",", "\t", ";", "|")
+"""The delimiters a header is sniffed for, the first winning a tie (European-locale exports use ``;``)."""
+
+
+def _comment(line: str) -> bool:
+    """True for a ``#`` comment line or a blank line before the header (pandas/polars ``comment_prefix``)."""
+    return not line.strip() or line.lstrip().startswith("#")
+
+
 def _delimiter(first_line: str, suffix: str) -> str:
-    """A tab for a TSV (by suffix, or a header with tabs and no commas), else a comma."""
-    if suffix == ".tsv" or ("\t" in first_line and "," not in first_line):
+    """A tab for a TSV by suffix, else the delimiter of :data:`_DELIMITERS` the header holds most of (a comma)."""
+    if suffix == ".tsv":
         return "\t"
-    return ","
+    counts = [(first_line.count(d), -i, d) for i, d in enumerate(_DELIMITERS)]
+    best = max(counts)
+    return best[2] if best[0] else ","
 
 
 def _columns(header: list[str], step_col: str, meta: dict[str, Any]) -> list[tuple[int, str] | None]:
@@ -166,12 +180,22 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     data, cut = read_table_bytes(path)
     if cut:
         skipped.append(Skip(rel, cut))
-    lines = data.decode("utf-8-sig", errors="replace").splitlines(keepends=True)
+    encoding = "utf-16" if data[:2] in UTF16_BOMS else "utf-8-sig"  # Excel's "Unicode text" export is UTF-16
+    lines = data.decode(encoding, errors="replace").splitlines(keepends=True)
     del data
     if not lines:
         raise ParseError(rel, "empty CSV file")
-    reader = csv.reader(lines, delimiter=_delimiter(lines[0], logical_suffix(path)))
-    header = [h.strip() for h in next(reader)]
+    comments = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("#")]
+    for i in comments:  # kept as blank lines: the line numbers of the rows stay the file's
+        lines[i] = "\n"
+    if comments:
+        meta["comment_lines"] = len(comments)
+    first = next((ln for ln in lines if ln.strip()), "")
+    delim = _delimiter(first, logical_suffix(path))
+    if delim == ";":  # a semicolon table's numbers may use a decimal comma (``0,5``)
+        lines = [ln.replace(",", ".") for ln in lines]
+    reader = csv.reader(lines, delimiter=delim)
+    header = [h.strip() for h in next((r for r in reader if r and any(c.strip() for c in r)), [])]
     step_col = step_column(header)
     if step_col is None:
         raise ParseError(rel, "no step column in the CSV header")

@@ -240,8 +240,27 @@ def _read_file(st: _State, path: Path, engine: str, chunk_bytes: int) -> list[Sk
     return skipped
 
 
+def _odd_values(st: _State, meta: dict[str, Any], skipped: list[Skip]) -> None:
+    """List JSON booleans not read as numbers and integer steps beyond int64 (``parsers._jsonl_lines``)."""
+    if st.booleans:
+        meta["boolean_values"] = dict(st.booleans)
+        keys = ", ".join(f"{k} ({n})" for k, n in sorted(st.booleans.items(), key=lambda kv: -kv[1])[:5])
+        skipped.append(Skip(st.rel, f"JSON booleans are not numbers and were not read as metrics: {keys}"))
+    if st.big_steps:
+        meta["steps_beyond_int64"] = dict(st.big_steps)
+        keys = ", ".join(f"{k!r} ({n} records)" for k, n in st.big_steps.items())
+        skipped.append(Skip(st.rel, f"step key {keys} holds integers beyond int64: not read as steps"))
+        if str(meta.get("step_source", "")).endswith("(the file has no step key)"):
+            meta["step_source"] = meta["step_source"].replace(
+                "(the file has no step key)", "(its step values are beyond int64)")
+
+
 def _lost_values(st: _State, stream: Any, meta: dict[str, Any], skipped: list[Skip]) -> None:
-    """List text in a key that is numeric elsewhere (a lost value); text-only keys are labels (run names...)."""
+    """List text in a key that is numeric elsewhere (a lost value); text-only keys are labels (run names...).
+
+    Booleans and steps beyond int64 are listed too (:func:`_odd_values`).
+    """
+    _odd_values(st, meta, skipped)
     used = stream.used_tags
     lost = {k: n for k, n in stream.non_numeric.items()
             if (ti := st.tag_index.get(k)) is not None and ti < len(used) and used[ti]}

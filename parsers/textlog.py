@@ -33,6 +33,7 @@ from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers._io import logical_name, logical_suffix, open_binary, open_text
+from parsers._text_damage import drop_nuls, head_text
 from parsers._textlog_asm import MODULES as _MODULES
 from parsers._textlog_asm import Assembler as _Assembler
 from parsers._textlog_block import BLOCK as _BLOCK
@@ -75,7 +76,7 @@ def _metric_lines_later(path: Path) -> bool:
             if not chunk:
                 return False
             if b"\0" in chunk:
-                return False
+                chunk = head_text(chunk) or b""  # a crashed writer's NUL block, UTF-16 text; binary: nothing
             seen += len(chunk)
             data = tail + chunk
             cut = data.rfind(b"\n")
@@ -99,7 +100,8 @@ def sniff(path: Path) -> bool:
             return False
         with open_binary(path) as fh:
             head = fh.read(HEAD_BYTES)
-        if b"\0" in head:
+        head = head_text(head)  # NUL blocks of a crashed writer removed, UTF-16 re-encoded; None: binary
+        if head is None:
             return False
         name, suffix = logical_name(path), logical_suffix(path)
         if suffix in (".log", ".out", ".err") or name.startswith(("stdout", "stderr")):
@@ -137,6 +139,8 @@ def read(path: Path, root: Path) -> ParseResult:
                 got = fh.readlines(_READ_HINT)  # whole lines, split in C
                 if not got:
                     break
+                if any("\0" in g for g in got):  # a crashed node's NUL blocks: listed, the lines around read
+                    got = drop_nuls(got, lineno + len(buf), rel, skipped)
                 buf += got
                 while len(buf) > _BLOCK:
                     rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line

@@ -174,6 +174,7 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
         "mechanism": analysis.mechanism,
         "confidence": analysis.confidence,
         "summary": analysis.summary,
+        "step_note": (analysis.meta.get("step_axis") or {}).get("note"),
         "headline": headline(analysis, run),
         "certainty": certainty(analysis, hyps),
         "labels": glossary([analysis.cause, analysis.mechanism]),

@@ -66,6 +66,7 @@ def render_markdown(analysis: Analysis, *, html_path: str | None = None, run: Ru
     base = dict(
         run=str(analysis.run), verdict=analysis.verdict, cause=analysis.cause, mechanism=analysis.mechanism,
         confidence=analysis.confidence, onset=analysis.onset, summary=analysis.summary,
+        step_note=(analysis.meta.get("step_axis") or {}).get("note"),
         headline=headline(analysis, run), certainty=certainty(analysis, cons.hypotheses),
         labels=glossary([analysis.cause, analysis.mechanism]),
         findings=list(analysis.findings), hypotheses=list(cons.hypotheses),

@@ -40,6 +40,9 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
     words = explain(a.mechanism) or explain(a.cause)
     rows.append(("cause", cause + (f" ({words})" if words else ""), ""))
     rows.append(("onset", onset_label(a.onset), ""))
+    note = (a.meta.get("step_axis") or {}).get("note")
+    if note:  # the steps are row numbers: every step in the report is one
+        rows.append(("steps", str(note), "bold"))
     rows.append(("confidence", fmt_conf(a.confidence), ""))
     shown = a.findings if verbose else a.findings[:TOP_FINDINGS]
     for f in shown:

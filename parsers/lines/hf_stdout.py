@@ -112,7 +112,7 @@ def _step_for(d: dict, is_eval: bool, state: dict) -> tuple[int | None, str]:
 
 def _dict_line(s: str, state: dict) -> LineRecord | None:
     i = s.find("{")
-    if i < 0 or not s.endswith("}") or not any(k in s for k in _DICT_KEYS):
+    if i != 0 or not s.endswith("}") or not any(k in s for k in _DICT_KEYS):  # after another prefix: json_inline
         return None
     d = _fast_dict(s[i:])
     if not isinstance(d, dict):
