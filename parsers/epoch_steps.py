@@ -49,13 +49,16 @@ def repair(pr: ParseResult) -> ParseResult:
     t = pr.metrics
     if t.num_rows == 0 or (pc.max(t.column("segment")).as_py() or 0) < 1:
         return pr
+    epoch_axis = (pr.meta.get("step_axis") or {}).get("kind") == "epoch"
+    if not epoch_axis and not _EPOCH_TAGS & _tag_names(t.column("tag")):
+        return pr  # no epoch logged: nothing to recompose (and no copy of a 20M-row file's columns)
     seg = t.column("segment").to_numpy().astype(np.int64)
     step = t.column("step").to_numpy().astype(np.int64)
     tag = t.column("tag")
     if pa.types.is_dictionary(tag.type):
         tag = tag.cast(pa.string())
     value = t.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
-    if (pr.meta.get("step_axis") or {}).get("kind") == "epoch":
+    if epoch_axis:
         fixed = _epoch_axis(seg, step, tag, value)
     else:
         fixed = _restarting_step(seg, step, tag, value, pr.meta.get("step_key") or "step")
@@ -71,6 +74,13 @@ def repair(pr: ParseResult) -> ParseResult:
     if "segments" in meta:
         meta["segments"] = int(new_seg.max()) + 1
     return replace(pr, metrics=t, meta=meta)
+
+
+def _tag_names(tag: pa.ChunkedArray) -> set[str]:
+    """The distinct tags of a column: a dictionary column's dictionaries (small), else ``pc.unique``."""
+    if pa.types.is_dictionary(tag.type):
+        return {v for chunk in tag.chunks for v in chunk.dictionary.to_pylist() if v is not None}
+    return {v for v in pc.unique(tag).to_pylist() if v is not None}
 
 
 def _is_in(tag: pa.ChunkedArray, names: frozenset[str] | tuple[str, ...]) -> np.ndarray:
