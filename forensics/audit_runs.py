@@ -134,9 +134,12 @@ def unclaimed_logs(tree: Mapping[str, Any], picked: list[str]) -> list[str]:
     A folder counts when it holds a non-empty file with a :data:`LOG_LIKE` suffix (not a README, LICENSE or
     requirements file) and no file a parser claims.
     """
-    def near_run(rel: str) -> bool:
-        return any(rel == r or r == "" or rel.startswith(f"{r}/") or r.startswith(f"{rel}/" if rel else "")
-                   for r in picked)
+    runs = set(picked)
+    above = {"/".join(parts[:i]) for r in picked if r for parts in [r.split("/")] for i in range(len(parts))}
+
+    def near_run(rel: str) -> bool:  # a run, inside one, or above one: O(depth) per folder, not O(runs)
+        parts = rel.split("/") if rel else []
+        return rel in above or any("/".join(parts[:i]) in runs for i in range(len(parts) + 1))
 
     out = []
     for rel, node in tree.items():

@@ -33,6 +33,8 @@ def separate_runs(run_dir: Path, run: RunData) -> list[str]:
     """
     if not run_dir.is_dir() or run.metrics.height == 0:
         return []
+    if len({PurePosixPath(src.path).parent for src in run.sources}) < 2:
+        return []  # every log in one folder: one run, and no second walk of the folder
     from forensics.layout import find_runs
 
     try:
