@@ -132,33 +132,20 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
     Returns:
         int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
-        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
-        most :data:`_MAX_BRACKETS` opening brackets).
-        ``work`` is a bool work array twice as long as ``buf``.
+        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens).
+        ``work`` is a bool work array as long as ``buf``. Nesting is checked only where polars infers a
+        schema (:func:`_deep_lines`).
     """
     arr = np.frombuffer(buf, np.uint8)
-    hit, low = work[:len(arr)], work[len(arr):2 * len(arr)].view(np.uint8)
-    # newlines and opening brackets in one read of the bytes and one position pass: x & 0xDF is 0x5B
-    # exactly for '[' (0x5B) and '{' (0x7B), 0x0A for '\n' and '*' (told apart at the positions)
-    np.bitwise_and(arr, 0xDF, out=low)
-    np.equal(low, 0x5B, out=hit)
-    hit |= np.equal(low, 0x0A, out=low.view(bool))
-    at = np.flatnonzero(hit)
-    byte = arr[at]
-    if (star := byte == 0x2A).any():  # '*' is neither
-        at, byte = at[~star], byte[~star]
-    is_nl = byte == 10
-    ends = at[is_nl]
+    ends = np.flatnonzero(np.equal(arr, 10, out=work[:len(arr)]))
     starts = np.empty_like(ends)
     starts[:1] = 0
     starts[1:] = ends[:-1] + 1
     last = arr[ends - 1]  # ends - 1 >= -1 (wraps to the last newline): masked by the length test
     cr = last == 13
-    last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
+    if cr.any():
+        last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
     plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
-    # '{' '[': polars overflows its stack (a segfault) on lines nested ~600 deep: at most _MAX_BRACKETS a
-    # line (the positions between two newlines are the line's brackets)
-    plain &= np.diff(np.flatnonzero(is_nl), prepend=-1) - 1 <= _MAX_BRACKETS
     for lead, tokens in _PER_LINE:
         _token_lines(buf, ends, plain, lead, tokens)
     if not buf.isascii():
@@ -171,6 +158,25 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
                 except UnicodeDecodeError:
                     plain[li] = False
     return starts, ends, plain
+
+
+def _deep_lines(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Per line ``idx`` of ``buf`` (bool): it holds more than :data:`_MAX_BRACKETS` ``{`` and ``[``.
+
+    polars overflows its stack (a segfault) when it infers the type of an object nested ~500 deep; read
+    with a given schema it does not recurse into the values (a deep value is refused, or read as null
+    and then left out by the key count). So only the lines of a read that infers are checked.
+    ``work``: bool[len(buf)] (a few lines are counted one by one).
+    """
+    if len(idx) <= 64:
+        return np.array([buf.count(b"{", a, b) + buf.count(b"[", a, b) > _MAX_BRACKETS
+                         for a, b in zip(starts[idx].tolist(), ends[idx].tolist(), strict=True)], bool)
+    arr = np.frombuffer(buf, np.uint8)
+    low = work[:len(arr)].view(np.uint8)
+    np.bitwise_and(arr, 0xDF, out=low)  # x & 0xDF is 0x5B exactly for '[' (0x5B) and '{' (0x7B)
+    at = np.flatnonzero(np.equal(low, 0x5B, out=low.view(bool)))
+    per_line = np.bincount(np.searchsorted(ends, at), minlength=len(ends))
+    return per_line[idx] > _MAX_BRACKETS
 
 
 def _count(data: bytes, byte: int, work: np.ndarray) -> int:
@@ -284,7 +290,7 @@ class _Stager:
         if not buf:
             empty = np.zeros(0, np.int64)
             return empty, empty, [], empty
-        starts, ends, plain = _scan(buf, self.work(2 * len(buf)))
+        starts, ends, plain = _scan(buf, self.work(len(buf)))
         frames, routed = self.frames(buf, starts, ends, np.flatnonzero(plain))
         rest = np.sort(np.concatenate([np.flatnonzero(~plain), *routed]))
         return starts, ends, frames, rest
@@ -297,37 +303,33 @@ class _Stager:
         as sample, until at most 1% of its rows are left out for a reason other than a ``null`` (which
         polars reads as a missing key: such lines go to the per-line path at once). A piece polars
         refuses is halved (down to :data:`_SMALLEST_PIECE` lines); the other rows left out get one more
-        read of their own.
+        read of their own. Before a read that infers, the lines nested too deep for it are routed
+        (:func:`_deep_lines`).
         """
         frames: list[_Frame] = []
         routed: list[np.ndarray] = []
-        per_line: list[np.ndarray] = []  # the '":' count of each line of buf, once needed
+        lazy: dict[str, np.ndarray] = {}  # per line of buf, once needed: '":' counts, too deep to infer
 
         def colons(part: np.ndarray) -> np.ndarray:
-            if not per_line:
-                per_line.append(_key_counts(buf, ends, self.work(len(buf))))
-            return per_line[0][part]
+            if "colons" not in lazy:
+                lazy["colons"] = _key_counts(buf, ends, self.work(len(buf)))
+            return lazy["colons"][part]
+
+        def deep_of(part: np.ndarray) -> np.ndarray:
+            if len(part) <= 64 and "deep" not in lazy:
+                return _deep_lines(buf, starts, ends, part, self.work(len(buf)))
+            if "deep" not in lazy:
+                lazy["deep"] = _deep_lines(buf, starts, ends, np.arange(len(ends)), self.work(len(buf)))
+            return lazy["deep"][part]
 
         todo = [(idx, False)] if len(idx) else []
         while todo:
             part, again = todo.pop()
-            data = _join(buf, starts, ends, part)
-            colon_total = -1
-            best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
-            for how in ("carried" if self.schema else "sample", "all"):
-                df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
-                if df is None or df.height != len(part):
-                    continue
-                if colon_total < 0:
-                    colon_total = _count(data, 0x3A, self.work(len(data)))
-                ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
-                null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
-                unexplained = int(len(null) - null.sum())
-                if best is None or unexplained < len(best[4]) - int(best[4].sum()):
-                    best = (df, ok, leaves, unsure, null)
-                if 100 * unexplained <= len(ok):
-                    break
-            del data
+            best = self._best_read(buf, starts, ends, part, colons, deep_of)
+            if isinstance(best, np.ndarray):  # the deep lines of part: routed, the others read again
+                routed.append(part[best])
+                todo += [(part[~best], again)] if not best.all() else []
+                continue
             if best is None:
                 if len(part) <= _SMALLEST_PIECE:
                     routed.append(part)
@@ -349,6 +351,34 @@ class _Stager:
             if df.height:
                 frames.append((df, part, leaves))
         return frames, routed
+
+    def _best_read(self, buf: bytes, starts: np.ndarray, ends: np.ndarray, part: np.ndarray,
+                   colons: Callable[[np.ndarray], np.ndarray], deep_of: Callable[[np.ndarray], np.ndarray]
+                   ) -> tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | np.ndarray | None:
+        """The best polars read of the lines ``part`` (see :meth:`frames`): ``(df, ok, leaves, unsure, null)``.
+
+        None when polars refuses every try; a bool array (the lines of ``part`` too deep for polars to
+        infer) when a read that infers was due and some are.
+        """
+        data = _join(buf, starts, ends, part)
+        colon_total = -1
+        best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
+        for how in ("carried" if self.schema else "sample", "all"):
+            if how != "carried" and (deep := deep_of(part)).any():
+                return deep
+            df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
+            if df is None or df.height != len(part):
+                continue
+            if colon_total < 0:
+                colon_total = _count(data, 0x3A, self.work(len(data)))
+            ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
+            null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
+            unexplained = int(len(null) - null.sum())
+            if best is None or unexplained < len(best[4]) - int(best[4].sum()):
+                best = (df, ok, leaves, unsure, null)
+            if 100 * unexplained <= len(ok):
+                break
+        return best
 
     def carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
         """Merge the types of ``df`` into the carried schema (columns that do not fit are dropped)."""
