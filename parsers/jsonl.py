@@ -107,8 +107,8 @@ def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int,
                  long_lines: list[tuple[int, int]] | None = None) -> tuple[int, str] | None:
     """Read every block of ``fh`` into ``st``; returns (line, message) of a read error, or None.
 
-    With the ``"auto"`` engine a worker thread stages block i + 1 (scan, polars) while this thread
-    converts block i, so at most three blocks are held at a time.
+    With the ``"auto"`` engine this thread scans block i + 1 (:meth:`_Stager.scan`) and a worker thread
+    reads it with polars while this thread converts block i, so at most three blocks are held at a time.
     """
     long_lines = [] if long_lines is None else long_lines
     error = _read_all(st, fh, engine, chunk_bytes, long_lines, firsts := [])
@@ -146,7 +146,7 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
         ahead: tuple[Future, bytes, bytes, str | None] | None = None
         for buf, tail, err in itertools.chain([first, second], blocks):
-            staged = pool.submit(stage, buf)
+            staged = pool.submit(stage.read, buf, stage.scan(buf))  # the scan here, polars there
             if ahead is not None:
                 fut, b, t, e = ahead
                 finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
