@@ -452,6 +452,26 @@ def test_brackets_newlines_and_stars_are_told_apart(tmp_path: Path) -> None:
     assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss*")).num_rows == 200
 
 
+@pytest.mark.parametrize("where", [3, 120, 199])
+@pytest.mark.parametrize("key", ["train", "x"])
+def test_objects_nested_too_deep_for_polars_inference(tmp_path: Path, where: int, key: str) -> None:
+    """Objects nested 600 deep crash polars when it infers their type (a segfault), not when it reads
+    them with a given schema: the nesting guard runs only before a read that infers.
+
+    The line sits in the first block (inferred), in a later one (read with the carried schema, where
+    ``train`` is a known struct and ``x`` an unknown key), or at the end; both engines agree.
+    """
+    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "train": {"a": i}}) for i in range(200)]
+    lines[where] = f'{{"step": {where}, "{key}": ' + '{"a": ' * 600 + "1" + "}" * 600 + ', "loss": 0.5}'
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    for chunk in (4096, 1 << 20):
+        fast = jsonl.read(p, tmp_path, chunk_bytes=chunk)
+        _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+        assert fast.meta["python_lines"] == 1
+        assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss")).num_rows == 200
+
+
 @pytest.mark.parametrize("engine", jsonl.ENGINES)
 def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
     """An overlong line in the middle of a file is listed with its own line number; the rest is read."""
