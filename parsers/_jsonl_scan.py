@@ -17,6 +17,28 @@ _LEAD_WALK = 64  # hits of a token's first byte walked one by one before the tok
 _MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
 
 
+_LONG_LINE = 1024  # bytes: lines this long on average are found by a byte search per line (memchr)
+_SAMPLE = 1 << 18  # bytes at the start of a block whose newlines estimate its line length
+
+
+def _newlines(buf: bytes, arr: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """int64 offsets of the newlines of ``buf`` (``arr``: its bytes; ``work``: bool[len(buf)]).
+
+    Short lines: one numpy ``==`` and ``flatnonzero`` over the bytes; long ones (a wide trainer log of
+    50+ metrics a line, :data:`_LONG_LINE`): one ``bytes.find`` per line, which skips most bytes
+    at memchr speed (2.5x faster there, 1.6x slower on 250-byte lines).
+    """
+    if buf.count(b"\n", 0, _SAMPLE) * _LONG_LINE > min(len(buf), _SAMPLE):
+        return np.flatnonzero(np.equal(arr, 10, out=work[:len(arr)]))
+    out: list[int] = []
+    add, find = out.append, buf.find
+    at = find(b"\n")
+    while at >= 0:
+        add(at)
+        at = find(b"\n", at + 1)
+    return np.array(out, np.int64)
+
+
 def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Find the lines of ``buf`` (which ends with ``b"\n"``) that polars may read.
 
@@ -27,7 +49,7 @@ def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         schema (:func:`_deep_lines`).
     """
     arr = np.frombuffer(buf, np.uint8)
-    ends = np.flatnonzero(np.equal(arr, 10, out=work[:len(arr)]))
+    ends = _newlines(buf, arr, work)
     starts = np.empty_like(ends)
     starts[:1] = 0
     starts[1:] = ends[:-1] + 1

@@ -1,9 +1,10 @@
 """Staging a block for the polars engine of :mod:`parsers.jsonl` (read one block ahead in a worker thread).
 
 :class:`_Stager` finds the lines of a block that are plain JSON objects (:mod:`parsers._jsonl_scan`,
-on bytes with numpy; run by the reading thread ahead of the worker), reads them with ``polars.read_ndjson`` in one call per piece (with the schema carried from the
-blocks before, else inferred; a refused piece is halved), and keeps only the rows that polars read
-exactly (:func:`_exact_rows`: key counts, coerced strings, widened types). It touches no file state.
+on bytes with numpy; run by the reading thread ahead of the worker), reads them with
+``polars.read_ndjson`` in one call per piece (with the schema carried from the blocks before, else
+inferred; a refused piece is halved), and keeps only the rows that polars read exactly
+(:func:`_exact_rows`: key counts, coerced strings, widened types). It touches no file state.
 """
 
 from __future__ import annotations

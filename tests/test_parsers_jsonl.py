@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -452,14 +453,46 @@ def test_brackets_newlines_and_stars_are_told_apart(tmp_path: Path) -> None:
     assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss*")).num_rows == 200
 
 
+@pytest.mark.parametrize("width", [2, 80])
+def test_newlines_of_short_and_long_lines(width: int) -> None:
+    """The scan's newline offsets are numpy's on short lines and the per-line byte search's on long ones."""
+    from parsers._jsonl_scan import _newlines
+
+    rng = random.Random(width)
+    for _ in range(20):
+        parts = [json.dumps({f"k{j}": rng.random() for j in range(rng.randint(0, width))})
+                 for _ in range(rng.randint(0, 300))]
+        buf = ("\n".join(parts) + rng.choice(["", "\n", "\n\n"])).encode()
+        arr = np.frombuffer(buf, np.uint8)
+        assert np.array_equal(_newlines(buf, arr, np.empty(len(buf), bool)), np.flatnonzero(arr == 10))
+
+
+@pytest.mark.parametrize("chunk", [8192, 1 << 20])
+def test_engines_agree_on_wide_lines(tmp_path: Path, chunk: int) -> None:
+    """Wide records (60 metrics, ~2 KB a line: newlines found per line) with odd lines among them."""
+    rng = random.Random(5)
+    lines = [json.dumps({"step": i, **{f"layers/{j}/grad_norm": rng.random() for j in range(60)}}) for i in range(300)]
+    lines[7] = lines[7].replace("0.", "NaN, \"x\": 0.", 1)
+    lines[40] = lines[40][:-300]  # cut
+    lines[41] = ""
+    lines[90] = lines[90] + "\r"
+    lines[150] = "garbage " + lines[150]
+    lines[151] = lines[151].replace('"layers/3/grad_norm"', '"layers/2/grad_norm"')  # a duplicate key
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    fast = jsonl.read(p, tmp_path, chunk_bytes=chunk)
+    _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+    assert fast.meta["python_lines"] >= 4 and fast.meta["records"] >= 296
+
+
 @pytest.mark.parametrize("where", [3, 120, 199])
 @pytest.mark.parametrize("key", ["train", "x"])
 def test_objects_nested_too_deep_for_polars_inference(tmp_path: Path, where: int, key: str) -> None:
-    """Objects nested 600 deep crash polars when it infers their type (a segfault), not when it reads
-    them with a given schema: the nesting guard runs only before a read that infers.
+    """Objects nested 600 deep: polars crashes inferring their type (a segfault), not reading them by schema.
 
-    The line sits in the first block (inferred), in a later one (read with the carried schema, where
-    ``train`` is a known struct and ``x`` an unknown key), or at the end; both engines agree.
+    The nesting guard runs only before a read that infers. The line sits in the first block (inferred),
+    in a later one (read with the carried schema, where ``train`` is a known struct and ``x`` an unknown
+    key), or at the end; both engines agree.
     """
     lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "train": {"a": i}}) for i in range(200)]
     lines[where] = f'{{"step": {where}, "{key}": ' + '{"a": ' * 600 + "1" + "}" * 600 + ', "loss": 0.5}'
