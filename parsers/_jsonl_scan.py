@@ -19,6 +19,7 @@ _MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting c
 
 _LONG_LINE = 1024  # bytes: lines this long on average are found by a byte search per line (memchr)
 _SAMPLE = 1 << 18  # bytes at the start of a block whose newlines estimate its line length
+_PIECE = 1 << 18  # bytes compared at a time by the numpy passes (their bool output stays in the CPU cache)
 
 
 def _newlines(buf: bytes, arr: np.ndarray, work: np.ndarray) -> np.ndarray:
@@ -29,7 +30,9 @@ def _newlines(buf: bytes, arr: np.ndarray, work: np.ndarray) -> np.ndarray:
     at memchr speed (2.5x faster there, 1.6x slower on 250-byte lines).
     """
     if buf.count(b"\n", 0, _SAMPLE) * _LONG_LINE > min(len(buf), _SAMPLE):
-        return np.flatnonzero(np.equal(arr, 10, out=work[:len(arr)]))
+        pieces = [np.flatnonzero(np.equal(arr[lo:lo + _PIECE], 10, out=work[:min(_PIECE, len(arr) - lo)])) + lo
+                  for lo in range(0, len(arr), _PIECE)]  # in pieces: the comparison's output stays in cache
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     out: list[int] = []
     add, find = out.append, buf.find
     at = find(b"\n")
@@ -92,9 +95,16 @@ def _deep_lines(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarra
 
 
 def _count(data: bytes, byte: int, work: np.ndarray) -> int:
-    """How many times ``byte`` occurs in ``data`` (``work``: a bool array as long as ``data``)."""
-    np.equal(np.frombuffer(data, np.uint8), byte, out=work)
-    return int(np.count_nonzero(work))
+    """How many times ``byte`` occurs in ``data`` (``work``: a bool work array).
+
+    By pieces of :data:`_PIECE` bytes: the comparison's output stays in the CPU cache (1.5x faster
+    than one pass over a 16 MiB block).
+    """
+    arr, total = np.frombuffer(data, np.uint8), 0
+    for lo in range(0, len(arr), _PIECE):
+        piece = arr[lo:lo + _PIECE]
+        total += int(np.count_nonzero(np.equal(piece, byte, out=work[:len(piece)])))
+    return total
 
 
 def _token_lines(buf: bytes, ends: np.ndarray, plain: np.ndarray, lead: bytes, tokens: tuple[bytes, ...]) -> None:

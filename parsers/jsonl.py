@@ -13,15 +13,19 @@ Two engines give the same table:
 - ``"python"``: each line through the stdlib ``json`` (it accepts ``NaN``/``Infinity``).
 - ``"auto"`` (the default): the file is streamed in blocks of whole lines (:data:`CHUNK_BYTES`). The
   lines that are plain JSON objects go to ``polars.read_ndjson`` in one call per block (with the schema
-  of the blocks before, else inferred); a worker thread reads block i + 1 while block i is converted.
+  of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
+  :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
   (polars rejects them), ``null`` (polars cannot tell it from a missing key), lone-surrogate escapes,
   invalid UTF-8, anything that does not start with ``{`` and end with ``}`` (garbage, a BOM, the cut
   last line), a row with fewer keys than its line (duplicate keys, keys polars did not expect: checked
   by counting ``:``), a string that may be a value polars coerced to text, and types polars widens
-  (integers beyond int64). A block that polars refuses is read again with all rows as schema sample,
+  (integers beyond int64); and, before a read where polars infers the types, a line with more than 64
+  ``{``/``[`` (polars crashes inferring objects nested ~500 deep; with a given schema it does not
+  recurse). A block that polars refuses is read again with all rows as schema sample,
   then halved until the pieces read; pieces of at most 32 lines go through the per-line path.
   The polars side lives in :mod:`parsers._jsonl_frames`; the per-line path here is the reference.
+  Speed (``benchmarks/bench_jsonl.py --issue13``, 1M-line trainer log): SPEED_FIGURES.
 
 Row order (both engines): by line, then, within a line, by the order in which each key first gave a
 row in the file (ties by its position in that line). Step, wall time, suffix and segment rules are
