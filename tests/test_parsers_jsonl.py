@@ -578,3 +578,19 @@ def test_pread_blocks_equal_the_stream_blocks(tmp_path: Path, size: int) -> None
     assert got["pread"] == got["stream"]
     with open(p, "rb") as fh:
         assert sum(1 for _ in _jsonl_blocks._preads(fh, size)) > 0  # the pread path was taken
+
+
+def test_dense_values_of_columns_with_nulls() -> None:
+    """Int64/Float64 columns with nulls come from their Arrow buffer (sliced ones too); the rows present are exact."""
+    import polars as pl
+
+    from parsers._jsonl_stage import _dense
+
+    for values in ([1.5, None, -3.0, None, 2**60 + 0.0], [1, None, -(2**62), 7, None], [True, None, False]):
+        s = pl.Series(values)
+        field = pl.DataFrame({"a": [{"x": v} for v in values]})["a"].struct.unnest()["x"]
+        for part in (s, s.slice(1), s.slice(2, 2), field, field.slice(1)):
+            got, present = _dense(part), part.is_not_null().to_numpy()
+            want = part.to_list()
+            assert len(got) == len(want)
+            assert [g for g, p in zip(got.tolist(), present, strict=True) if p] == [w for w in want if w is not None]
