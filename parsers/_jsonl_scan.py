@@ -19,6 +19,7 @@ _MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting c
 
 _LONG_LINE = 1024  # bytes: lines this long on average are found by a byte search per line (memchr)
 _SAMPLE = 1 << 18  # bytes at the start of a block whose newlines estimate its line length
+_FEW_LINES = 1024  # at most this many lines have their brackets counted one by one (else one numpy pass)
 _PIECE = 1 << 18  # bytes compared at a time by the numpy passes (their bool output stays in the CPU cache)
 
 
@@ -81,9 +82,9 @@ def _deep_lines(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarra
     polars overflows its stack (a segfault) when it infers the type of an object nested ~500 deep; read
     with a given schema it does not recurse into the values (a deep value is refused, or read as null
     and then left out by the key count). So only the lines of a read that infers are checked.
-    ``work``: bool[len(buf)] (a few lines are counted one by one).
+    ``work``: bool[len(buf)] (up to :data:`_FEW_LINES` lines are counted one by one).
     """
-    if len(idx) <= 64:
+    if len(idx) <= _FEW_LINES:
         return np.array([buf.count(b"{", a, b) + buf.count(b"[", a, b) > _MAX_BRACKETS
                          for a, b in zip(starts[idx].tolist(), ends[idx].tolist(), strict=True)], bool)
     arr = np.frombuffer(buf, np.uint8)

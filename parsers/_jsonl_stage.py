@@ -17,7 +17,7 @@ import pyarrow as pa
 from polars.exceptions import PanicException
 
 from parsers._jsonl_fields import FALLBACK_STEP_KEYS, STEP_KEYS
-from parsers._jsonl_scan import _count, _deep_lines, _join, _key_counts, _scan
+from parsers._jsonl_scan import _FEW_LINES, _count, _deep_lines, _join, _key_counts, _scan
 
 _SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
 _EXACT_INT = float(1 << 53)
@@ -223,7 +223,7 @@ class _Stager:
             return lazy["colons"][part]
 
         def deep_of(part: np.ndarray) -> np.ndarray:
-            if len(part) <= 64 and "deep" not in lazy:
+            if len(part) <= _FEW_LINES and "deep" not in lazy:
                 return _deep_lines(buf, starts, ends, part, self.work(len(buf)))
             if "deep" not in lazy:
                 lazy["deep"] = _deep_lines(buf, starts, ends, np.arange(len(ends)), self.work(len(buf)))

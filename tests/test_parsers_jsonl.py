@@ -594,3 +594,20 @@ def test_dense_values_of_columns_with_nulls() -> None:
             want = part.to_list()
             assert len(got) == len(want)
             assert [g for g, p in zip(got.tolist(), present, strict=True) if p] == [w for w in want if w is not None]
+
+
+def test_deep_lines_counted_one_by_one_or_in_one_pass() -> None:
+    """The bracket guard gives the same lines whether it counts them one by one or with numpy."""
+    from parsers import _jsonl_scan
+
+    rng = random.Random(3)
+    lines = [json.dumps({"step": i, "x": [[0]] * rng.choice([1, 20, 31, 32, 40])}) for i in range(3000)]
+    buf = ("\n".join(lines) + "\n").encode()
+    ends = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
+    starts = np.r_[0, ends[:-1] + 1]
+    want = np.array([line.count("[") + line.count("{") > _jsonl_scan._MAX_BRACKETS for line in lines])
+    work = np.empty(len(buf), bool)
+    for idx in (np.arange(3000), np.arange(0, 3000, 7), np.arange(10, 400)):
+        assert np.array_equal(_jsonl_scan._deep_lines(buf, starts, ends, idx, work), want[idx])
+    fast = _jsonl_scan._deep_lines(buf, starts, ends, np.arange(3000), work)
+    assert fast.sum() > 100 and np.array_equal(fast, want)
