@@ -465,6 +465,9 @@ def test_newlines_of_short_and_long_lines(width: int) -> None:
         buf = ("\n".join(parts) + rng.choice(["", "\n", "\n\n"])).encode()
         arr = np.frombuffer(buf, np.uint8)
         assert np.array_equal(_newlines(buf, arr, np.empty(len(buf), bool)), np.flatnonzero(arr == 10))
+    buf = b"x" * 300_000 + b"\n" + b"{}\n" * 200_000  # long lines in the sample, then short ones: numpy for the rest
+    arr = np.frombuffer(buf, np.uint8)
+    assert np.array_equal(_newlines(buf, arr, np.empty(len(buf), bool)), np.flatnonzero(arr == 10))
 
 
 @pytest.mark.parametrize("chunk", [8192, 1 << 20])
