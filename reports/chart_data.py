@@ -120,14 +120,17 @@ def smooth(values: np.ndarray, span: int | None = None) -> np.ndarray:
 
 
 def display_data(series: Series, window: tuple[int, int] | None, onset: int | None) -> dict[str, np.ndarray]:
-    """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN."""
+    """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN.
+
+    Returns ``x`` (steps) and ``y`` as float64, ``ys`` (the smoothed line) as float32; the page derives the
+    log line (``y`` where positive) itself.
+    """
     idx = display_indices(series.steps, series.values, window, onset, BUCKETS)
     v = series.values[idx]
     y = np.where(np.isfinite(v), v, np.nan)
     return {
         "x": series.steps[idx].astype(np.float64),
         "y": y,
-        "ylog": np.where(y > 0, y, np.nan).astype(np.float32),
         "ys": smooth(series.values)[idx].astype(np.float32),
     }
 

@@ -75,22 +75,19 @@ class Page:
 
         self.page.route("**/*", route)
         self.page.goto(path.as_uri() + fragment)
-        self.page.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
+        self.page.wait_for_function("window.tfCharts && tfCharts.ready")
         self.page.locator("figure.chart canvas").first.wait_for()
 
     def x_range(self, which: str = "main") -> list[float]:
         """``[start, end]`` of the shared x range of the full-run (``main``) or onset (``zoom``) panels."""
-        return self.page.evaluate("""(which) => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
-            const r = Bokeh.documents[0].get_model_by_id(cfg.x[which]); return [r.start, r.end]; }""", which)
+        return self.page.evaluate("(which) => [tfCharts.x[which].start, tfCharts.x[which].end]", which)
 
     def panel(self, pid: str) -> dict[str, Any]:
         """Visibility of a panel's renderers and the overlay's point count."""
         return self.page.evaluate("""(pid) => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config), p = cfg.panels[pid];
-            const m = (id) => Bokeh.documents[0].get_model_by_id(id), ov = m(p.ov).data_source.data;
-            return {lin: m(p.lin).visible, log: m(p.log).visible, smooth: m(p.smooth).visible || m(p.smoothLog).visible,
-                    ov: m(p.ov).visible, ov_points: (ov instanceof Map ? ov.get('x') : ov.x).length}; }""", pid)
+            const p = tfCharts.panels[pid], ov = p.ov.data_source.data;
+            return {lin: p.lin.visible, log: p.log.visible, smooth: p.smooth.visible || p.smoothLog.visible,
+                    ov: p.ov.visible, ov_points: (ov instanceof Map ? ov.get('x') : ov.x).length}; }""", pid)
 
     def close(self) -> None:
         """Assert what every page must hold, then close it."""
@@ -190,9 +187,7 @@ def test_a_shared_link_opens_the_chart_at_the_step(browser: Any, reports: dict[s
     """``report.html#chart-lr@301`` (what a finding link leaves in the address bar) reopens at that step."""
     page = Page(browser, reports["lr_schedule_reset"], fragment="#chart-lr@301")
     try:
-        page.page.wait_for_function("""() => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
-            const r = Bokeh.documents[0].get_model_by_id(cfg.x.main); return r.end - r.start < 200; }""")
+        page.page.wait_for_function("() => tfCharts.x.main.end - tfCharts.x.main.start < 200")
         lo, hi = page.x_range()
         assert lo < 301 < hi
         assert _in_first_screen(page.page, "#chart-lr")
