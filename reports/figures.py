@@ -10,6 +10,7 @@ as TeX): the page's script puts only numbers and fixed words there.
 from __future__ import annotations
 
 import base64
+import gzip
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,13 @@ MARK_MODELS = 50
 
 
 def b64(values: np.ndarray, dtype: str) -> str:
-    """An array as base64 of its little-endian bytes (``dtype`` ``"<f8"`` or ``"<f4"``; NaN kept bit for bit)."""
-    return base64.b64encode(np.ascontiguousarray(values, dtype=dtype).tobytes()).decode("ascii")
+    """An array as base64 of its gzip-compressed little-endian bytes (``dtype`` ``"<f8"`` or ``"<f4"``).
+
+    NaN kept bit for bit; gzip at level 2 with a fixed mtime, as Bokeh's own embedding writes arrays (its
+    ``compression_level`` default), so the page decodes them with BokehJS's ``base64_to_buffer``.
+    """
+    raw = np.ascontiguousarray(values, dtype=dtype).tobytes()
+    return base64.b64encode(gzip.compress(raw, compresslevel=2, mtime=1)).decode("ascii")
 
 
 class FigureBuilder:

@@ -1,5 +1,6 @@
 /* The report's interactive charts, built in the page with BokehJS's own JS API (bokeh-api) from the compact
-   data the report embeds (script#tf-charts, JSON; arrays as base64 little-endian float64/float32).
+   data the report embeds (script#tf-charts, JSON; arrays as gzip-compressed little-endian float64/float32 in base64, as Bokeh's
+   own embedding writes them, decoded by BokehJS's core/util/buffer).
    Every panel: hover values, box zoom, x pan and wheel zoom; panels of a section share one x range. Line panels
    draw the series (linear and log y), its smoothed line, an overlay on a second y axis (set by the page's
    controls), NaN/+inf/-inf markers at the edges; every panel marks segment starts (one glyph beyond
@@ -13,11 +14,8 @@
   var spec = JSON.parse(el.textContent), B = Bokeh;
   var ONSET = "#c62828", OVERLAY = "#e67e22", SEG = "#555555";
 
-  function decode(text, Kind) {
-    var bin = atob(text), bytes = new Uint8Array(bin.length);
-    for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    return new Kind(bytes.buffer);
-  }
+  var buffer = B.require("core/util/buffer"), nd = B.require("core/util/ndarray");
+  function decode(text, Kind) { return new Kind(buffer.base64_to_buffer(text)); }
   var stepFormat = new B.NumeralTickFormatter({format: "0,0"});
   var valueFormat = new B.BasicTickFormatter({power_limit_low: -5, power_limit_high: 6});
   var x = {main: new B.Range1d({start: spec.x.main[0], end: spec.x.main[1], name: "x-main"}),
@@ -121,7 +119,7 @@
   }
 
   function heatPanel(c) {
-    var img = B.require("core/util/ndarray").ndarray(decode(c.image, Float32Array).buffer,
+    var img = nd.ndarray(decode(c.image, Float32Array).buffer,
                                                      {dtype: "float32", shape: [c.rows, c.cols]});
     var Mapper = c.log ? B.LogColorMapper : B.LinearColorMapper;
     var mapper = new Mapper({palette: B.Palettes.Viridis256, low: c.low, high: c.high, nan_color: "#d92d20",
