@@ -3,8 +3,8 @@
 Rendered with Jinja2 (autoescape, StrictUndefined) from ``reports/templates/report.html.j2``. The first
 screen says what happened in one plain sentence, how sure and why, and what to do (checkpoint, first
 trial as a paste-ready block, what would prove it worked); the jargon follows as labels with a
-glossary. Charts are interactive BokehJS panels built in the page (see :mod:`reports.interactive`); every finding row links
-to its chart at its step.
+glossary. Charts are interactive BokehJS panels built in the page (see :mod:`reports.interactive`); every
+finding row links to its chart at its step.
 
 Entry point for every front end (CLI, audit, service): :func:`render_html` ``(analysis, run) -> str``.
 """

@@ -25,8 +25,8 @@ import importlib.util
 import json
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reports.chart_data import (
@@ -213,7 +213,7 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
 
 
 def data_json(spec: Mapping[str, Any]) -> str:
-    """The chart data as JSON safe inside ``<script>``: ASCII only, every ``<`` as ``\\u003c`` (so no ``</script>``).
+    """The chart data as JSON safe inside ``<script>``: ASCII only, every ``<`` escaped (so no ``</script>``).
 
     Metric names are keys here; ``JSON.parse`` gives them back unchanged, and nothing in the page puts them
     into markup or a Bokeh text property.

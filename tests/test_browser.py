@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import pytest
 
 from forensics.api import analyze_run, load
