@@ -62,13 +62,17 @@ class FigureBuilder:
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }
 
-    def source(self, s: Series) -> dict[str, Any]:
-        """The display data of one series (made once, shared by its panels and overlays)."""
+    def source(self, s: Series, *, panel: bool = True) -> dict[str, Any]:
+        """The display data of one series (made once, shared by its panels and overlays).
+
+        ``panel=False``: a series only offered as an overlay (made after every panel's own): no smoothed line.
+        """
         if s.metric not in self.sources:
-            data = display_data(s, self.window, self.onset)
+            data = display_data(s, self.window, self.onset, smoothed=panel)
             self.shown[s.metric] = int(data["x"].size)
-            self.sources[s.metric] = {"x": b64(data["x"], "<f8"), "y": b64(data["y"], "<f8"),
-                                      "ys": b64(data["ys"], "<f4"), "marks": markers(s)}
+            self.sources[s.metric] = {"x": b64(data["x"], "<f8"), "y": b64(data["y"], "<f8"), "marks": markers(s)}
+            if panel:
+                self.sources[s.metric]["ys"] = b64(data["ys"], "<f4")
         return self.sources[s.metric]
 
     def line_panel(self, s: Series, pid: str, x_range: str, *, height: int = 210) -> bool:

@@ -128,7 +128,7 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     for m in overlay:
         s = _series(run, m)
         if s is not None:
-            b.source(s)
+            b.source(s, panel=False)
     b.spec["overlay"] = [m for m in overlay if m in b.sources]
     if not b.panels:
         return out

@@ -326,12 +326,14 @@ def test_html_chart_data_is_whole(kind: str, run: RunData) -> None:
             continue
         src = spec["sources"][p["metric"]]
         n = size(src["x"]) // 8
-        assert n > 0 and size(src["y"]) == 8 * n and size(src["ys"]) == 4 * n
+        assert n > 0 and size(src["y"]) == 8 * n and size(src["ys"]) == 4 * n  # a panel's series: smoothed too
         assert set(src["marks"]) == {"x", "y", "kind", "marker"}
         assert p["logRange"][0] < p["logRange"][1]
     onset = ANALYSES[kind]().onset
     assert spec["onset"] == (onset["step"] if onset else None)
     assert set(spec["overlay"]) <= set(spec["sources"])
+    drawn = {p["metric"] for p in spec["panels"]}
+    assert all("ys" not in src for m, src in spec["sources"].items() if m not in drawn)  # overlay only: no smoothing
     for lo, hi in spec["x"].values():
         assert lo <= hi
 

@@ -27,8 +27,10 @@
     var s = spec.sources[m], xs = decode(s.x, Float64Array), ys = decode(s.y, Float64Array);
     var ylog = new Float64Array(ys.length);
     for (var i = 0; i < ys.length; i++) ylog[i] = ys[i] > 0 ? ys[i] : NaN;
+    var data = {x: xs, y: ys, ylog: ylog};
+    if (s.ys) data.ys = decode(s.ys, Float32Array);  /* absent for a series only offered as an overlay */
     out.sources[m] = {
-      line: new B.ColumnDataSource({data: {x: xs, y: ys, ylog: ylog, ys: decode(s.ys, Float32Array)}}),
+      line: new B.ColumnDataSource({data: data}),
       marks: new B.ColumnDataSource({data: s.marks})
     };
   });
