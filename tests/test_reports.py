@@ -380,6 +380,17 @@ def test_downsampling_keeps_extremes_and_onset_window() -> None:
     assert np.array_equal(minmax_indices(values[:100]), np.arange(100))
 
 
+@pytest.mark.parametrize("n", [4001, 100_000, 200_000, 200_001, 1_000_003])
+def test_minmax_of_a_finite_series_equals_the_padded_buckets(n: int) -> None:
+    """The all-finite path (full buckets as a view) keeps exactly the indices of the padded one; ties too."""
+    from reports.downsample import _minmax_padded
+
+    rng = np.random.default_rng(n)
+    for values in (rng.standard_normal(n), np.round(rng.standard_normal(n), 1), np.ones(n)):
+        size = -(-n // BUCKETS)
+        assert np.array_equal(minmax_indices(values), _minmax_padded(values, np.isfinite(values), size))
+
+
 # ----------------------------------------------------------------------------------- Markdown and text
 
 
