@@ -1,12 +1,13 @@
 /* The report's interactive charts, built in the page with BokehJS's own JS API (bokeh-api) from the compact
-   data the report embeds (script#tf-charts, JSON; arrays as gzip-compressed little-endian float64/float32 in base64, as Bokeh's
-   own embedding writes them, decoded by BokehJS's core/util/buffer).
+   data the report embeds (script#tf-charts, JSON; arrays as gzip-compressed little-endian float64/float32 in
+   base64, as Bokeh's own embedding writes them, decoded by BokehJS's core/util/buffer).
    Every panel: hover values, box zoom, x pan and wheel zoom; panels of a section share one x range. Line panels
    draw the series (linear and log y), its smoothed line, an overlay on a second y axis (set by the page's
    controls), NaN/+inf/-inf markers at the edges; every panel marks segment starts (one glyph beyond
    `manySegments`), the onset, and a cursor the finding links move. No text from the logs goes into a Bokeh
    text property (Bokeh reads $$...$$ as TeX): titles and captions are the page's HTML.
-   window.tfCharts: {doc, x: {main, zoom}, panels: {id: models}, sources: {metric: ColumnDataSource}, ready}. */
+   window.tfCharts: {doc, x: {main, zoom}, window: [lo, hi] or null (the onset window), panels: {id: models},
+   sources: {metric: {line, marks}} (ColumnDataSources), ready (true once drawn)}. */
 (function () {
   "use strict";
   var el = document.getElementById("tf-charts");
@@ -20,7 +21,7 @@
   var valueFormat = new B.BasicTickFormatter({power_limit_low: -5, power_limit_high: 6});
   var x = {main: new B.Range1d({start: spec.x.main[0], end: spec.x.main[1], name: "x-main"}),
            zoom: new B.Range1d({start: spec.x.zoom[0], end: spec.x.zoom[1], name: "x-zoom"})};
-  var out = {doc: new B.Document(), x: x, panels: {}, sources: {}, ready: false};
+  var out = {doc: new B.Document(), x: x, window: spec.window, panels: {}, sources: {}, ready: false};
   window.tfCharts = out;
 
   Object.keys(spec.sources).forEach(function (m) {
