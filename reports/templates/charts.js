@@ -67,8 +67,9 @@
     }
     if (spec.onset !== null) {
       p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2}));
-      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge", text: " onset " + spec.onset.toLocaleString("en-US"),
-                                text_font_size: "8pt", text_color: ONSET, text_font_style: "bold", x_offset: 2}));
+      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge",
+                                text: " onset " + spec.onset.toLocaleString("en-US"), text_font_size: "8pt",
+                                text_color: ONSET, text_font_style: "bold", x_offset: 2}));
     }
     var cursor = new B.Span({location: 0, dimension: "height", line_color: "#f79009", line_width: 2, visible: false,
                              name: pid + "-cursor"});
