@@ -82,7 +82,7 @@ class ChartSet:
         zoom_constant: The same for the onset window.
         window: ``(lo, hi)`` steps of the onset window, or ``None``.
         config: The chart data (:attr:`reports.figures.FigureBuilder.spec`); JSON-serialisable.
-        chain: The findings on the causal chain (codes) that sized the window.
+        chain: The codes of the findings on the causal chain that sized the window (:func:`chain_codes`).
     """
 
     resources: str
@@ -117,7 +117,7 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     """
     window = chain_window(analysis, run)
     b = FigureBuilder(analysis, run, window)
-    out = ChartSet(resources="", script="", window=window, chain=[f.code for f in causal_chain(analysis)])
+    out = ChartSet(resources="", script="", window=window, chain=chain_codes(causal_chain(analysis)))
     ids = _Ids()
     _main_panels(b, out, ids, main)
     if window is not None:
@@ -133,6 +133,17 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     if not b.panels:
         return out
     return _embed(b, out, window)
+
+
+def chain_codes(findings: Iterable[Any]) -> list[str]:
+    """The chain's finding codes, each once in first-seen order, a repeated one with its count (``INT01 x999``).
+
+    A run restarted 1,000 times has 999 restart findings on its chain; the page names the code once.
+    """
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    return [code if n == 1 else f"{code} x{n}" for code, n in counts.items()]
 
 
 class _Ids:

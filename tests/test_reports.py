@@ -565,6 +565,17 @@ def test_onset_window_is_sized_to_the_chain() -> None:
     assert zoom == ["loss", "step_time"]
 
 
+def test_chain_codes_name_a_repeated_finding_once() -> None:
+    """The "around the onset" sentence names each code once, a repeated one with its count, in chain order."""
+    from types import SimpleNamespace
+
+    from reports.interactive import chain_codes
+
+    found = [SimpleNamespace(code=c) for c in ["INT01"] * 999 + ["ST01", "INT01"]]
+    assert chain_codes(found) == ["INT01 x1000", "ST01"]
+    assert chain_codes([SimpleNamespace(code="NF01")]) == ["NF01"] and chain_codes([]) == []
+
+
 def test_constant_series_collapse_and_chain_series_get_charts() -> None:
     """A constant loss scale is one line of text; a step-time finding gets a step-time chart and its row links it."""
     n = 400
