@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from forensics.model import Skip
-from parsers._tensor_kernels import KINDS, Acc, Moments, Scratch, delta_sq, reduce_bits, small_pattern
+from parsers._tensor_kernels import KINDS, Acc, Moments, Scratch, delta_sq, reduce_bits, reduce_read, small_pattern
 from parsers.tensor_io import (
     BLOCK,
     CHUNK_BYTES,
@@ -144,9 +144,12 @@ def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef |
             raw = _fill(fds[0], ref, i, n, 0, s)
             theirs = _fill(fds[1], prev, i, n, 1, s) if prev is not None else None
             bits = raw.view(kind.uint)
+            if conv is None:
+                reduce_read(ref.dtype, bits, acc, s, small)
+                continue
             for j in range(0, n, BLOCK):
-                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small, own=conv is None)
-                if conv is not None and theirs is not None:
+                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small)
+                if theirs is not None:
                     acc.delta_sq += delta_sq(conv[0](raw[j:j + BLOCK]), conv[1](theirs[j:j + BLOCK]), s)
     finally:
         for fd in fds:
