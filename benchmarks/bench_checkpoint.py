@@ -193,13 +193,20 @@ def worker(method: str, path: str, repeat: int) -> dict:
     base_rss = _peak_mb()
     best = {"seconds": math.inf}
     for _ in range(repeat):
-        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        t0, r0 = time.perf_counter(), _cpu()
         total = _pass(method, path, buf)
-        seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        seconds, cpu = time.perf_counter() - t0, _cpu() - r0
         if seconds < best["seconds"]:
-            best = {"seconds": seconds, "cpu": r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, "l2_sum": total}
+            best = {"seconds": seconds, "cpu": cpu, "l2_sum": total}
     peak = _peak_mb()
-    return best | {"rss_growth_mb": peak - base_rss}
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # forked workers (0 when none ran)
+    return best | {"rss_growth_mb": peak - base_rss, "worker_rss_growth_mb": max(0.0, kids - base_rss) if kids else 0.0}
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and of its ended children (the forked workers of ``ours``)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]) -> dict:
@@ -228,6 +235,7 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
         r = res[m] = json.loads(out.stdout)
         print(f"  {m:10s} {r['seconds']:6.3f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
               f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
+              + (f" (each worker +{r['worker_rss_growth_mb']:.0f} MB)" if r.get("worker_rss_growth_mb") else "")
               + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
     print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)

@@ -32,7 +32,18 @@ from typing import Any
 import numpy as np
 
 from forensics.model import Skip
-from parsers._tensor_kernels import KINDS, Acc, Moments, Scratch, delta_sq, reduce_bits, reduce_read, small_pattern
+from parsers import _tensor_fork as _fork
+from parsers._tensor_kernels import (
+    KINDS,
+    Acc,
+    Moments,
+    Scratch,
+    _numkong,
+    delta_sq,
+    reduce_bits,
+    reduce_read,
+    small_pattern,
+)
 from parsers.tensor_io import (
     BLOCK,
     CHUNK_BYTES,
@@ -195,19 +206,24 @@ Job = tuple[TensorRef, "float | None", "TensorRef | None"]
 """One tensor to reduce: ``(ref, small_below, prev)`` as the arguments of :func:`tensor_stats`."""
 
 
-def _tasks(job: Job) -> list[Any]:
-    """The pieces of work of one job: ranges of a plain F32/BF16/F16 tensor, else the whole tensor."""
+def _tasks(job: Job) -> list[tuple[Any, int]]:
+    """The pieces of work of one job, each with its bytes when a forked worker may run it (else 0).
+
+    Ranges of a plain F32/BF16/F16 tensor (forkable), else the whole tensor in one piece (kept in this process).
+    """
     ref, small_below, prev = job
     if prev is not None and prev.numel != ref.numel:
         raise CheckpointError(f"tensor {ref.name!r}: {ref.numel} elements, the earlier one {prev.numel}")
     if ref.dtype not in KINDS:
-        return [lambda: _float_stats(ref, small_below, prev)]
+        return [(lambda: _float_stats(ref, small_below, prev), 0)]
     small = small_pattern(ref.dtype, small_below) if small_below is not None else None
     if not (_plain(ref) and (prev is None or _plain(prev))):
-        return [lambda: _stream_bits(ref, small, prev)]
+        return [(lambda: _stream_bits(ref, small, prev), 0)]
+    if prev is not None:
+        decoder(prev.dtype)  # imports what prev needs (ml_dtypes) here, before any fork
     per_task = max(BLOCK, TASK_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
-    return [(lambda lo=lo: _task(ref, lo, min(lo + per_task, ref.numel), small, prev))
-            for lo in range(0, ref.numel, per_task)]
+    return [(lambda lo=lo: _task(ref, lo, min(lo + per_task, ref.numel), small, prev),
+             (min(lo + per_task, ref.numel) - lo) * ITEMSIZE[ref.dtype]) for lo in range(0, ref.numel, per_task)]
 
 
 def _run(task: Any) -> Any:
@@ -239,13 +255,36 @@ IN_FLIGHT = 256
 """Pieces handed to the pool at a time (a header of a million tiny tensors must not queue a million futures)."""
 
 
-def _run_all(tasks: list[Any]) -> list[Any]:
-    """Every task's result in order: in the pool, :data:`IN_FLIGHT` at a time, or here when there is one."""
+FORK_BYTES = 64 << 20
+"""Plain F32/BF16/F16 bytes in one call from which their ranges go to :data:`WORKERS` processes (this one and
+forked copies, :mod:`parsers._tensor_fork`) instead of threads: a fork and its exit cost about 4 ms of CPU here,
+under 5% of reducing this much; threads pay far more in hand-overs of the GIL (see that module)."""
+
+
+def _threads(tasks: list[Any]) -> list[Any]:
+    """Every task's result in order: in the thread pool, :data:`IN_FLIGHT` at a time, or here when there is one."""
     if len(tasks) <= 1 or WORKERS == 1:
         return [_run(t) for t in tasks]
     out: list[Any] = []
     for i in range(0, len(tasks), IN_FLIGHT):
         out += _pool().map(_run, tasks[i:i + IN_FLIGHT])
+    return out
+
+
+def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
+    """Every task's result in order: the forkable ones in processes when they are :data:`FORK_BYTES` or more."""
+    forkable = [i for i, (_, nbytes) in enumerate(tasks) if nbytes]
+    if WORKERS == 1 or not _fork.AVAILABLE or sum(tasks[i][1] for i in forkable) < FORK_BYTES:
+        return _threads([t for t, _ in tasks])
+    _numkong()  # imported here, not in a child
+    out: list[Any] = [None] * len(tasks)
+    for i in range(0, len(forkable), _fork.MAX_TASKS):
+        part = forkable[i:i + _fork.MAX_TASKS]
+        for j, r in zip(part, _fork.run_forked([tasks[j][0] for j in part], _run, WORKERS), strict=True):
+            out[j] = r
+    rest = [i for i, (_, nbytes) in enumerate(tasks) if not nbytes]
+    for j, r in zip(rest, _threads([tasks[j][0] for j in rest]), strict=True):
+        out[j] = r
     return out
 
 
