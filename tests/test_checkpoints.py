@@ -394,6 +394,56 @@ def test_read_reducer_equals_block_reducer_bit_for_bit(dtype: str, sumsq_backend
                 assert want.sumsq > 0, (dtype, n, label)
 
 
+@pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
+def test_forked_workers_give_the_one_worker_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    sumsq_backend: str) -> None:
+    """Ranges reduced by forked worker processes equal the one-worker result bit for bit, errors included.
+
+    Every float dtype, with NaN/inf and finite, the Adam-epsilon count and the update norm, a tensor cut off
+    by the end of the file (its error comes back from whichever process met it), a non-plain dtype beside them
+    (kept in this process); ranges and reads smaller than the tensors, three processes.
+    """
+    block = tensors.BLOCK
+    dtypes = ("F32", "BF16", "F16")
+    data = {f"t{i}": (d, _hostile_bits(d, 3 * block + 5 + i, seed=60 + i)) for i, d in enumerate(dtypes)}
+    data["clean"] = ("BF16", np.where((data["t1"][1] & 0x7FFF) < 0x7F80, data["t1"][1], 7).astype(np.uint16))
+    data["ints"] = ("I32", np.arange(1000, dtype=np.int32))
+    data["prev"] = ("F32", np.random.default_rng(3).standard_normal(3 * block + 6).astype(np.float32))
+    path = tmp_path / "f.safetensors"
+    _write_st(path, data)
+    refs = sc.read(path).obj
+    cut = sc.TensorRef(str(path), "cut", "F32", (path.stat().st_size,), refs["t0"].offset)  # ends beyond the file
+    jobs = [(refs[k], 1e-3 if k != "ints" else None, None) for k in data] + [(refs["t1"], None, refs["prev"]),
+                                                                             (cut, None, None)]
+    monkeypatch.setattr(tensors, "TASK_BYTES", 2 * block * 4)
+    monkeypatch.setattr(tensors, "READ_BYTES", block)
+    got = {}
+    for workers, fork_bytes in ((1, 1 << 60), (3, 0)):
+        monkeypatch.setattr(tensors, "WORKERS", workers)
+        monkeypatch.setattr(tensors, "FORK_BYTES", fork_bytes)
+        tensors._POOL.clear()
+        got[workers] = [repr(st) if isinstance(st, Exception) else {k: repr(v) for k, v in st.items()}
+                        for st in tensors.stats_many(jobs)]
+    tensors._POOL.clear()
+    assert got[3] == got[1]
+    assert "truncated" in got[1][-1] and "delta_sq" in got[1][-2]
+
+
+@pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
+def test_forked_run_shares_tasks_and_survives_a_dead_worker() -> None:
+    """Tasks are shared between the processes; a worker that dies takes no result with it (rerun here)."""
+    import time
+
+    from parsers import _tensor_fork as fork
+
+    me = os.getpid()
+    slow = [lambda: (time.sleep(0.02), os.getpid())[1] for _ in range(12)]
+    pids = fork.run_forked(slow, lambda t: t(), 3)
+    assert me in pids and len(set(pids)) >= 2
+    dying = [(lambda i=i: i if os.getpid() == me else os._exit(3)) for i in range(20)]
+    assert fork.run_forked(dying, lambda t: t(), 3) == list(range(20))
+
+
 @pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
 def test_tensor_stats_equal_numpy_reference_at_odd_sizes(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          sumsq_backend: str) -> None:
