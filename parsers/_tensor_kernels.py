@@ -116,10 +116,10 @@ class Scratch:
         self.raw: dict[int, bytearray] = {}
 
     def get(self, key: str, dtype: Any, n: int) -> np.ndarray:
-        """The first ``n`` elements of buffer ``key`` (allocated once, ``max(block, n)`` elements of ``dtype``)."""
+        """The first ``n`` elements of buffer ``key`` (allocated once, ``block`` elements of ``dtype``)."""
         buf = self._bufs.get((key, dtype))
-        if buf is None or buf.shape[0] < n:
-            buf = self._bufs[key, dtype] = np.empty(max(self.block, n), dtype=dtype)
+        if buf is None:
+            buf = self._bufs[key, dtype] = np.empty(self.block, dtype=dtype)
         return buf[:n]
 
     def bytes(self, slot: int, n: int) -> bytearray:
@@ -239,74 +239,7 @@ def reduce_bits(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int |
         acc.sumsq += sum_squares32(f, s) * scale
 
 
-def reduce_read(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int | None = None) -> None:
-    """Fold one read of raw patterns (whole blocks of ``s.block`` elements, the last one may be shorter) into ``acc``.
-
-    The same statistics, bit for bit, as :func:`reduce_bits` of each block in turn with ``own=True`` (``bits`` is
-    overwritten with the masked patterns), in fewer numpy calls: the counts and ``max |x|`` are integer reductions
-    over the whole read (three calls, whatever its length); only the sum of squares goes block by block (the same
-    float32 blocks as :func:`reduce_bits` widens, added in the same order). A read holding NaN or inf is reduced
-    block by block by :func:`reduce_bits` (the masked path). Fewer calls are fewer hand-overs of the GIL between
-    the worker threads (each call releases and takes it again).
-    """
-    k = KINDS[dtype]
-    m = int(bits.shape[0])
-    if m == 0:
-        return
-    if small is not None:
-        t = s.get("dec", k.uint, m)
-        np.subtract(bits, 1, out=t)  # as in reduce_bits: positive patterns 1..inf become 0..inf-1
-        acc.n_pos += int(_CNZ(t < k.inf))
-        acc.n_small += int(_CNZ(t < small))
-    _AND(bits, k.mask, out=bits)
-    top = int(_MAX(bits))
-    block = s.block
-    if top >= k.inf:  # NaN or inf somewhere in this read: block by block, masking (the patterns stay masked)
-        for j in range(0, m, block):
-            reduce_bits(dtype, bits[j:j + block], acc, s, own=True)
-        return
-    acc.numel += m
-    acc.n_zero += m - int(_CNZ(bits))
-    if top > acc.top:
-        acc.top = top
-    if top > 0:  # a block of zeros adds moments' exact 0.0: the same sum as reduce_bits skipping it
-        f, scale = widen_blocks(dtype, bits, s)
-        for j in range(0, m, block):
-            acc.sumsq += sum_squares32(f[j:j + block], s) * scale
-
-
-def widen_blocks(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
-    """:func:`widen` of each block of ``s.block`` elements of ``a`` in turn, laid end to end, in one or two calls.
-
-    Block ``i`` of the result is exactly ``widen(dtype, a[i * block:(i + 1) * block], s)`` (BF16: the block's even
-    patterns then its odd ones, written through a ``(blocks, 2, block / 2)`` view), so sums over the result's blocks
-    are the same numbers as over :func:`widen`'s.
-    """
-    m, block, k = int(a.shape[0]), s.block, KINDS[dtype]
-    if not k.shift:
-        return a.view(np.float32), 1.0
-    u32 = s.get("u32", np.uint32, m)
-    if k.shift == 16:
-        whole = m // block * block if block % 2 == 0 else 0
-        if whole:
-            w = a[:whole].view(np.uint32).reshape(-1, block // 2)
-            out = u32[:whole].reshape(-1, 2, block // 2)
-            _SHL(w, 16, out=out[:, 0])
-            _AND(w, 0xFFFF0000, out=out[:, 1])
-        for j in range(whole, m, block):  # the last, shorter block (or every block of an odd size)
-            f, _ = widen(dtype, a[j:j + block], s, "u32-tail")
-            u32[j:j + f.shape[0]] = f.view(np.uint32)
-        return u32.view(np.float32), 1.0
-    nk = _numkong() if k.float is np.float16 else None
-    if nk is not None:
-        nk.astype(a.view(np.float16), "float32", out=u32.view(np.float32))
-        return u32.view(np.float32), 1.0
-    _COPY(u32, a)
-    _SHL(u32, k.shift, out=u32)
-    return u32.view(np.float32), k.scale
-
-
-def widen(dtype: str, a: np.ndarray, s: Scratch, key: str = "u32") -> tuple[np.ndarray, float]:
+def widen(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
     """Masked patterns ``a`` of ``dtype`` as exact float32 values ``f`` and ``scale``: the squares are ``f**2 * scale``.
 
     F32 is a view. BF16 is read two patterns at a time as uint32: ``w << 16`` is the first one's float32 and
@@ -320,7 +253,7 @@ def widen(dtype: str, a: np.ndarray, s: Scratch, key: str = "u32") -> tuple[np.n
     k = KINDS[dtype]
     if not k.shift:
         return a.view(np.float32), 1.0
-    u32 = s.get(key, np.uint32, m)
+    u32 = s.get("u32", np.uint32, m)
     if k.shift == 16 and m > 1:
         h = m >> 1
         w = a[:2 * h].view(np.uint32)

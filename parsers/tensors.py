@@ -12,13 +12,15 @@ data. :mod:`parsers.checkpoints` works on that contract only.
 statistics (and optionally its distance to the same tensor of an earlier checkpoint). F32, BF16 and F16
 are reduced from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), everything else as
 float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. A tensor of more
-than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by a pool of
-:data:`WORKERS` threads (numpy releases the GIL in its reductions; each worker reads its range with
-``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are reduced from the cache they were
-just copied to) and merged in range order: the result does not depend on the number of workers, and
-memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends the pieces of many
-tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the pool together, so a model
-of many small tensors keeps every core busy too (``benchmarks/bench_checkpoint.py``).
+than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by :data:`WORKERS`
+workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are
+reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
+number of workers, and memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends
+the pieces of many tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the workers
+together, so a model of many small tensors keeps every core busy too. From :data:`FORK_BYTES` of such ranges in
+one call the workers are processes (this one and forked copies, :mod:`parsers._tensor_fork`: two threads making
+short numpy calls hand the GIL to each other thousands of times a second, which on the 2-core machine made two
+threads slower than one); below that, or off Linux, a pool of threads (``benchmarks/bench_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from parsers._tensor_kernels import (
     _numkong,
     delta_sq,
     reduce_bits,
-    reduce_read,
     small_pattern,
 )
 from parsers.tensor_io import (
@@ -155,12 +156,9 @@ def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef |
             raw = _fill(fds[0], ref, i, n, 0, s)
             theirs = _fill(fds[1], prev, i, n, 1, s) if prev is not None else None
             bits = raw.view(kind.uint)
-            if conv is None:
-                reduce_read(ref.dtype, bits, acc, s, small)
-                continue
             for j in range(0, n, BLOCK):
-                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small)
-                if theirs is not None:
+                reduce_bits(ref.dtype, bits[j:j + BLOCK], acc, s, small, own=conv is None)
+                if conv is not None and theirs is not None:
                     acc.delta_sq += delta_sq(conv[0](raw[j:j + BLOCK]), conv[1](theirs[j:j + BLOCK]), s)
     finally:
         for fd in fds:

@@ -366,34 +366,6 @@ def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str, sumsq_
         assert acc.result(dtype)["max_abs"] == float(np.max(np.abs(x))), dtype
 
 
-@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
-def test_read_reducer_equals_block_reducer_bit_for_bit(dtype: str, sumsq_backend: str) -> None:
-    """``reduce_read`` over reads of several blocks gives the very numbers of ``reduce_bits`` block by block.
-
-    Reads of whole blocks and a shorter, odd-sized last block, finite (the batched path: integer counts over the
-    read, the squares widened in one or two calls) and with NaN/inf in some blocks (block by block), with and
-    without the Adam-epsilon count: every field of the accumulator is equal, the float64 sum of squares included.
-    """
-    block = 1 << 12
-    utype = np.uint32 if dtype == "F32" else np.uint16
-    for seed, n in enumerate((block, 3 * block, 4 * block + 1, 5 * block + 777, 2 * block - 1, 7)):
-        hostile = _hostile_bits(dtype, max(n, 8), seed=40 + seed)[:n]
-        inf = kernels.KINDS[dtype].inf
-        finite = np.where((hostile & kernels.KINDS[dtype].mask) < inf, hostile, 1).astype(utype)
-        for label, bits in (("finite", finite), ("hostile", hostile)):
-            small = kernels.small_pattern(dtype, 1e-3)
-            for sm in (None, small):
-                want, got = kernels.Acc(), kernels.Acc()
-                s1, s2 = kernels.Scratch(block), kernels.Scratch(block)
-                b1, b2 = bits.copy(), bits.copy()
-                for j in range(0, n, block):
-                    kernels.reduce_bits(dtype, b1[j:j + block], want, s1, sm, own=True)
-                kernels.reduce_read(dtype, b2, got, s2, sm)
-                assert {k: getattr(got, k) for k in kernels.Acc.__slots__} == \
-                       {k: getattr(want, k) for k in kernels.Acc.__slots__}, (dtype, n, label, sm)
-                assert want.sumsq > 0, (dtype, n, label)
-
-
 @pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
 def test_forked_workers_give_the_one_worker_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     sumsq_backend: str) -> None:
