@@ -111,7 +111,10 @@ def run_forked(tasks: Sequence[Callable[[], Any]], run: Callable[[Any], Any], wo
     finally:
         for pid, res_r in kids:
             os.close(res_r)
-            os.waitpid(pid, 0)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # reaped already (SIGCHLD ignored, or a watcher that waits for any child)
+                pass
         os.close(claim_r)
         if claim_w >= 0:
             os.close(claim_w)
