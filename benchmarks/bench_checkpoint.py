@@ -200,7 +200,7 @@ def worker(method: str, path: str, repeat: int) -> dict:
             best = {"seconds": seconds, "cpu": cpu, "l2_sum": total}
     peak = _peak_mb()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # forked workers (0 when none ran)
-    return best | {"rss_growth_mb": peak - base_rss, "worker_rss_growth_mb": max(0.0, kids - base_rss) if kids else 0.0}
+    return best | {"rss_growth_mb": peak - base_rss, "rss_base_mb": base_rss, "worker_peak_rss_mb": kids}
 
 
 def _cpu() -> float:
@@ -235,7 +235,8 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
         r = res[m] = json.loads(out.stdout)
         print(f"  {m:10s} {r['seconds']:6.3f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
               f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
-              + (f" (each worker +{r['worker_rss_growth_mb']:.0f} MB)" if r.get("worker_rss_growth_mb") else "")
+              + (f" (forked workers' peak RSS {r['worker_peak_rss_mb']:.0f} MB, this process's "
+                 f"{r['rss_base_mb']:.0f} MB before: shared at the fork)" if r.get("worker_peak_rss_mb") else "")
               + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
     print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)

@@ -30,8 +30,9 @@ from typing import Any
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(os, "fork")
 """Whether :func:`run_forked` may be used here."""
-MAX_TASKS = (64 << 10) // 4
-"""Most tasks in one batch: their indices fill the pipe before anyone reads it (64 KiB, Linux's default)."""
+MAX_TASKS = 4096 // 4
+"""Most tasks in one batch: their indices are written to the pipe before anyone reads it, so they must fit in the
+smallest capacity a pipe may get (one page, when the user's pipe quota is spent; 64 KiB otherwise)."""
 
 
 def _claims(fd: int) -> Any:
@@ -89,9 +90,14 @@ def run_forked(tasks: Sequence[Callable[[], Any]], run: Callable[[Any], Any], wo
         claim_w = -1
         for _ in range(workers - 1):
             res_r, res_w = os.pipe()
-            with warnings.catch_warnings():  # Python >= 3.12 warns about forking a process with threads
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+            try:
+                with warnings.catch_warnings():  # Python >= 3.12 warns about forking a process with threads
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError:  # no process to be had (limits, memory): the ones started and this one do it all
+                os.close(res_r)
+                os.close(res_w)
+                break
             if pid == 0:
                 os.close(res_r)
                 _child(tasks, run, claim_r, res_w)
