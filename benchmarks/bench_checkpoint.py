@@ -58,6 +58,7 @@ RAW = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 COPY_CHUNK = 4 << 20
 COPIES = ("copy", "copy-mmap", "copyfile")
+BEFORE = ["before", "before-1"]  # ours and ours-1 of the --before checkout
 
 
 def bench_path(size_mb: int, dtype: str) -> Path:
@@ -226,9 +227,12 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
     print(f"{dtype}: {path.name} ({size / 2**20:.0f} MiB of tensors, largest {largest:.0f} MiB), best of "
           f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs; load average {_load()}", flush=True)
     res = {}
-    for m in [*COPIES, "ours", "ours-1"] + (["numpy"] if args.numpy else []):
-        out = subprocess.run([sys.executable, __file__, "--worker", m, str(path), str(args.repeat)],
-                             capture_output=True, text=True, env=env)
+    methods = [*COPIES, "ours", "ours-1"] + (BEFORE if args.before else []) + (["numpy"] if args.numpy else [])
+    for m in methods:
+        _wait_idle(args.wait_idle)
+        env_m = {**env, "FORENSICS_BENCH_SRC": args.before} if m in BEFORE else env
+        out = subprocess.run([sys.executable, __file__, "--worker", m.replace("before", "ours"), str(path),
+                              str(args.repeat)], capture_output=True, text=True, env=env_m)
         if out.returncode != 0:
             print(f"  {m:10s} failed: {out.stderr.strip().splitlines()[-1:]}")
             continue
@@ -240,6 +244,23 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
               + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
     print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)
+
+
+def _wait_idle(limit: float) -> None:
+    """Wait up to ``limit`` seconds for half a second in which every CPU was at least 90% idle (a shared machine)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        def sample() -> tuple[int, int]:
+            v = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+            return sum(v), v[3] + v[4]
+        try:
+            t1, i1 = sample()
+            time.sleep(0.5)
+            t2, i2 = sample()
+        except OSError:  # not Linux: no waiting
+            return
+        if (i2 - i1) >= 0.9 * max(1, t2 - t1):
+            return
 
 
 def _load() -> str:
@@ -254,7 +275,7 @@ def _load() -> str:
 def _ratios(dtype: str, size: int, res: dict) -> dict:
     """Print ours (all workers, one worker) against each copy as time ratios, wall and CPU; return them."""
     out = {}
-    for ours in ("ours", "ours-1"):
+    for ours in ("ours", "ours-1", *BEFORE):
         for ref in COPIES:
             if ours in res and ref in res:
                 o, c = res[ours], res[ref]
@@ -264,7 +285,7 @@ def _ratios(dtype: str, size: int, res: dict) -> dict:
         print(f"  -> {dtype} ours {size / o['seconds'] / 1e9:.2f} GB/s wall, {size / max(o['cpu'], 1e-9) / 1e9:.2f}"
               f" GB/s CPU; RSS growth {o['rss_growth_mb']:.0f} MB", flush=True)
     for (ours, ref), (w, c) in out.items():
-        print(f"     {ours:6s} / {ref:9s}: {w:5.2f}x the wall time, {c:5.2f}x the CPU time (goal <= 2x)", flush=True)
+        print(f"     {ours:8s} / {ref:9s}: {w:5.2f}x the wall time, {c:5.2f}x the CPU time (goal <= 2x)", flush=True)
     return out
 
 
@@ -278,6 +299,13 @@ def _table(table: dict) -> None:
                         else f"  {'-':>15s} {'-':>14s}" for ref in COPIES)
         one = f"{r[('ours-1', 'copy')][1]:.2f}x" if ("ours-1", "copy") in r else "-"
         print(f"{dtype:6s}{cells}  {one:>15s}", flush=True)
+    if any(("before", "copy") in r for r in table.values()):
+        print("the --before checkout in the same run, before / copy (wall, CPU):")
+        for dtype, r in table.items():
+            cells = "".join(f"  {r[('before', ref)][0]:14.2f}x {r[('before', ref)][1]:13.2f}x" if ("before", ref) in r
+                            else f"  {'-':>15s} {'-':>14s}" for ref in COPIES)
+            one = f"{r[('before-1', 'copy')][1]:.2f}x" if ("before-1", "copy") in r else "-"
+            print(f"{dtype:6s}{cells}  {one:>15s}", flush=True)
 
 
 def main() -> None:
@@ -288,6 +316,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the generated files in the temp folder for next time")
     ap.add_argument("--numpy", action="store_true", help="also time whole-tensor numpy statistics")
+    ap.add_argument("--before", metavar="DIR", help="also time another checkout's readers in the same run "
+                    "(git worktree add DIR main, or git archive main | tar -x -C DIR)")
+    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                    help="before each method wait up to S seconds for the CPUs to be idle (a shared machine)")
     ap.add_argument("--worker", nargs=3, metavar=("METHOD", "FILE", "REPEAT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
