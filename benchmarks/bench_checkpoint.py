@@ -14,8 +14,10 @@ times (default 3) and the best wall time is kept (the machine may be shared):
 - ``copyfile``: ``shutil.copyfile`` of the whole file to a new file beside it (deleted after each pass: the
   in-kernel copy a user would make of a checkpoint);
 - ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`parsers.tensors.stats_many` of all the file's
-  tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`);
+  tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`:
+  forked worker processes from :data:`parsers.tensors.FORK_BYTES`, whose CPU time is counted with ours);
 - ``ours-1``: the same with one worker (the per-core figure);
+- ``before``, ``before-1`` (``--before DIR``): ``ours`` and ``ours-1`` of another checkout, in the same run;
 - ``numpy`` (``--numpy``): every tensor read whole with ``np.fromfile`` (BF16 by the bit shift, F16 as
   numpy float16), then the same statistics as a user would write them.
 
@@ -27,7 +29,9 @@ RSS growth against the bound (the largest tensor's read buffers: a few MB); at t
 ratios per dtype.
 
 Usage: ``python benchmarks/bench_checkpoint.py [--size-mb 384] [--dtype F32 BF16 F16] [--repeat 3] [--keep]
-[--numpy]``. ``FORENSICS_BENCH_SRC=/path/to/checkout`` times another checkout's readers (before/after).
+[--numpy] [--before DIR] [--wait-idle S]``. ``--wait-idle S`` waits up to S seconds before each method for half a
+second of idle CPUs (a shared machine). ``FORENSICS_BENCH_SRC=/path/to/checkout`` times another checkout's readers
+instead of this one's.
 """
 
 from __future__ import annotations
