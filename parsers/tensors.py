@@ -278,7 +278,9 @@ def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
     out: list[Any] = [None] * len(tasks)
     for i in range(0, len(forkable), _fork.MAX_TASKS):
         part = forkable[i:i + _fork.MAX_TASKS]
-        for j, r in zip(part, _fork.run_forked([tasks[j][0] for j in part], _run, WORKERS), strict=True):
+        todo = [tasks[j][0] for j in part]
+        big = sum(tasks[j][1] for j in part) >= FORK_BYTES  # a short last batch is not worth a fork
+        for j, r in zip(part, _fork.run_forked(todo, _run, WORKERS) if big else _threads(todo), strict=True):
             out[j] = r
     rest = [i for i, (_, nbytes) in enumerate(tasks) if not nbytes]
     for j, r in zip(rest, _threads([tasks[j][0] for j in rest]), strict=True):
@@ -287,11 +289,12 @@ def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
 
 
 def stats_many(jobs: list[Job]) -> list[dict[str, Any] | Exception]:
-    """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` threads.
+    """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` workers.
 
     A tensor of more than :data:`TASK_BYTES` lying plainly in a file is cut into ranges; every other
-    tensor is one piece; the pieces of all jobs go to the pool together (so many small tensors keep every
-    core busy too) and each job's are merged in range order. Memory: one read buffer and one block of
+    tensor is one piece; the pieces of all jobs go to the workers together (so many small tensors keep every
+    core busy too) and each job's are merged in range order. The workers are forked processes when the
+    plain ranges come to :data:`FORK_BYTES` or more, else threads. Memory: one read buffer and one block of
     scratch per worker, and the small per-piece results.
 
     Args:

@@ -390,15 +390,17 @@ def test_forked_workers_give_the_one_worker_numbers(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(tensors, "TASK_BYTES", 2 * block * 4)
     monkeypatch.setattr(tensors, "READ_BYTES", block)
     got = {}
-    for workers, fork_bytes in ((1, 1 << 60), (3, 0)):
+    for mode, workers, fork_bytes, batch in (("one", 1, 1 << 60, 1024), ("forked", 3, 0, 1024),
+                                             ("batches", 3, 5 << 19, 3)):  # batches of 3, the short last in threads
         monkeypatch.setattr(tensors, "WORKERS", workers)
         monkeypatch.setattr(tensors, "FORK_BYTES", fork_bytes)
+        monkeypatch.setattr(tensors._fork, "MAX_TASKS", batch)
         tensors._POOL.clear()
-        got[workers] = [repr(st) if isinstance(st, Exception) else {k: repr(v) for k, v in st.items()}
-                        for st in tensors.stats_many(jobs)]
+        got[mode] = [repr(st) if isinstance(st, Exception) else {k: repr(v) for k, v in st.items()}
+                     for st in tensors.stats_many(jobs)]
     tensors._POOL.clear()
-    assert got[3] == got[1]
-    assert "truncated" in got[1][-1] and "delta_sq" in got[1][-2]
+    assert got["forked"] == got["one"] and got["batches"] == got["one"]
+    assert "truncated" in got["one"][-1] and "delta_sq" in got["one"][-2]
 
 
 @pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
