@@ -135,6 +135,19 @@ def lr01_reset(_: Path) -> RunData:
     return table_run({"lr": np.concatenate([lr(s0), lr1]), "loss": _loss(350)}, steps, seg)
 
 
+def lr01_plateau_jump(_: Path) -> RunData:
+    """A constant lr (1e-3, no warm-up) raised x30 at step 200 inside one process (a hot-edited config)."""
+    s = np.arange(400)
+    return table_run({"lr": np.where(s < 200, 1e-3, 3e-2), "loss": _loss(400)}, s)
+
+
+def lr01_warmup_plateau(_: Path) -> RunData:
+    """A linear warm-up to a constant lr, then milestone decays (x0.1): a schedule, no jump up."""
+    s = np.arange(400)
+    lr = np.where(s < 50, 1e-3 * (s + 1) / 50, np.where(s < 250, 1e-3, np.where(s < 350, 1e-4, 1e-5)))
+    return table_run({"lr": lr, "loss": _loss(400)}, s)
+
+
 def rs01_weights_lost(_: Path) -> RunData:
     """A resume at step 200 whose loss is back at its initial level, the lr continuous."""
     s0, s1 = np.arange(0, 200), np.arange(200, 300)
@@ -302,6 +315,9 @@ CASES = (
     Case("ov01_scale_collapse", "OV01", ov01_scale_collapse, must=(("OV01", None, 0, "loss_scale_collapse"),)),
     Case("ov02_activation_limit", "OV02", ov02_activation_limit, must=(("OV02", 192, 0, "activation_overflow"),)),
     Case("lr01_reset", "LR01", lr01_reset, must=(("LR01", 150, 1, "reset_to_initial"),)),
+    # a jump above a plateau counts as one after the peak (the peak is where the plateau began)
+    Case("lr01_plateau_jump", "LR01", lr01_plateau_jump, must=(("LR01", 200, 0, None),)),
+    Case("lr01_warmup_plateau", "LR01", lr01_warmup_plateau, must_not=("LR01",)),
     Case("rs01_weights_lost", "RS01", rs01_weights_lost, must=(("RS01", 200, 1, "weights"),)),
     Case("wu01_warmup_spike", "WU01", wu01_warmup_spike, must=(("WU01", 120, 0, "lr_too_high"),)),
     Case("db01_bad_batch", "DB01", db01_bad_batch, must=(("DB01", 210, 0, "bad_batch"),)),

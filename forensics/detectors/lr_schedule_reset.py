@@ -5,7 +5,9 @@ resume (a new segment, or a ``checkpoint_loaded`` event) compare the first logge
 lr the earlier segment logged at the same step (runs re-log the steps between the checkpoint
 and the crash) or, failing that, the earlier segment's schedule extrapolated from its last
 points; a relative difference above ``rel_tol`` (5%) is a discontinuity. Anywhere else, an
-upward jump of more than ``rel_tol`` after the peak has passed is one too. Mechanisms:
+upward jump of more than ``rel_tol`` after the peak has passed is one too (the peak: where the running
+maximum was first reached, so a constant lr raised mid-run counts; such a jump that matches no earlier lr
+has no mechanism, since no resume set it). Mechanisms:
 
 - ``reset_to_initial``: the new lr equals the run's initial lr or restarts a warm-up;
 - ``offset``: the new lr equals the old schedule's lr a fixed number of steps away;
@@ -199,6 +201,7 @@ class LRScheduleReset(Detector):
             f = self._judge(
                 run, cur, prev, int(st[i]), float(v[i]), extrapolate(prev, int(st[i])),
                 "extrapolated from the preceding steps", lr_initial, float(v[peak[i - 1]]), int(s.segments[i]),
+                within=True,
             )
             if f:
                 out.append(f)
@@ -223,7 +226,10 @@ class LRScheduleReset(Detector):
             w[0] = v[0]  # the running peak starts at the first point
             run_max = np.maximum.accumulate(w)
             pos = np.arange(n - 1)
-            peak = np.maximum.accumulate(np.where(valid & (w >= run_max), pos, 0))
+            # the peak is where the running maximum was first reached: a plateau (a constant lr after its
+            # warm-up) keeps the peak at its first point, so a jump above the plateau counts as one after it
+            before = np.concatenate([[-np.inf], run_max[:-1]])
+            peak = np.maximum.accumulate(np.where(valid & (w > before), pos, 0))
             vp = v[peak]
             decayed = (prev_v < vp * (1 - tol)) | ((pos > peak + 2) & (prev_v <= vp))
             jump_raw = cur_v > prev_v * (1 + tol)
@@ -238,7 +244,7 @@ class LRScheduleReset(Detector):
 
     def _judge(
         self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
-        lr_initial: float, lr_peak: float, segment: int, replay: bool = False,
+        lr_initial: float, lr_peak: float, segment: int, replay: bool = False, within: bool = False,
     ) -> Finding | None:
         """The finding for the lr ``obs`` at step ``s0`` where the schedule gives ``exp`` (None: it continues)."""
         if not (np.isfinite(obs) and np.isfinite(exp)):
@@ -262,7 +268,7 @@ class LRScheduleReset(Detector):
                 "(same shape, constant factor): a deliberate lr change, not a lost scheduler state.",
                 evidence=ev, against=("a constant factor over every overlapping step is a configuration change",),
             )
-        mech, conf, why = self._mechanism(cur, prev, s0, obs, exp, lr_initial, lr_peak, replay, ev)
+        mech, conf, why = self._mechanism(cur, prev, s0, obs, exp, lr_initial, lr_peak, replay, ev, within)
         return self._finding(run, s0, segment, mech, conf, ev,
                              f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
 
@@ -294,8 +300,13 @@ class LRScheduleReset(Detector):
         return None
 
     def _mechanism(self, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, lr_initial: float,
-                   lr_peak: float, replay: bool, ev: dict[str, object]) -> tuple[Mechanism, float, str]:
-        """(mechanism, confidence, why) of a discontinuity at a resume; fills ``ev`` with what it measured."""
+                   lr_peak: float, replay: bool, ev: dict[str, object],
+                   within: bool = False) -> tuple[Mechanism | None, float, str]:
+        """(mechanism, confidence, why) of a discontinuity; fills ``ev`` with what it measured.
+
+        ``within``: the jump lies inside one process (no resume), so a changed total of steps (a horizon
+        change, which a resume sets) is not one of its explanations.
+        """
         cur_v = cur.get_column("value").to_numpy().astype(float)
         rises = bool(np.all(np.diff(cur_v[:min(REWARM_POINTS, cur_v.size)]) > 0))
         rewarm = cur_v.size >= MIN_POINTS and obs < exp and rises
@@ -308,7 +319,7 @@ class LRScheduleReset(Detector):
         if rewarm or near_initial:
             return (Mechanism.RESET_TO_INITIAL, self.reset_confidence,
                     "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value")
-        if (hz := horizons(prev, cur)) is not None:
+        if not within and (hz := horizons(prev, cur)) is not None:
             t_prev, t_cur, slope_prev, slope_cur = hz
             ev.update({"decay_end_before": round(t_prev), "decay_end_after": round(t_cur),
                        "slope_before": slope_prev, "slope_after": slope_cur})
@@ -326,12 +337,15 @@ class LRScheduleReset(Detector):
             ev["offset_steps"] = int(s0 - psteps[match[-1]])
             return (Mechanism.OFFSET, self.offset_confidence,
                     f"lr equals the old schedule's value {ev['offset_steps']} steps away")
+        if obs > exp and within:  # no resume, no earlier value: the lr was raised off its schedule mid-run
+            return None, self.other_confidence, f"lr jumps up x{obs / max(exp, LR_FLOOR):.3g} inside one process"
         if obs > exp:
             return Mechanism.RESET_TO_INITIAL, self.other_confidence, "lr jumps up"
         return Mechanism.HORIZON_CHANGE, self.other_confidence, "lr drops below the schedule"
 
     def _finding(
-        self, run: RunData, step: int, segment: int, mech: Mechanism, conf: float, ev: dict[str, object], msg: str
+        self, run: RunData, step: int, segment: int, mech: Mechanism | None, conf: float, ev: dict[str, object],
+        msg: str,
     ) -> Finding:
         override = intentional_override(run)
         against: tuple[str, ...] = ()
