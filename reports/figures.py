@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,37 @@ def b64(values: np.ndarray, dtype: str) -> str:
     """
     raw = np.ascontiguousarray(values, dtype=dtype).tobytes()
     return base64.b64encode(gzip.compress(raw, compresslevel=2, mtime=1)).decode("ascii")
+
+
+_LOG10_MIN, _LOG10_MAX = -323.0, 308.25
+"""Decimal exponents of a log axis's ends, inside float64 (5e-324 is its smallest subnormal, 1.8e308 its max)."""
+
+
+def log_range(values: np.ndarray) -> list[float]:
+    """The log y axis's ``[lo, hi]``: the positive finite values padded 4% in log10 space, always finite.
+
+    The padding is computed on the exponents and clamped to :data:`_LOG10_MIN`..:data:`_LOG10_MAX`, so a
+    series spanning 1e-200..1e200, or reaching 1e308, gives finite ends (``1.0, 10.0`` without positive values).
+    """
+    pos = values[np.isfinite(values) & (values > 0)]
+    if not pos.size:
+        return [1.0, 10.0]
+    e_lo, e_hi = float(np.log10(pos.min())), float(np.log10(pos.max()))
+    if e_hi <= e_lo:
+        e_lo, e_hi = e_lo - 0.3, e_hi + 0.3
+    pad = 0.04 * (e_hi - e_lo)
+    e_lo, e_hi = max(_LOG10_MIN, e_lo - pad), min(_LOG10_MAX, e_hi + pad)
+    return [min(float(10.0 ** e_lo), float(pos.min())), max(float(10.0 ** e_hi), float(pos.max()))]
+
+
+_F32_MAX, _F32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
+
+
+def float_dtype(values: np.ndarray) -> str:
+    """``"<f4"`` when float32 holds every finite value (no overflow, no non-zero underflow), else ``"<f8"``."""
+    mag = np.abs(values[np.isfinite(values)])
+    mag = mag[mag > 0]
+    return "<f4" if not mag.size or (float(mag.max()) <= _F32_MAX and float(mag.min()) >= _F32_TINY) else "<f8"
 
 
 class FigureBuilder:
@@ -79,15 +111,14 @@ class FigureBuilder:
         """A line panel over the ``"main"`` or ``"zoom"`` x range; returns whether it starts in log scale."""
         self.source(s)
         log = use_log(s.values)
-        pos = s.values[np.isfinite(s.values) & (s.values > 0)]
-        log_lo, log_hi = (float(pos.min()), float(pos.max())) if pos.size else (1.0, 10.0)
-        if log_hi <= log_lo:
-            log_lo, log_hi = log_lo / 2, log_hi * 2
-        ratio = (log_hi / log_lo) ** 0.04  # 4% padding in log space
-        self.panels.append({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
-                            "color": _COLORS.get(s.metric, "#37474f"), "isLog": log,
-                            "logRange": [log_lo / ratio, log_hi * ratio]})
+        self.commit({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
+                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values)})
         return log
+
+    def commit(self, panel: dict[str, Any]) -> None:
+        """Add a panel once its data and its series' data are plain JSON (no NaN/inf); raises ``ValueError``."""
+        json.dumps([panel, self.sources.get(panel["metric"])], allow_nan=False)
+        self.panels.append(panel)
 
     def heat_panel(self, base: str, layers: Sequence[Series], pid: str) -> str:
         """A per-layer heat map (max per step bin); returns its caption."""
@@ -101,9 +132,11 @@ class FigureBuilder:
         img = np.where(np.isfinite(grid), grid, below)
         img[bad] = np.nan
         img[~seen] = below
-        self.panels.append({
+        dtype = float_dtype(img)
+        self.commit({
             "id": pid, "kind": "heat", "metric": base, "x": "main", "height": int(110 + 9 * min(len(layers), 48)),
-            "image": b64(img, "<f4"), "rows": len(layers), "cols": int(img.shape[1]), "x0": float(edges[0]),
+            "image": b64(img, dtype), "f64": dtype == "<f8", "rows": len(layers), "cols": int(img.shape[1]),
+            "x0": float(edges[0]),
             "dw": float(edges[-1] - edges[0]), "log": bool(log), "low": vmin, "high": high,
             "ticks": list(range(0, len(layers), max(1, len(layers) // 12))),
         })

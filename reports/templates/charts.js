@@ -123,8 +123,8 @@
   }
 
   function heatPanel(c) {
-    var img = nd.ndarray(decode(c.image, Float32Array).buffer,
-                                                     {dtype: "float32", shape: [c.rows, c.cols]});
+    var img = nd.ndarray(decode(c.image, c.f64 ? Float64Array : Float32Array).buffer,
+                         {dtype: c.f64 ? "float64" : "float32", shape: [c.rows, c.cols]});  /* f64: beyond float32 */
     var Mapper = c.log ? B.LogColorMapper : B.LinearColorMapper;
     var mapper = new Mapper({palette: B.Palettes.Viridis256, low: c.low, high: c.high, nan_color: "#d92d20",
                              low_color: "#eeeeee"});
