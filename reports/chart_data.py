@@ -126,15 +126,15 @@ def display_data(series: Series, window: tuple[int, int] | None, onset: int | No
                  smoothed: bool = True) -> dict[str, np.ndarray]:
     """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN.
 
-    Returns ``x`` (steps) and ``y`` as float64 and, with ``smoothed``, ``ys`` (the smoothed line) as float32
-    (a series drawn only as another panel's overlay needs none); the page derives the log line (``y`` where
-    positive) itself.
+    Returns ``x`` (steps), ``y`` and, with ``smoothed``, ``ys`` (the smoothed line), all float64 (a series drawn
+    only as another panel's overlay needs no ``ys``; :class:`reports.figures.FigureBuilder` encodes ``ys`` as
+    float32 when float32 holds it); the page derives the log line (``y`` where positive) itself.
     """
     idx = display_indices(series.steps, series.values, window, onset, BUCKETS)
     v = series.values[idx]
     out = {"x": series.steps[idx].astype(np.float64), "y": np.where(np.isfinite(v), v, np.nan)}
     if smoothed:
-        out["ys"] = smooth(series.values)[idx].astype(np.float32)
+        out["ys"] = smooth(series.values)[idx]
     return out
 
 

@@ -104,7 +104,8 @@ class FigureBuilder:
             self.shown[s.metric] = int(data["x"].size)
             self.sources[s.metric] = {"x": b64(data["x"], "<f8"), "y": b64(data["y"], "<f8"), "marks": markers(s)}
             if panel:
-                self.sources[s.metric]["ys"] = b64(data["ys"], "<f4")
+                dtype = float_dtype(data["ys"])  # float64 beyond float32 (1e300 would be inf, 1e-300 zero)
+                self.sources[s.metric].update(ys=b64(data["ys"], dtype), ysF64=dtype == "<f8")
         return self.sources[s.metric]
 
     def line_panel(self, s: Series, pid: str, x_range: str, *, height: int = 210) -> bool:

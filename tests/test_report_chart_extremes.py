@@ -6,8 +6,11 @@ data cannot be made is left out with a note, and the rest of the report is writt
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +81,16 @@ def test_a_panel_that_cannot_be_made_is_dropped_with_a_note(tmp_path: Path, monk
     assert [p["metric"] for p in spec["panels"]] and all(p["metric"] != "grad_norm" for p in spec["panels"])
     assert "grad_norm: chart not drawn (ValueError" in html
     assert 'id="chart-loss"' in html and 'id="chart-grad_norm"' not in html
+
+
+def test_values_beyond_float32_keep_their_smoothed_line_and_print_no_warning(tmp_path: Path) -> None:
+    """Loss ~1e300 and lr ~1e-300: the smoothed line is encoded as float64, finite and non-zero; no RuntimeWarning."""
+    rows = [{"step": s, "loss": 1e300 * (1 + s / 100), "lr": 1e-300 * (1 + s / 50)} for s in range(1, 201)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = _spec(_html(_run(tmp_path, rows)))
+    for metric, lo, hi in (("loss", 1e299, 1e301), ("lr", 1e-301, 1e-298)):
+        src = spec["sources"][metric]
+        ys = np.frombuffer(gzip.decompress(base64.b64decode(src["ys"])), dtype="<f8" if src.get("ysF64") else "<f4")
+        fin = ys[np.isfinite(ys)]
+        assert fin.size > 150 and lo < fin.min() and fin.max() < hi, metric

@@ -29,7 +29,7 @@
     var ylog = new Float64Array(ys.length);
     for (var i = 0; i < ys.length; i++) ylog[i] = ys[i] > 0 ? ys[i] : NaN;
     var data = {x: xs, y: ys, ylog: ylog};
-    if (s.ys) data.ys = decode(s.ys, Float32Array);  /* absent for a series only offered as an overlay */
+    if (s.ys) data.ys = decode(s.ys, s.ysF64 ? Float64Array : Float32Array);  /* absent for a series only offered as an overlay */
     out.sources[m] = {
       line: new B.ColumnDataSource({data: data}),
       marks: new B.ColumnDataSource({data: s.marks})
