@@ -92,8 +92,10 @@ class Page:
 
         self.page.route("**/*", route)
         self.page.goto(path.as_uri() + fragment)
-        self.page.wait_for_function("window.tfCharts && tfCharts.ready")
-        self.page.locator("figure.chart canvas").first.wait_for()
+        # the function form: an expression string is eval'd when it must poll, which the page's CSP refuses
+        self.page.wait_for_function("() => window.tfCharts && window.tfCharts.ready")
+        if self.page.locator("figure.chart").count():
+            self.page.locator("figure.chart canvas").first.wait_for()
 
     def x_range(self, which: str = "main") -> list[float]:
         """``[start, end]`` of the shared x range of the full-run (``main``) or onset (``zoom``) panels."""
@@ -285,5 +287,26 @@ def test_many_segment_starts_share_one_glyph(browser: Any, segmented: Path) -> N
         assert all(c["spans"] <= 2 for c in counts), counts  # the onset and the cursor only
         img = _pixels(p.locator("#chart-loss .tf-plot"))
         assert _has_colour(img, "#555555", 200), "segment starts not drawn"
+    finally:
+        page.close()
+
+
+def test_a_page_without_charts_still_says_ready(browser: Any, tmp_path: Path) -> None:
+    """A run whose series are all constant draws no chart, yet ``window.tfCharts`` exists, ready, with no panels.
+
+    (QA s7 F14: scripts and tests waiting for ``tfCharts.ready`` never finished on such pages; F13: the wait is
+    the function form, which polls under the page's CSP.)
+    """
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        "".join(f'{{"step": {s}, "loss": 2.5, "lr": 0.001}}\n' for s in range(200)), encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    page = Page(browser, path)
+    try:
+        got = page.page.evaluate("() => [window.tfCharts.ready, Object.keys(window.tfCharts.panels).length]")
+        assert got == [True, 0]
+        assert "loss: constant 2.5" in page.page.locator("#charts").inner_text()
     finally:
         page.close()
