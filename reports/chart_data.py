@@ -171,7 +171,9 @@ def counts_caption(series: Series, shown: int) -> str:
         parts.append(f"{shown:,} drawn (min/max per bucket, full resolution near the onset)")
     bad = [f"{int(n):,} {k}" for k, n in (("NaN", np.isnan(v).sum()), ("+inf", np.isposinf(v).sum()),
                                            ("-inf", np.isneginf(v).sum())) if n]
-    if bad:
+    if bad and not np.isfinite(v).any():
+        parts.append("no finite values: " + ", ".join(bad) + " (markers at the edge; y axis 0 to 1)")
+    elif bad:
         parts.append("non-finite: " + ", ".join(bad) + " (markers at the edge)")
     return "; ".join(parts)
 

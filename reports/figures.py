@@ -113,7 +113,8 @@ class FigureBuilder:
         self.source(s)
         log = use_log(s.values)
         self.commit({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
-                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values)})
+                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values),
+                     "finite": bool(np.isfinite(s.values).any())})  # none: a fixed 0..1 y axis for the markers
         return log
 
     def commit(self, panel: dict[str, Any]) -> None:

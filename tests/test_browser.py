@@ -310,3 +310,25 @@ def test_a_page_without_charts_still_says_ready(browser: Any, tmp_path: Path) ->
         assert "loss: constant 2.5" in page.page.locator("#charts").inner_text()
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity"])
+def test_a_series_without_finite_values_keeps_its_axes(browser: Any, tmp_path: Path, bad: str) -> None:
+    """Loss all NaN (or grad_norm all +inf): the panel gets a 0..1 y axis, its x axis and its markers (QA s7 F9)."""
+    metric = "loss" if bad == "NaN" else "grad_norm"
+    (tmp_path / "run").mkdir()
+    rows = "".join(f'{{"step": {s}, "loss": {bad if metric == "loss" else 3 - s / 100}, "lr": 0.001, '
+                   f'"grad_norm": {bad if metric == "grad_norm" else 1 + s % 5}}}\n' for s in range(1, 201))
+    (tmp_path / "run" / "metrics.jsonl").write_text(rows, encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    page = Page(browser, path)
+    try:
+        got = page.page.evaluate("""(pid) => { const p = tfCharts.panels[pid].plot;
+            return [p.y_range.start, p.y_range.end, p.x_range.start, p.x_range.end,
+                    tfCharts.panels[pid].marks.data_source.get_length()]; }""", f"chart-{metric}")
+        assert got[:2] == [0, 1] and got[2] < 1 and got[3] > 200 and got[4] > 0, got
+        assert "no finite values" in page.page.locator(f"#chart-{metric}").inner_text()
+    finally:
+        page.close()

@@ -100,7 +100,9 @@
     var ov = line(p, ovSource, "y", OVERLAY, 1.2, {visible: false, y_range_name: "ov"}, "dashed");
     var mk = renderer(p, s.marks, B.Scatter, {x: {field: "x"}, y: {field: "y"}, marker: {field: "marker"}, size: 9,
                                               line_color: ONSET, fill_color: ONSET, line_width: 2}, {y_range_name: "edge"});
-    p.y_range = new B.DataRange1d({renderers: [lin], range_padding: 0.05});
+    /* no finite value (all NaN/inf): a fixed 0..1 axis, so the axes and the markers' steps still show */
+    p.y_range = c.finite === false ? new B.Range1d({start: 0, end: 1})
+                                   : new B.DataRange1d({renderers: [lin], range_padding: 0.05});
     var ylin = new B.LinearAxis({visible: !c.isLog, formatter: valueFormat});
     var ylog = new B.LogAxis({y_range_name: "log", visible: c.isLog});
     var yov = new B.LinearAxis({y_range_name: "ov", visible: false, axis_line_color: OVERLAY, formatter: valueFormat,
