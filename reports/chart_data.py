@@ -163,6 +163,19 @@ def use_log(values: np.ndarray) -> bool:
     return bool(fin.size) and float(fin.min()) > 0 and float(fin.max()) / float(fin.min()) > 100.0
 
 
+def log_note(values: np.ndarray) -> tuple[bool, str]:
+    """Whether a log y axis can show anything of a series, and what it leaves out (the log toggle's tooltip).
+
+    Returns ``(False, why)`` without a positive finite value; ``(True, "N non-positive values not shown on a log
+    axis")`` when some are zero or negative; ``(True, "")`` otherwise.
+    """
+    fin = values[np.isfinite(values)]
+    n_pos, n_bad = int((fin > 0).sum()), int((fin <= 0).sum())
+    if n_pos == 0:
+        return False, "log y unavailable: no positive values (a log axis cannot show zero or negative values)"
+    return True, f"{n_bad:,} non-positive values not shown on a log axis" if n_bad else ""
+
+
 def counts_caption(series: Series, shown: int) -> str:
     """One line on what a panel draws: points logged, drawn, and non-finite."""
     v = series.values

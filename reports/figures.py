@@ -114,7 +114,8 @@ class FigureBuilder:
         log = use_log(s.values)
         self.commit({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
                      "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values),
-                     "finite": bool(np.isfinite(s.values).any())})  # none: a fixed 0..1 y axis for the markers
+                     "finite": bool(np.isfinite(s.values).any()),
+                     "nonPositive": bool((s.values <= 0).any())})  # none: a fixed 0..1 y axis for the markers
         return log
 
     def commit(self, panel: dict[str, Any]) -> None:

@@ -259,7 +259,7 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
-                "kind": p.kind, "log": p.log}
+                "kind": p.kind, "log": p.log, "log_ok": p.log_ok, "log_note": p.log_note}
 
     return {
         "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],

@@ -36,6 +36,7 @@ from reports.chart_data import (
     constant_line,
     counts_caption,
     is_constant,
+    log_note,
     slug,
 )
 from reports.figures import FigureBuilder
@@ -60,6 +61,8 @@ class Panel:
         div: The placeholder ``<div>`` the page's script draws the panel into (no log text in it).
         kind: ``"line"`` (toolbar with log/smooth/overlay) or ``"heat"``.
         log: The panel starts with a log y axis.
+        log_ok: A log y axis can show something (some value is positive); else its toggle is disabled.
+        log_note: What a log y axis leaves out, or why it is disabled (the toggle's tooltip; ``""``: nothing).
     """
 
     id: str
@@ -69,6 +72,8 @@ class Panel:
     div: str
     kind: str = "line"
     log: bool = False
+    log_ok: bool = True
+    log_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]
         pid = ids.new("chart", name)
         log = _guarded(b, out, name, functools.partial(b.line_panel, s, pid, "main"))
         if log is not None:
-            out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log))
+            out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log,
+                                  *log_note(s.values)))
 
 
 def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str], window: tuple[int, int]) -> None:
@@ -215,7 +221,8 @@ def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str
                        functools.partial(b.line_panel, s, pid, "zoom", height=190))
         if log is not None:
             out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
-                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log))
+                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log,
+                              *log_note(s.values)))
 
 
 def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapping[str, list[str]]) -> None:
@@ -235,7 +242,8 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
     """The panels with their placeholder divs, the chart data and script, and the inline BokehJS."""
 
     def placed(p: Panel) -> Panel:
-        return Panel(p.id, p.metric, p.title, p.caption, f'<div class="tf-plot" id="{p.id}-plot"></div>', p.kind, p.log)
+        return Panel(p.id, p.metric, p.title, p.caption, f'<div class="tf-plot" id="{p.id}-plot"></div>', p.kind, p.log,
+                     p.log_ok, p.log_note)
 
     script = (f'<script type="application/json" id="tf-charts">{data_json(b.spec)}</script>\n'
               f"<script>{_charts_js()}</script>")

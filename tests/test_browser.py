@@ -332,3 +332,42 @@ def test_a_series_without_finite_values_keeps_its_axes(browser: Any, tmp_path: P
         assert "no finite values" in page.page.locator(f"#chart-{metric}").inner_text()
     finally:
         page.close()
+
+
+def _page_of(browser: Any, tmp_path: Path, rows: str) -> Page:
+    """The HTML report of a ``metrics.jsonl`` with these rows, opened offline."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(rows, encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return Page(browser, path)
+
+
+def test_log_y_is_disabled_without_positive_values(browser: Any, tmp_path: Path) -> None:
+    """All-negative loss: the log toggle is disabled and says why (QA s7 F8: it drew an empty chart)."""
+    page = _page_of(browser, tmp_path, "".join(f'{{"step": {s}, "loss": {-1 - s / 50}, "lr": 0.001}}\n'
+                                               for s in range(1, 201)))
+    try:
+        box = page.page.locator('input[data-tf-log="chart-loss"]')
+        assert box.is_disabled()
+        assert "no positive values" in box.locator("xpath=..").get_attribute("title")
+    finally:
+        page.close()
+
+
+def test_log_y_of_a_mixed_sign_series_draws_its_positive_points(browser: Any, tmp_path: Path) -> None:
+    """A series alternating in sign: the log toggle says what it leaves out and draws the positive points as dots."""
+    rows = "".join(f'{{"step": {s}, "loss": {3 - s / 100}, "loss_scale": {(-1) ** s * (1 + s)}}}\n'
+                   for s in range(1, 201))
+    page = _page_of(browser, tmp_path, rows)
+    try:
+        p = page.page
+        label = p.locator('input[data-tf-log="chart-loss_scale"]').locator("xpath=..")
+        assert "100 non-positive values not shown" in label.get_attribute("title")
+        p.locator('input[data-tf-log="chart-loss_scale"]').check()
+        dots = p.evaluate("""() => { const d = tfCharts.panels['chart-loss_scale'].logDots;
+            return d ? [d.visible, d.data_source.get_length()] : null; }""")
+        assert dots is not None and dots[0] and dots[1] > 100, dots
+    finally:
+        page.close()

@@ -95,6 +95,9 @@
     var p = figure(c, {y_axis_location: null, extra_y_ranges: ranges, extra_y_scales: {log: new B.LogScale()}});
     var lin = line(p, src, "y", c.color, 1.3, {visible: !c.isLog});
     var log = line(p, src, "ylog", c.color, 1.3, {visible: c.isLog, y_range_name: "log"});
+    /* zero/negative values break the log line: its positive points also as dots (an isolated one has no segment) */
+    var logDots = c.nonPositive ? renderer(p, src, B.Scatter, {x: {field: "x"}, y: {field: "ylog"}, size: 4,
+      line_color: c.color, fill_color: c.color}, {visible: c.isLog, y_range_name: "log"}) : null;
     var smooth = line(p, src, "ys", "#101828", 1.6, {visible: false});
     var smoothLog = line(p, src, "ys", "#101828", 1.6, {visible: false, y_range_name: "log"});
     var ov = line(p, ovSource, "y", OVERLAY, 1.2, {visible: false, y_range_name: "ov"}, "dashed");
@@ -118,7 +121,7 @@
                                  tooltips: [["step", "@x{0,0}"], ["overlay", "@y{%.6g}"]]}));
     p.grid.grid_line_color = "#eeeeee";
     p.outline_line_color = null;
-    out.panels[c.id] = {metric: c.metric, plot: p, lin: lin, log: log, smooth: smooth, smoothLog: smoothLog, ov: ov,
+    out.panels[c.id] = {metric: c.metric, plot: p, lin: lin, log: log, logDots: logDots, smooth: smooth, smoothLog: smoothLog, ov: ov,
                         marks: mk, ylin: ylin, ylog: ylog, yov: yov, ovRange: ranges.ov, isLog: c.isLog,
                         cursor: marks(p, c.id)};
     return p;
