@@ -89,7 +89,7 @@ class FigureBuilder:
         self.shown: dict[str, int] = {}
         self.panels: list[dict[str, Any]] = []
         self.spec: dict[str, Any] = {
-            "x": {"main": [first - pad, last + pad], "zoom": list(window or (first, last))},
+            "x": {"main": [first - pad, last + pad], "zoom": list(window or (first, last))}, "steps": [first, last],
             "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in self.bounds], "manySegments": MARK_MODELS,
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }

@@ -371,3 +371,17 @@ def test_log_y_of_a_mixed_sign_series_draws_its_positive_points(browser: Any, tm
         assert dots is not None and dots[0] and dots[1] > 100, dots
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("step", ["3150000000", "-5000"])
+def test_a_shared_link_beyond_the_run_is_clamped_to_it(browser: Any, reports: dict[str, Path], step: str) -> None:
+    """``#chart-loss@3150000000`` on a 500-step run opens at its last step, ``@-5000`` at its first (QA s7 F12)."""
+    page = Page(browser, reports["lr_schedule_reset"], fragment=f"#chart-loss@{step}")
+    try:
+        page.page.wait_for_function("() => Object.values(tfCharts.panels).some((p) => p.cursor && p.cursor.visible)")
+        col = load(SAMPLES / "lr_schedule_reset").metrics.get_column("step")
+        first, last = int(col.min()), int(col.max())
+        lo, hi = page.x_range()
+        assert lo < (first if step.startswith("-") else last) < hi and hi - lo < last - first, (lo, hi, first, last)
+    finally:
+        page.close()
