@@ -75,6 +75,12 @@ def float_dtype(values: np.ndarray) -> str:
     return "<f4" if not mag.size or (float(mag.max()) <= _F32_MAX and float(mag.min()) >= _F32_TINY) else "<f8"
 
 
+def _padded(window: tuple[int, int]) -> list[float]:
+    """The onset window's x range, 2% (at least half a step) wider each side: an onset at its edge stays visible."""
+    pad = max(0.5, 0.02 * (window[1] - window[0]))
+    return [window[0] - pad, window[1] + pad]
+
+
 class FigureBuilder:
     """Collects the chart data of one page: sources (one per series, shared by its panels and overlays) and panels."""
 
@@ -89,7 +95,7 @@ class FigureBuilder:
         self.shown: dict[str, int] = {}
         self.panels: list[dict[str, Any]] = []
         self.spec: dict[str, Any] = {
-            "x": {"main": [first - pad, last + pad], "zoom": list(window or (first, last))}, "steps": [first, last],
+            "x": {"main": [first - pad, last + pad], "zoom": _padded(window or (first, last))}, "steps": [first, last],
             "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in self.bounds], "manySegments": MARK_MODELS,
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }

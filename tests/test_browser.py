@@ -385,3 +385,22 @@ def test_a_shared_link_beyond_the_run_is_clamped_to_it(browser: Any, reports: di
         assert lo < (first if step.startswith("-") else last) < hi and hi - lo < last - first, (lo, hi, first, last)
     finally:
         page.close()
+
+
+def test_an_onset_at_the_last_step_stays_visible(browser: Any, tmp_path: Path) -> None:
+    """Onset at the last step: the onset window reaches past it and its label sits left of the line (QA s7 F10)."""
+    rows = "".join(f'{{"step": {s}, "loss": {"NaN" if s == 400 else 3 - s / 300}, "lr": 0.001, '
+                   f'"grad_norm": {"Infinity" if s == 400 else 1 + (s % 7) / 10}}}\n' for s in range(1, 401))
+    page = _page_of(browser, tmp_path, rows)
+    try:
+        got = page.page.evaluate("""() => {
+            const spec = JSON.parse(document.getElementById('tf-charts').textContent);
+            const zoom = Object.keys(tfCharts.panels).filter((k) => k.startsWith('zoom-'));
+            const label = tfCharts.panels[zoom[0]].plot.center.find((a) => a.name === zoom[0] + '-onset');
+            return [spec.onset, tfCharts.x.zoom.end, tfCharts.x.main.end, label.text_align, label.x_offset]; }""")
+        onset, zoom_end, main_end, align, offset = got
+        assert onset == 400 and zoom_end > onset and main_end > onset and align == "right" and offset < 0, got
+        img = _pixels(page.page.locator("figure.chart[id^='zoom-'] .tf-plot").first)
+        assert _has_colour(img, "#c62828"), "no onset line"
+    finally:
+        page.close()

@@ -67,10 +67,14 @@
       });
     }
     if (spec.onset !== null) {
-      p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2}));
-      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge",
-                                text: " onset " + spec.onset.toLocaleString("en-US"), text_font_size: "8pt",
-                                text_color: ONSET, text_font_style: "bold", x_offset: 2}));
+      /* under the data (a one-step spike at the onset stays visible); the label left of the line near the right end */
+      var xr = p.x_range, left = spec.onset > xr.start + 0.85 * (xr.end - xr.start);
+      p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2,
+                               level: "underlay"}));
+      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge", text_align: left ? "right" : "left",
+                                text: (left ? "onset " : " onset ") + spec.onset.toLocaleString("en-US") + (left ? " " : ""),
+                                text_font_size: "8pt", text_color: ONSET, text_font_style: "bold",
+                                x_offset: left ? -2 : 2, name: pid + "-onset"}));
     }
     var cursor = new B.Span({location: 0, dimension: "height", line_color: "#f79009", line_width: 2, visible: false,
                              name: pid + "-cursor"});
