@@ -126,15 +126,15 @@ def display_data(series: Series, window: tuple[int, int] | None, onset: int | No
                  smoothed: bool = True) -> dict[str, np.ndarray]:
     """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN.
 
-    Returns ``x`` (steps) and ``y`` as float64 and, with ``smoothed``, ``ys`` (the smoothed line) as float32
-    (a series drawn only as another panel's overlay needs none); the page derives the log line (``y`` where
-    positive) itself.
+    Returns ``x`` (steps), ``y`` and, with ``smoothed``, ``ys`` (the smoothed line), all float64 (a series drawn
+    only as another panel's overlay needs no ``ys``; :class:`reports.figures.FigureBuilder` encodes ``ys`` as
+    float32 when float32 holds it); the page derives the log line (``y`` where positive) itself.
     """
     idx = display_indices(series.steps, series.values, window, onset, BUCKETS)
     v = series.values[idx]
     out = {"x": series.steps[idx].astype(np.float64), "y": np.where(np.isfinite(v), v, np.nan)}
     if smoothed:
-        out["ys"] = smooth(series.values)[idx].astype(np.float32)
+        out["ys"] = smooth(series.values)[idx]
     return out
 
 
@@ -163,6 +163,19 @@ def use_log(values: np.ndarray) -> bool:
     return bool(fin.size) and float(fin.min()) > 0 and float(fin.max()) / float(fin.min()) > 100.0
 
 
+def log_note(values: np.ndarray) -> tuple[bool, str]:
+    """Whether a log y axis can show anything of a series, and what it leaves out (the log toggle's tooltip).
+
+    Returns ``(False, why)`` without a positive finite value; ``(True, "N non-positive values not shown on a log
+    axis")`` when some are zero or negative; ``(True, "")`` otherwise.
+    """
+    fin = values[np.isfinite(values)]
+    n_pos, n_bad = int((fin > 0).sum()), int((fin <= 0).sum())
+    if n_pos == 0:
+        return False, "log y unavailable: no positive values (a log axis cannot show zero or negative values)"
+    return True, f"{n_bad:,} non-positive values not shown on a log axis" if n_bad else ""
+
+
 def counts_caption(series: Series, shown: int) -> str:
     """One line on what a panel draws: points logged, drawn, and non-finite."""
     v = series.values
@@ -171,7 +184,9 @@ def counts_caption(series: Series, shown: int) -> str:
         parts.append(f"{shown:,} drawn (min/max per bucket, full resolution near the onset)")
     bad = [f"{int(n):,} {k}" for k, n in (("NaN", np.isnan(v).sum()), ("+inf", np.isposinf(v).sum()),
                                            ("-inf", np.isneginf(v).sum())) if n]
-    if bad:
+    if bad and not np.isfinite(v).any():
+        parts.append("no finite values: " + ", ".join(bad) + " (markers at the edge; y axis 0 to 1)")
+    elif bad:
         parts.append("non-finite: " + ", ".join(bad) + " (markers at the edge)")
     return "; ".join(parts)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,43 @@ def b64(values: np.ndarray, dtype: str) -> str:
     return base64.b64encode(gzip.compress(raw, compresslevel=2, mtime=1)).decode("ascii")
 
 
+_LOG10_MIN, _LOG10_MAX = -323.0, 308.25
+"""Decimal exponents of a log axis's ends, inside float64 (5e-324 is its smallest subnormal, 1.8e308 its max)."""
+
+
+def log_range(values: np.ndarray) -> list[float]:
+    """The log y axis's ``[lo, hi]``: the positive finite values padded 4% in log10 space, always finite.
+
+    The padding is computed on the exponents and clamped to :data:`_LOG10_MIN`..:data:`_LOG10_MAX`, so a
+    series spanning 1e-200..1e200, or reaching 1e308, gives finite ends (``1.0, 10.0`` without positive values).
+    """
+    pos = values[np.isfinite(values) & (values > 0)]
+    if not pos.size:
+        return [1.0, 10.0]
+    e_lo, e_hi = float(np.log10(pos.min())), float(np.log10(pos.max()))
+    if e_hi <= e_lo:
+        e_lo, e_hi = e_lo - 0.3, e_hi + 0.3
+    pad = 0.04 * (e_hi - e_lo)
+    e_lo, e_hi = max(_LOG10_MIN, e_lo - pad), min(_LOG10_MAX, e_hi + pad)
+    return [min(float(10.0 ** e_lo), float(pos.min())), max(float(10.0 ** e_hi), float(pos.max()))]
+
+
+_F32_MAX, _F32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
+
+
+def float_dtype(values: np.ndarray) -> str:
+    """``"<f4"`` when float32 holds every finite value (no overflow, no non-zero underflow), else ``"<f8"``."""
+    mag = np.abs(values[np.isfinite(values)])
+    mag = mag[mag > 0]
+    return "<f4" if not mag.size or (float(mag.max()) <= _F32_MAX and float(mag.min()) >= _F32_TINY) else "<f8"
+
+
+def _padded(window: tuple[int, int]) -> list[float]:
+    """The onset window's x range, 2% (at least half a step) wider each side: an onset at its edge stays visible."""
+    pad = max(0.5, 0.02 * (window[1] - window[0]))
+    return [window[0] - pad, window[1] + pad]
+
+
 class FigureBuilder:
     """Collects the chart data of one page: sources (one per series, shared by its panels and overlays) and panels."""
 
@@ -57,7 +95,7 @@ class FigureBuilder:
         self.shown: dict[str, int] = {}
         self.panels: list[dict[str, Any]] = []
         self.spec: dict[str, Any] = {
-            "x": {"main": [first - pad, last + pad], "zoom": list(window or (first, last))},
+            "x": {"main": [first - pad, last + pad], "zoom": _padded(window or (first, last))}, "steps": [first, last],
             "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in self.bounds], "manySegments": MARK_MODELS,
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }
@@ -72,22 +110,24 @@ class FigureBuilder:
             self.shown[s.metric] = int(data["x"].size)
             self.sources[s.metric] = {"x": b64(data["x"], "<f8"), "y": b64(data["y"], "<f8"), "marks": markers(s)}
             if panel:
-                self.sources[s.metric]["ys"] = b64(data["ys"], "<f4")
+                dtype = float_dtype(data["ys"])  # float64 beyond float32 (1e300 would be inf, 1e-300 zero)
+                self.sources[s.metric].update(ys=b64(data["ys"], dtype), ysF64=dtype == "<f8")
         return self.sources[s.metric]
 
     def line_panel(self, s: Series, pid: str, x_range: str, *, height: int = 210) -> bool:
         """A line panel over the ``"main"`` or ``"zoom"`` x range; returns whether it starts in log scale."""
         self.source(s)
         log = use_log(s.values)
-        pos = s.values[np.isfinite(s.values) & (s.values > 0)]
-        log_lo, log_hi = (float(pos.min()), float(pos.max())) if pos.size else (1.0, 10.0)
-        if log_hi <= log_lo:
-            log_lo, log_hi = log_lo / 2, log_hi * 2
-        ratio = (log_hi / log_lo) ** 0.04  # 4% padding in log space
-        self.panels.append({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
-                            "color": _COLORS.get(s.metric, "#37474f"), "isLog": log,
-                            "logRange": [log_lo / ratio, log_hi * ratio]})
+        self.commit({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
+                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values),
+                     "finite": bool(np.isfinite(s.values).any()),
+                     "nonPositive": bool((s.values <= 0).any())})  # none: a fixed 0..1 y axis for the markers
         return log
+
+    def commit(self, panel: dict[str, Any]) -> None:
+        """Add a panel once its data and its series' data are plain JSON (no NaN/inf); raises ``ValueError``."""
+        json.dumps([panel, self.sources.get(panel["metric"])], allow_nan=False)
+        self.panels.append(panel)
 
     def heat_panel(self, base: str, layers: Sequence[Series], pid: str) -> str:
         """A per-layer heat map (max per step bin); returns its caption."""
@@ -101,9 +141,11 @@ class FigureBuilder:
         img = np.where(np.isfinite(grid), grid, below)
         img[bad] = np.nan
         img[~seen] = below
-        self.panels.append({
+        dtype = float_dtype(img)
+        self.commit({
             "id": pid, "kind": "heat", "metric": base, "x": "main", "height": int(110 + 9 * min(len(layers), 48)),
-            "image": b64(img, "<f4"), "rows": len(layers), "cols": int(img.shape[1]), "x0": float(edges[0]),
+            "image": b64(img, dtype), "f64": dtype == "<f8", "rows": len(layers), "cols": int(img.shape[1]),
+            "x0": float(edges[0]),
             "dw": float(edges[-1] - edges[0]), "log": bool(log), "low": vmin, "high": high,
             "ticks": list(range(0, len(layers), max(1, len(layers) // 12))),
         })

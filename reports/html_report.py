@@ -255,11 +255,11 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
     """The interactive charts' panels, BokehJS, the chart data and its script (empty without a run)."""
     if chartset is None:
         return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
-                "resources": "", "script": "", "chain": [], "overlay_names": []}
+                "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": []}
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
-                "kind": p.kind, "log": p.log}
+                "kind": p.kind, "log": p.log, "log_ok": p.log_ok, "log_note": p.log_note}
 
     return {
         "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],
@@ -267,7 +267,7 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
         "zoom_constant": chartset.zoom_constant, "window": chartset.window,
         # BokehJS, and the chart data (JSON with every "<" escaped: reports.interactive.data_json) and its script
         "resources": Markup(chartset.resources), "script": Markup(chartset.script), "chain": chartset.chain,
-        "overlay_names": list(chartset.config.get("overlay", [])),
+        "overlay_names": list(chartset.config.get("overlay", [])), "dropped": chartset.dropped,
     }
 
 

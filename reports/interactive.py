@@ -24,10 +24,10 @@ import functools
 import importlib.util
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reports.chart_data import (
     causal_chain,
@@ -36,6 +36,7 @@ from reports.chart_data import (
     constant_line,
     counts_caption,
     is_constant,
+    log_note,
     slug,
 )
 from reports.figures import FigureBuilder
@@ -43,6 +44,7 @@ from reports.figures import FigureBuilder
 if TYPE_CHECKING:
     from forensics.model import Analysis, RunData, Series
 
+T = TypeVar("T")
 MAX_OVERLAY = 40
 """Series offered for overlay at most (each one's display data is in the page)."""
 
@@ -59,6 +61,8 @@ class Panel:
         div: The placeholder ``<div>`` the page's script draws the panel into (no log text in it).
         kind: ``"line"`` (toolbar with log/smooth/overlay) or ``"heat"``.
         log: The panel starts with a log y axis.
+        log_ok: A log y axis can show something (some value is positive); else its toggle is disabled.
+        log_note: What a log y axis leaves out, or why it is disabled (the toggle's tooltip; ``""``: nothing).
     """
 
     id: str
@@ -68,6 +72,8 @@ class Panel:
     div: str
     kind: str = "line"
     log: bool = False
+    log_ok: bool = True
+    log_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class ChartSet:
         window: ``(lo, hi)`` steps of the onset window, or ``None``.
         config: The chart data (:attr:`reports.figures.FigureBuilder.spec`); JSON-serialisable.
         chain: The codes of the findings on the causal chain that sized the window (:func:`chain_codes`).
+        dropped: One note per panel whose chart data could not be made (the rest of the report is written).
     """
 
     resources: str
@@ -95,6 +102,7 @@ class ChartSet:
     window: tuple[int, int] | None = None
     config: dict[str, Any] = field(default_factory=dict)
     chain: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
 
@@ -166,6 +174,22 @@ def _series(run: RunData, name: str) -> Series | None:
     return s if s is not None and len(s) > 0 else None
 
 
+def _guarded(b: FigureBuilder, out: ChartSet, what: str, make: Callable[[], T]) -> T | None:
+    """``make()`` (one panel), or ``None`` with a note in ``out.dropped`` when its data cannot be made.
+
+    A panel's chart data never costs the report: the panel is left out, said so on the page, the rest is written.
+    """
+    n_panels, sources = len(b.panels), set(b.sources)
+    try:
+        return make()
+    except (ValueError, OverflowError, ArithmeticError, TypeError) as exc:
+        del b.panels[n_panels:]
+        for m in set(b.sources) - sources:
+            del b.sources[m]
+        out.dropped.append(f"{what}: chart not drawn ({type(exc).__name__}: {exc})")
+        return None
+
+
 def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]) -> None:
     """Full-run panels (a constant series collapsed to one line)."""
     for name in main:
@@ -176,8 +200,10 @@ def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]
             out.constant.append(constant_line(s))
             continue
         pid = ids.new("chart", name)
-        log = b.line_panel(s, pid, "main")
-        out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log))
+        log = _guarded(b, out, name, functools.partial(b.line_panel, s, pid, "main"))
+        if log is not None:
+            out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log,
+                                  *log_note(s.values)))
 
 
 def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str], window: tuple[int, int]) -> None:
@@ -191,9 +217,12 @@ def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str
             continue
         inside = (s.steps >= window[0]) & (s.steps <= window[1])
         pid = ids.new("zoom", name)
-        log = b.line_panel(s, pid, "zoom", height=190)
-        out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
-                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log))
+        log = _guarded(b, out, f"{name} (around the onset)",
+                       functools.partial(b.line_panel, s, pid, "zoom", height=190))
+        if log is not None:
+            out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
+                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log,
+                              *log_note(s.values)))
 
 
 def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapping[str, list[str]]) -> None:
@@ -204,15 +233,17 @@ def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapp
         if not layers:
             continue
         pid = ids.new("layers", base)
-        caption = b.heat_panel(base, layers, pid)
-        out.layers.append(Panel(pid, base, f"{base} per layer ({len(layers)} layers)", caption, "", "heat"))
+        caption = _guarded(b, out, f"{base} per layer", functools.partial(b.heat_panel, base, layers, pid))
+        if caption is not None:
+            out.layers.append(Panel(pid, base, f"{base} per layer ({len(layers)} layers)", caption, "", "heat"))
 
 
 def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> ChartSet:
     """The panels with their placeholder divs, the chart data and script, and the inline BokehJS."""
 
     def placed(p: Panel) -> Panel:
-        return Panel(p.id, p.metric, p.title, p.caption, f'<div class="tf-plot" id="{p.id}-plot"></div>', p.kind, p.log)
+        return Panel(p.id, p.metric, p.title, p.caption, f'<div class="tf-plot" id="{p.id}-plot"></div>', p.kind, p.log,
+                     p.log_ok, p.log_note)
 
     script = (f'<script type="application/json" id="tf-charts">{data_json(b.spec)}</script>\n'
               f"<script>{_charts_js()}</script>")
@@ -220,6 +251,7 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
         resources=_core_js(), script=script,
         main=[placed(p) for p in out.main], zoom=[placed(p) for p in out.zoom], layers=[placed(p) for p in out.layers],
         constant=out.constant, zoom_constant=out.zoom_constant, window=window, config=b.spec, chain=out.chain,
+        dropped=out.dropped,
     )
 
 

@@ -92,8 +92,10 @@ class Page:
 
         self.page.route("**/*", route)
         self.page.goto(path.as_uri() + fragment)
-        self.page.wait_for_function("window.tfCharts && tfCharts.ready")
-        self.page.locator("figure.chart canvas").first.wait_for()
+        # the function form: an expression string is eval'd when it must poll, which the page's CSP refuses
+        self.page.wait_for_function("() => window.tfCharts && window.tfCharts.ready")
+        if self.page.locator("figure.chart").count():
+            self.page.locator("figure.chart canvas").first.wait_for()
 
     def x_range(self, which: str = "main") -> list[float]:
         """``[start, end]`` of the shared x range of the full-run (``main``) or onset (``zoom``) panels."""
@@ -285,5 +287,120 @@ def test_many_segment_starts_share_one_glyph(browser: Any, segmented: Path) -> N
         assert all(c["spans"] <= 2 for c in counts), counts  # the onset and the cursor only
         img = _pixels(p.locator("#chart-loss .tf-plot"))
         assert _has_colour(img, "#555555", 200), "segment starts not drawn"
+    finally:
+        page.close()
+
+
+def test_a_page_without_charts_still_says_ready(browser: Any, tmp_path: Path) -> None:
+    """A run whose series are all constant draws no chart, yet ``window.tfCharts`` exists, ready, with no panels.
+
+    (QA s7 F14: scripts and tests waiting for ``tfCharts.ready`` never finished on such pages; F13: the wait is
+    the function form, which polls under the page's CSP.)
+    """
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        "".join(f'{{"step": {s}, "loss": 2.5, "lr": 0.001}}\n' for s in range(200)), encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    page = Page(browser, path)
+    try:
+        got = page.page.evaluate("() => [window.tfCharts.ready, Object.keys(window.tfCharts.panels).length]")
+        assert got == [True, 0]
+        assert "loss: constant 2.5" in page.page.locator("#charts").inner_text()
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity"])
+def test_a_series_without_finite_values_keeps_its_axes(browser: Any, tmp_path: Path, bad: str) -> None:
+    """Loss all NaN (or grad_norm all +inf): the panel gets a 0..1 y axis, its x axis and its markers (QA s7 F9)."""
+    metric = "loss" if bad == "NaN" else "grad_norm"
+    (tmp_path / "run").mkdir()
+    rows = "".join(f'{{"step": {s}, "loss": {bad if metric == "loss" else 3 - s / 100}, "lr": 0.001, '
+                   f'"grad_norm": {bad if metric == "grad_norm" else 1 + s % 5}}}\n' for s in range(1, 201))
+    (tmp_path / "run" / "metrics.jsonl").write_text(rows, encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    page = Page(browser, path)
+    try:
+        got = page.page.evaluate("""(pid) => { const p = tfCharts.panels[pid].plot;
+            return [p.y_range.start, p.y_range.end, p.x_range.start, p.x_range.end,
+                    tfCharts.panels[pid].marks.data_source.get_length()]; }""", f"chart-{metric}")
+        assert got[:2] == [0, 1] and got[2] < 1 and got[3] > 200 and got[4] > 0, got
+        assert "no finite values" in page.page.locator(f"#chart-{metric}").inner_text()
+    finally:
+        page.close()
+
+
+def _page_of(browser: Any, tmp_path: Path, rows: str) -> Page:
+    """The HTML report of a ``metrics.jsonl`` with these rows, opened offline."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(rows, encoding="utf-8")
+    run = load(tmp_path / "run")
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return Page(browser, path)
+
+
+def test_log_y_is_disabled_without_positive_values(browser: Any, tmp_path: Path) -> None:
+    """All-negative loss: the log toggle is disabled and says why (QA s7 F8: it drew an empty chart)."""
+    page = _page_of(browser, tmp_path, "".join(f'{{"step": {s}, "loss": {-1 - s / 50}, "lr": 0.001}}\n'
+                                               for s in range(1, 201)))
+    try:
+        box = page.page.locator('input[data-tf-log="chart-loss"]')
+        assert box.is_disabled()
+        assert "no positive values" in box.locator("xpath=..").get_attribute("title")
+    finally:
+        page.close()
+
+
+def test_log_y_of_a_mixed_sign_series_draws_its_positive_points(browser: Any, tmp_path: Path) -> None:
+    """A series alternating in sign: the log toggle says what it leaves out and draws the positive points as dots."""
+    rows = "".join(f'{{"step": {s}, "loss": {3 - s / 100}, "loss_scale": {(-1) ** s * (1 + s)}}}\n'
+                   for s in range(1, 201))
+    page = _page_of(browser, tmp_path, rows)
+    try:
+        p = page.page
+        label = p.locator('input[data-tf-log="chart-loss_scale"]').locator("xpath=..")
+        assert "100 non-positive values not shown" in label.get_attribute("title")
+        p.locator('input[data-tf-log="chart-loss_scale"]').check()
+        dots = p.evaluate("""() => { const d = tfCharts.panels['chart-loss_scale'].logDots;
+            return d ? [d.visible, d.data_source.get_length()] : null; }""")
+        assert dots is not None and dots[0] and dots[1] > 100, dots
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("step", ["3150000000", "-5000"])
+def test_a_shared_link_beyond_the_run_is_clamped_to_it(browser: Any, reports: dict[str, Path], step: str) -> None:
+    """``#chart-loss@3150000000`` on a 500-step run opens at its last step, ``@-5000`` at its first (QA s7 F12)."""
+    page = Page(browser, reports["lr_schedule_reset"], fragment=f"#chart-loss@{step}")
+    try:
+        page.page.wait_for_function("() => Object.values(tfCharts.panels).some((p) => p.cursor && p.cursor.visible)")
+        col = load(SAMPLES / "lr_schedule_reset").metrics.get_column("step")
+        first, last = int(col.min()), int(col.max())
+        lo, hi = page.x_range()
+        assert lo < (first if step.startswith("-") else last) < hi and hi - lo < last - first, (lo, hi, first, last)
+    finally:
+        page.close()
+
+
+def test_an_onset_at_the_last_step_stays_visible(browser: Any, tmp_path: Path) -> None:
+    """Onset at the last step: the onset window reaches past it and its label sits left of the line (QA s7 F10)."""
+    rows = "".join(f'{{"step": {s}, "loss": {"NaN" if s == 400 else 3 - s / 300}, "lr": 0.001, '
+                   f'"grad_norm": {"Infinity" if s == 400 else 1 + (s % 7) / 10}}}\n' for s in range(1, 401))
+    page = _page_of(browser, tmp_path, rows)
+    try:
+        got = page.page.evaluate("""() => {
+            const spec = JSON.parse(document.getElementById('tf-charts').textContent);
+            const zoom = Object.keys(tfCharts.panels).filter((k) => k.startsWith('zoom-'));
+            const label = tfCharts.panels[zoom[0]].plot.center.find((a) => a.name === zoom[0] + '-onset');
+            return [spec.onset, tfCharts.x.zoom.end, tfCharts.x.main.end, label.text_align, label.x_offset]; }""")
+        onset, zoom_end, main_end, align, offset = got
+        assert onset == 400 and zoom_end > onset and main_end > onset and align == "right" and offset < 0, got
+        img = _pixels(page.page.locator("figure.chart[id^='zoom-'] .tf-plot").first)
+        assert _has_colour(img, "#c62828"), "no onset line"
     finally:
         page.close()

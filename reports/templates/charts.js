@@ -6,7 +6,8 @@
    controls), NaN/+inf/-inf markers at the edges; every panel marks segment starts (one glyph beyond
    `manySegments`), the onset, and a cursor the finding links move. No text from the logs goes into a Bokeh
    text property (Bokeh reads $$...$$ as TeX): titles and captions are the page's HTML.
-   window.tfCharts: {doc, x: {main, zoom}, window: [lo, hi] or null (the onset window), panels: {id: models},
+   window.tfCharts: {doc, x: {main, zoom}, window: [lo, hi] or null (the onset window), steps: [first, last] (the
+   run's), panels: {id: models},
    sources: {metric: {line, marks}} (ColumnDataSources), ready (true once drawn)}. */
 (function () {
   "use strict";
@@ -21,7 +22,7 @@
   var valueFormat = new B.BasicTickFormatter({power_limit_low: -5, power_limit_high: 6});
   var x = {main: new B.Range1d({start: spec.x.main[0], end: spec.x.main[1], name: "x-main"}),
            zoom: new B.Range1d({start: spec.x.zoom[0], end: spec.x.zoom[1], name: "x-zoom"})};
-  var out = {doc: new B.Document(), x: x, window: spec.window, panels: {}, sources: {}, ready: false};
+  var out = {doc: new B.Document(), x: x, window: spec.window, steps: spec.steps, panels: {}, sources: {}, ready: false};
   window.tfCharts = out;
 
   Object.keys(spec.sources).forEach(function (m) {
@@ -29,7 +30,7 @@
     var ylog = new Float64Array(ys.length);
     for (var i = 0; i < ys.length; i++) ylog[i] = ys[i] > 0 ? ys[i] : NaN;
     var data = {x: xs, y: ys, ylog: ylog};
-    if (s.ys) data.ys = decode(s.ys, Float32Array);  /* absent for a series only offered as an overlay */
+    if (s.ys) data.ys = decode(s.ys, s.ysF64 ? Float64Array : Float32Array);  /* absent for a series only offered as an overlay */
     out.sources[m] = {
       line: new B.ColumnDataSource({data: data}),
       marks: new B.ColumnDataSource({data: s.marks})
@@ -66,10 +67,14 @@
       });
     }
     if (spec.onset !== null) {
-      p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2}));
-      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge",
-                                text: " onset " + spec.onset.toLocaleString("en-US"), text_font_size: "8pt",
-                                text_color: ONSET, text_font_style: "bold", x_offset: 2}));
+      /* under the data (a one-step spike at the onset stays visible); the label left of the line near the right end */
+      var xr = p.x_range, left = spec.onset > xr.start + 0.85 * (xr.end - xr.start);
+      p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2,
+                               level: "underlay"}));
+      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge", text_align: left ? "right" : "left",
+                                text: (left ? "onset " : " onset ") + spec.onset.toLocaleString("en-US") + (left ? " " : ""),
+                                text_font_size: "8pt", text_color: ONSET, text_font_style: "bold",
+                                x_offset: left ? -2 : 2, name: pid + "-onset"}));
     }
     var cursor = new B.Span({location: 0, dimension: "height", line_color: "#f79009", line_width: 2, visible: false,
                              name: pid + "-cursor"});
@@ -95,12 +100,17 @@
     var p = figure(c, {y_axis_location: null, extra_y_ranges: ranges, extra_y_scales: {log: new B.LogScale()}});
     var lin = line(p, src, "y", c.color, 1.3, {visible: !c.isLog});
     var log = line(p, src, "ylog", c.color, 1.3, {visible: c.isLog, y_range_name: "log"});
+    /* zero/negative values break the log line: its positive points also as dots (an isolated one has no segment) */
+    var logDots = c.nonPositive ? renderer(p, src, B.Scatter, {x: {field: "x"}, y: {field: "ylog"}, size: 4,
+      line_color: c.color, fill_color: c.color}, {visible: c.isLog, y_range_name: "log"}) : null;
     var smooth = line(p, src, "ys", "#101828", 1.6, {visible: false});
     var smoothLog = line(p, src, "ys", "#101828", 1.6, {visible: false, y_range_name: "log"});
     var ov = line(p, ovSource, "y", OVERLAY, 1.2, {visible: false, y_range_name: "ov"}, "dashed");
     var mk = renderer(p, s.marks, B.Scatter, {x: {field: "x"}, y: {field: "y"}, marker: {field: "marker"}, size: 9,
                                               line_color: ONSET, fill_color: ONSET, line_width: 2}, {y_range_name: "edge"});
-    p.y_range = new B.DataRange1d({renderers: [lin], range_padding: 0.05});
+    /* no finite value (all NaN/inf): a fixed 0..1 axis, so the axes and the markers' steps still show */
+    p.y_range = c.finite === false ? new B.Range1d({start: 0, end: 1})
+                                   : new B.DataRange1d({renderers: [lin], range_padding: 0.05});
     var ylin = new B.LinearAxis({visible: !c.isLog, formatter: valueFormat});
     var ylog = new B.LogAxis({y_range_name: "log", visible: c.isLog});
     var yov = new B.LinearAxis({y_range_name: "ov", visible: false, axis_line_color: OVERLAY, formatter: valueFormat,
@@ -116,15 +126,15 @@
                                  tooltips: [["step", "@x{0,0}"], ["overlay", "@y{%.6g}"]]}));
     p.grid.grid_line_color = "#eeeeee";
     p.outline_line_color = null;
-    out.panels[c.id] = {metric: c.metric, plot: p, lin: lin, log: log, smooth: smooth, smoothLog: smoothLog, ov: ov,
+    out.panels[c.id] = {metric: c.metric, plot: p, lin: lin, log: log, logDots: logDots, smooth: smooth, smoothLog: smoothLog, ov: ov,
                         marks: mk, ylin: ylin, ylog: ylog, yov: yov, ovRange: ranges.ov, isLog: c.isLog,
                         cursor: marks(p, c.id)};
     return p;
   }
 
   function heatPanel(c) {
-    var img = nd.ndarray(decode(c.image, Float32Array).buffer,
-                                                     {dtype: "float32", shape: [c.rows, c.cols]});
+    var img = nd.ndarray(decode(c.image, c.f64 ? Float64Array : Float32Array).buffer,
+                         {dtype: c.f64 ? "float64" : "float32", shape: [c.rows, c.cols]});  /* f64: beyond float32 */
     var Mapper = c.log ? B.LogColorMapper : B.LinearColorMapper;
     var mapper = new Mapper({palette: B.Palettes.Viridis256, low: c.low, high: c.high, nan_color: "#d92d20",
                              low_color: "#eeeeee"});
