@@ -105,6 +105,20 @@ def dv01_divergence(_: Path) -> RunData:
     return table_run({"loss": base * _noise(300, 0.005)})
 
 
+def dv01_sparse_rise(_: Path) -> RunData:
+    """Lightning-style rows every 10 steps (9, 19, ...): the loss falls, then rises linearly from step 700."""
+    s = np.arange(9, 1000, 10)
+    base = np.where(s < 700, 0.4 + 0.6 / np.sqrt(1 + s / 20), 0.4 + 0.6 / np.sqrt(1 + 700 / 20) + 0.01 * (s - 700))
+    return table_run({"loss": base * _noise(len(s), 0.03)}, s)
+
+
+def dv01_level_jump(_: Path) -> RunData:
+    """The loss falls, then jumps x4000 at step 600 and stays there (un-normalised inputs from then on)."""
+    s = np.arange(800)
+    loss = _loss(800) * np.where(s < 600, 1.0, 4000.0)
+    return table_run({"loss": loss}, s)
+
+
 def st01_flat(_: Path) -> RunData:
     """A run from step 0 whose loss stays at log(1000) (never learns)."""
     return table_run({"loss": 6.9 * _noise(200, 0.01)})
@@ -311,6 +325,9 @@ CASES = (
     Case("sp01_spike", "SP01", sp01_spike, must=(("SP01", 200, 0),)),
     Case("gn01_grad_spike", "GN01", gn01_grad_spike, must=(("GN01", 220, 0),)),
     Case("dv01_divergence", "DV01", dv01_divergence, must=(("DV01", 158, 0),)),
+    # the onset is the first row above the level before the rise, not a smoothed point before it
+    Case("dv01_sparse_rise", "DV01", dv01_sparse_rise, must=(("DV01", 709, 0),)),
+    Case("dv01_level_jump", "DV01", dv01_level_jump, must=(("DV01", 600, 0),)),
     Case("st01_flat", "ST01", st01_flat, must=(("ST01", 0, 0),)),
     Case("ov01_scale_collapse", "OV01", ov01_scale_collapse, must=(("OV01", None, 0, "loss_scale_collapse"),)),
     Case("ov02_activation_limit", "OV02", ov02_activation_limit, must=(("OV02", 192, 0, "activation_overflow"),)),

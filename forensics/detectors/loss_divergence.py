@@ -5,7 +5,8 @@ diverging", OPT 12.43 drift): after the minimum of the smoothed loss (rolling me
 points), the loss rises above that minimum by more than ``min_rise`` (relative, 5%) and
 ``k_sigma`` robust sigmas of its noise around the smoothed curve, and ends there. The onset is
 the first point after which the smoothed loss never again comes within one noise sigma of its
-minimum.
+minimum, moved on to the first logged point above the level before it (``onset_k_sigma``, 3 sigmas):
+the centred median leans a few points early.
 
 Source: docs/detectors.md#dv01 (the thresholds, where each comes from, the published reports).
 """
@@ -37,6 +38,7 @@ class LossDivergence(Detector):
     min_tail_points: int = 5
     min_tail_share: float = 0.05
     confidence: float = 0.7
+    onset_k_sigma: float = 3.0
 
     def detect(self, run: RunData) -> list[Finding]:
         """At most one finding with the onset of the final rise."""
@@ -69,6 +71,7 @@ class LossDivergence(Detector):
         within = np.flatnonzero(np.isfinite(tail) & (tail <= lo + max(noise, self.onset_rel_band * abs(lo))))
         start = max(i_min + (int(within[-1]) + 1 if within.size else 0), i_raw + 1)
         start = min(start, len(s) - 1)
+        start = self._first_high(v, sm, noise, start)
         if len(s) - start < self.min_tail_points or (len(s) - i_min) < self.min_tail_share * len(s):
             return []
         step = int(s.steps[start])
@@ -81,3 +84,19 @@ class LossDivergence(Detector):
             evidence={"metric": "loss", "min_loss": lo, "min_step": int(s.steps[i_min]), "last_smoothed": end,
                       "rise": end - lo, "noise_sigma": noise, "onset_step": step},
         )]
+
+    def _first_high(self, v: np.ndarray, sm: np.ndarray, noise: float, start: int) -> int:
+        """The first logged point at or after ``start`` that leaves the level before it (its index into ``v``).
+
+        ``start`` comes from the smoothed curve, which leans a few points early (a centred median sees the rise
+        coming): the onset is moved to the first point, within :attr:`smooth` points, that is non-finite or above
+        the smoothed level just before ``start`` by ``onset_k_sigma`` noise sigmas; ``start`` when none is.
+        Only points at the old level are skipped, so a rise whose first point is already up keeps its onset.
+        """
+        if start < 1 or not np.isfinite(sm[start - 1]):
+            return start
+        level = float(sm[start - 1]) + self.onset_k_sigma * noise
+        ahead = v[start:start + self.smooth]
+        with np.errstate(invalid="ignore"):
+            high = np.flatnonzero(~np.isfinite(ahead) | (ahead > level))
+        return start + int(high[0]) if high.size else start
