@@ -11,7 +11,7 @@ Entry point for every front end (CLI, audit, service): :func:`render_html` ``(an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -84,15 +84,29 @@ def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], 
     names = run.metric_names
     refs = referenced_metrics(analysis, names)
     main = [m for m in DEFAULT_METRICS if m in names]
-    main += [m for m in refs if "/" not in m and m not in main][:MAX_EXTRA_METRICS]
     zoom = chain_metrics(analysis, run)
     groups: dict[str, list[str]] = {}
     for m in names:
         if "/" in m:
             groups.setdefault(m.partition("/")[0], []).append(m)
+    groups = {b: ms for b, ms in groups.items() if per_layer(ms)}
+    in_groups = {m for ms in groups.values() for m in ms}
+    main += [m for m in refs if m not in in_groups and m not in main][:MAX_EXTRA_METRICS]  # loss parts too
     ref_bases = {m.partition("/")[0] for m in refs}
     order = sorted(groups, key=lambda b: (b not in ref_bases, b not in DEFAULT_METRICS, b))
     return main, zoom, {b: groups[b] for b in order[:MAX_LAYER_GROUPS]}
+
+
+def per_layer(members: Sequence[str]) -> bool:
+    """Whether ``base/<suffix>`` metrics are one series per layer or module (a heat map), not parts of a metric.
+
+    A layer or module suffix carries an index or a module path (``layer3``, ``layers.0.mlp``, ``h/11``,
+    ``enc.wo``); loss parts and unit-like names (``loss/loss_box_reg``, ``throughput/tokens_per_second``,
+    ``epoch_avg/loss``) carry neither. At least two members, most of them so.
+    """
+    suffixes = [m.partition("/")[2] for m in members]
+    layered = sum(1 for x in suffixes if any(c.isdigit() for c in x) or "." in x)
+    return len(members) >= 2 and 2 * layered > len(members)
 
 
 def build_charts(analysis: Analysis, run: RunData) -> ChartSet:

@@ -364,6 +364,30 @@ def test_chart_plan_includes_referenced_metrics() -> None:
     assert "param_norm" not in main_h and zoom_h == []
 
 
+def test_only_per_layer_groups_become_heat_maps() -> None:
+    """``base/<layer or module>`` series make a heat map; loss parts and unit-like names (detectron2, fairseq) do not.
+
+    A referenced part (``loss/loss_box_reg``) gets a line chart instead.
+    """
+    from reports.html_report import per_layer
+
+    assert per_layer(["attn_logit_max/layer0", "attn_logit_max/layer1"])
+    assert per_layer([f"grad_norm/layers.{i}.mlp" for i in range(4)])
+    assert per_layer(["absmax/enc.wo", "absmax/dec.wo"])
+    assert not per_layer(["loss/loss_box_reg", "loss/loss_cls", "loss/loss_mask", "loss/loss_rpn_cls"])
+    assert not per_layer(["throughput/tokens_per_second", "throughput/samples_per_second"])
+    assert not per_layer(["attn_logit_max/layer0"])  # one row is no map
+    names = {"loss/loss_box_reg": 1.0, "loss/loss_cls": 2.0, "grad_norm/layer0": 1.0, "grad_norm/layer1": 1.0}
+    r = make_run(n=200)
+    extra = pl.concat([metrics_frame({k: np.full(200, v)}, np.arange(200), np.zeros(200, np.int32))
+                       for k, v in names.items()])
+    r = RunData(r.run, pl.concat([r.metrics, extra]), r.events, r.meta, r.sources, r.skipped)
+    a = anomaly()
+    f = Finding("SP01", "loss.spike", None, None, 100, 0, 0.5, "low", "spike", {"metric": "loss/loss_box_reg"})
+    main, _, layers = chart_plan(Analysis(**{**a.__dict__, "findings": (*a.findings, f)}), r)
+    assert list(layers) == ["grad_norm"] and "loss/loss_box_reg" in main
+
+
 def test_downsampling_keeps_extremes_and_onset_window() -> None:
     """Min/max per bucket survive; the onset window keeps every point."""
     n = 100_000
