@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forensics.rolling import rolling_median, shifted
+
 MAD_TO_SIGMA = 1.4826
 """Consistency constant: sigma = 1.4826 * MAD for normally distributed data."""
 TINY = 1e-12
@@ -46,7 +48,7 @@ def trailing_robust_z(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Robust z of each point against the ``window`` points before it (the point itself excluded).
 
-    Rolling medians come from polars (``rolling_median``, O(n log w), streaming-friendly); the
+    Rolling medians come from polars (:func:`rolling_median`: its ``rolling_median``, O(n log w)); the
     spread is the trailing rolling median of |x - trailing median|, the usual rolling-MAD
     approximation (exact MAD needs the window's own median for every member).
 
@@ -60,8 +62,6 @@ def trailing_robust_z(
     Returns:
         ``(z, median, sigma)``, each shape (n,). ``sigma`` is 1.4826 * MAD, floored.
     """
-    import polars as pl
-
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[0]
     nan = np.full(n, np.nan)
@@ -71,12 +71,33 @@ def trailing_robust_z(
     need = min(min_points, max(2, n // SHORT_SERIES_PART))
     if n * w <= EXACT_LIMIT:
         return _trailing_robust_z_exact(x, w, need, rel_floor, abs_floor)
+    missing = np.isnan(x)  # polars' nulls (``fill_nan(None)``): left out of every window
+    if np.isinf(x).any():  # an infinite median or spread: polars' own arithmetic, as it always was
+        return _trailing_polars(x, w, need, rel_floor, abs_floor)
+    m = shifted(rolling_median(x, missing, w, need), 1)
+    gone = missing | np.isnan(m)
+    with np.errstate(invalid="ignore"):
+        dev = np.abs(x - m)
+    d = shifted(rolling_median(dev, gone, w, need), 1)
+    return _robust_z(x, m, d, rel_floor, abs_floor)
+
+
+def _trailing_polars(x: np.ndarray, w: int, need: int, rel_floor: float, abs_floor: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`trailing_robust_z` with polars' null-aware rolling medians throughout (a series with an infinity)."""
+    import polars as pl
+
     ser = pl.Series("x", x).fill_nan(None)
     med = ser.rolling_median(window_size=w, min_samples=need).shift(1)
-    dev = (ser - med).abs()
-    mad = dev.rolling_median(window_size=w, min_samples=need).shift(1)
+    mad = (ser - med).abs().rolling_median(window_size=w, min_samples=need).shift(1)
     m = med.fill_null(float("nan")).to_numpy().astype(np.float64)
     d = mad.fill_null(float("nan")).to_numpy().astype(np.float64)
+    return _robust_z(x, m, d, rel_floor, abs_floor)
+
+
+def _robust_z(x: np.ndarray, m: np.ndarray, d: np.ndarray, rel_floor: float, abs_floor: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(z, median, sigma)`` from the trailing medians ``m`` and spreads ``d`` (each shape (n,))."""
     sig = np.maximum(MAD_TO_SIGMA * d, np.maximum(rel_floor * np.abs(m), abs_floor))
     sig[~np.isfinite(m)] = np.nan
     with np.errstate(all="ignore"):
