@@ -79,7 +79,7 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
         if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
             same.update({other: name for other in METRICS_TEXT if other in t.column_names
                          and _equal_text(col, t.column(other))})
-            s = pl.concat([_categorical_chunk(c) for c in col.chunks] or
+            s = pl.concat(_categorical_chunks(col.chunks) or
                           [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
         else:
             s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
@@ -102,7 +102,38 @@ def _one_value(col: pa.ChunkedArray) -> str | None:
         values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
         return values.pop() if len(values) == 1 else None
     first = next(c for c in col.chunks if len(c))[0]  # an Arrow scalar (a Python one makes pyarrow import pandas)
-    return first.as_py() if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
+    return first.as_py() if all(pc.all(pc.equal(c, first)).as_py() for c in _longest(col.chunks).values()) else None
+
+
+def _buffers(c: pa.Array) -> tuple[object, ...]:
+    """What a string array's values are made of: its type, offset and buffers (addresses and sizes).
+
+    Two arrays that agree on these and differ only in length are one and its prefix (a reader's blocks sliced from
+    one shared array). Any other array is its own key.
+    """
+    if not (pa.types.is_string(c.type) or pa.types.is_large_string(c.type)):
+        return ("own", id(c))
+    return (str(c.type), c.offset, *((b.address, b.size) if b is not None else None for b in c.buffers()))
+
+
+def _longest(chunks: list[pa.Array]) -> dict[tuple[object, ...], pa.Array]:
+    """The longest non-empty chunk per :func:`_buffers` key: every other chunk of its key is a prefix of it."""
+    out: dict[tuple[object, ...], pa.Array] = {}
+    for c in chunks:
+        k = _buffers(c)
+        if len(c) and (k not in out or len(c) > len(out[k])):
+            out[k] = c
+    return out
+
+
+def _categorical_chunks(chunks: list[pa.Array]) -> list[pl.Series]:
+    """:func:`_categorical_chunk` of each chunk; chunks that are prefixes of one array share its conversion (a slice).
+
+    A reader that slices every block's text from one tiled array (:mod:`parsers._jsonl_text`) hands out 155 chunks
+    of one array at 1M records x 50 metrics: one conversion instead of 155 (0.45 -> ~0.01 s a column).
+    """
+    done = {k: _categorical_chunk(c) for k, c in _longest(chunks).items()}
+    return [done[_buffers(c)].slice(0, len(c)) if len(c) else _categorical_chunk(c) for c in chunks]
 
 
 def _categorical_chunk(c: pa.Array) -> pl.Series:
