@@ -238,10 +238,9 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
     """Find every metric's rows in one pass over the ``metric`` codes (:class:`Layout`), no per-metric scan.
 
     Few, long runs of rows (at most ``max_slices`` per metric, :data:`MAX_SLICES`; :data:`MIN_SLICE_ROWS` rows a
-    run on average): slices. Every record the same
-    metrics in the same order (a wide log): a period, so
-    grouping is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix
-    sort for fewer than 65,536 codes).
+    run on average): slices. Every record the same metrics in the same order (a wide log): a period, so grouping
+    is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix sort for fewer
+    than 65,536 codes).
     """
     col = _categorical(metrics.get_column("metric"))
     phys = col.to_physical()
@@ -317,6 +316,21 @@ def _period(phys: pl.Series) -> int:
         if not bool((c.reshape(-1, period) == pattern).all()):
             return 0
     return period
+
+
+def distinct_pairs(metrics: pl.DataFrame) -> pl.DataFrame:
+    """The frame's distinct ``(tag, metric)`` rows (the frame's types), in no set order.
+
+    A wide log whose ``metric`` and ``tag`` columns both repeat one record's pattern of ``P`` rows
+    (:func:`_period`, :data:`SCAN_ROWS` rows at a time): its first ``P`` rows; else one group-by over every row.
+    """
+    tag, met = metrics.get_column("tag"), metrics.get_column("metric")
+    if (tag.dtype == pl.Categorical and met.dtype == pl.Categorical and not tag.null_count()
+            and not met.null_count() and metrics.height):
+        p = _period(met.to_physical())
+        if p and _period(tag.to_physical()) == p:
+            return metrics.head(p).select("tag", "metric").unique()
+    return metrics.group_by("tag", "metric").len().select("tag", "metric")
 
 
 @dataclass(frozen=True)
