@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forensics.column_scan import empty_buffer, scan_step, slices, transpose_into
 from forensics.schema import METRICS_SCHEMA, METRICS_TEXT
 
 MAX_SLICES = 4096
@@ -32,15 +33,6 @@ concatenation cost ~4 us, a gathered row of 8 columns ~0.1-0.3 us; a record-majo
 PERIOD_SEARCH = 1 << 16
 """Rows searched for the period of a text chunk or of the metric codes (the most metrics a record is taken to log
 when telling a wide log's repeating pattern; our choice)."""
-TRANSPOSE_BLOCK = 256
-"""Records per block of the transpose that groups a wide log's rows by metric (our choice, measured at 1M records x
-50 metrics: 256 records 0.09 s, 2,048 0.13 s, a whole-column transpose ~0.4 s)."""
-SCAN_ROWS = 1 << 20
-"""Rows of a frame column turned into numpy at a time when the layout is found and a wide log is grouped (our
-choice: a few MB of temporaries, reused, instead of whole-column copies: at 50M rows a fresh 400 MB array cost up
-to ~1 s of page faults on a loaded machine)."""
-
-
 def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
     """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
 
@@ -192,7 +184,7 @@ class Layout:
         """A frame column (shape (n,)) in the grouped order (metric after metric)."""
         if self.period:
             out = np.empty_like(a)
-            _transpose_into(out.reshape(self.period, -1), 0, a.reshape(-1, self.period))
+            transpose_into(out.reshape(self.period, -1), 0, a.reshape(-1, self.period))
             return out
         return a[self.order]
 
@@ -207,31 +199,12 @@ class Layout:
         if not self.period:
             return self.group(part(col))
         out: np.ndarray | None = None
-        step = _scan_step(self.period)
+        step = scan_step(self.period)
         for a in range(0, self.n, step):
             rows = part(col.slice(a, step))
-            out = np.empty(self.n, rows.dtype) if out is None else out
-            _transpose_into(out.reshape(self.period, -1), a // self.period, rows.reshape(-1, self.period))
+            out = empty_buffer(self.n, rows.dtype) if out is None else out
+            transpose_into(out.reshape(self.period, -1), a // self.period, rows.reshape(-1, self.period))
         return out  # type: ignore[return-value]
-
-
-def _transpose_into(grid: np.ndarray, r0: int, rows: np.ndarray) -> None:
-    """``grid[:, r0 + r] = rows[r]`` block by block (a block fits the cache: several times faster than a transpose)."""
-    for r in range(0, rows.shape[0], TRANSPOSE_BLOCK):
-        block = rows[r:r + TRANSPOSE_BLOCK]
-        grid[:, r0 + r:r0 + r + block.shape[0]] = block.T
-
-
-def _scan_step(period: int) -> int:
-    """Rows per slice of a scan: about :data:`SCAN_ROWS`, a whole number of records of ``period`` rows."""
-    return max(1, SCAN_ROWS // max(period, 1)) * max(period, 1)
-
-
-def _slices(col: pl.Series, step: int | None = None):  # noqa: ANN202 - a generator of (offset, numpy slice)
-    """``(offset, rows)`` of a polars column, ``step`` (:data:`SCAN_ROWS`) rows at a time, as numpy (no whole copy)."""
-    step = step or SCAN_ROWS
-    for a in range(0, col.len(), step):
-        yield a, col.slice(a, step).to_numpy()
 
 
 def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
@@ -284,7 +257,7 @@ def _runs(phys: pl.Series, cap: int) -> tuple[int, int, np.ndarray | None]:
     their number matters).
     """
     top, prev, parts, count = 0, None, [], 0
-    for a, c in _slices(phys):
+    for a, c in slices(phys):
         top = max(top, int(c.max()))
         new = np.flatnonzero(c[1:] != c[:-1]) + (a + 1)
         first = prev is None or c[0] != prev
@@ -312,7 +285,7 @@ def _period(phys: pl.Series) -> int:
     if not period or n % period or np.unique(head[:period]).shape[0] != period:
         return 0
     pattern = head[:period]
-    for _, c in _slices(phys, _scan_step(period)):
+    for _, c in slices(phys, scan_step(period)):
         if not bool((c.reshape(-1, period) == pattern).all()):
             return 0
     return period
@@ -390,7 +363,7 @@ def _per_record(col: pl.Series, lay: Layout) -> np.ndarray | None:
     if not lay.period or lay.period == 1:
         return None
     parts = []
-    for _, c in _slices(col, _scan_step(lay.period)):
+    for _, c in slices(col, scan_step(lay.period)):
         rows = c.reshape(-1, lay.period)
         if not bool((rows == rows[:, :1]).all()):
             return None

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from forensics import metric_rows, rundata
+from forensics import column_scan, rundata
 from forensics.metric_rows import distinct_pairs, grouped, layout, metrics_frame
 
 NAMES = ["loss", "lr", "grad_norm", "weight_norm/q", "weight_norm/k"]
@@ -66,7 +66,7 @@ def _reference_rows(frame: pl.DataFrame) -> dict[str, np.ndarray]:
 def test_layout_and_grouping_slice_by_slice(monkeypatch: pytest.MonkeyPatch, wide: bool, scan: int,
                                             nulls: bool) -> None:
     """Layout and grouped arrays equal whole-column references for any slice size."""
-    monkeypatch.setattr(metric_rows, "SCAN_ROWS", scan)
+    monkeypatch.setattr(column_scan, "SCAN_ROWS", scan)
     frame = metrics_frame(_table(997, wide=wide, segments=2, nulls=nulls), "r")
     lay = layout(frame, max_slices=0)  # no slices: the grouped path
     assert (lay.period == len(NAMES)) == wide
