@@ -1,7 +1,8 @@
 """Renderers of an :class:`~forensics.model.Analysis`: HTML, JSON, Markdown and text.
 
-One module per format, behind one enum (STYLE.md item 8). Imports stay light: Bokeh is imported
-lazily inside the HTML renderer, so ``import reports`` costs almost nothing.
+One module per format, behind one enum (STYLE.md item 8). Imports stay light: the HTML renderer is
+imported when used and never imports Bokeh (BokehJS draws the charts in the page), so ``import reports``
+costs almost nothing.
 
 Example::
 

@@ -109,7 +109,10 @@ def smooth(values: np.ndarray, span: int | None = None) -> np.ndarray:
         return values.astype(np.float64)
     span = span or max(5, n // 100)
     alpha = 2.0 / (span + 1.0)
-    idx = np.where(np.isfinite(values), np.arange(n), -1)
+    finite = np.isfinite(values)
+    if finite.all():  # the common case: nothing to hold over
+        return pl.Series(values, dtype=pl.Float64).ewm_mean(alpha=alpha, adjust=True).to_numpy()
+    idx = np.where(finite, np.arange(n), -1)
     np.maximum.accumulate(idx, out=idx)  # the last finite value at or before each point (-1: none yet)
     out = np.full(n, np.nan)
     first = int(np.searchsorted(idx, 0))
@@ -119,17 +122,20 @@ def smooth(values: np.ndarray, span: int | None = None) -> np.ndarray:
     return out
 
 
-def display_data(series: Series, window: tuple[int, int] | None, onset: int | None) -> dict[str, np.ndarray]:
-    """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN."""
+def display_data(series: Series, window: tuple[int, int] | None, onset: int | None, *,
+                 smoothed: bool = True) -> dict[str, np.ndarray]:
+    """The points drawn of one series (bucket min/max, full resolution in the window), non-finite as NaN.
+
+    Returns ``x`` (steps) and ``y`` as float64 and, with ``smoothed``, ``ys`` (the smoothed line) as float32
+    (a series drawn only as another panel's overlay needs none); the page derives the log line (``y`` where
+    positive) itself.
+    """
     idx = display_indices(series.steps, series.values, window, onset, BUCKETS)
     v = series.values[idx]
-    y = np.where(np.isfinite(v), v, np.nan)
-    return {
-        "x": series.steps[idx].astype(np.float64),
-        "y": y,
-        "ylog": np.where(y > 0, y, np.nan).astype(np.float32),
-        "ys": smooth(series.values)[idx].astype(np.float32),
-    }
+    out = {"x": series.steps[idx].astype(np.float64), "y": np.where(np.isfinite(v), v, np.nan)}
+    if smoothed:
+        out["ys"] = smooth(series.values)[idx].astype(np.float32)
+    return out
 
 
 def markers(series: Series) -> dict[str, list[Any]]:

@@ -32,9 +32,23 @@ def minmax_indices(values: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
     if n <= 2 * buckets:
         return np.arange(n)
     size = -(-n // buckets)
+    finite = np.isfinite(values)
+    if finite.all():  # the common case: the full buckets as a view, the last (partial) one apart, no copy
+        full = (n // size) * size
+        body = values[:full].reshape(-1, size)
+        base = np.arange(body.shape[0]) * size
+        parts = [body.argmin(axis=1) + base, body.argmax(axis=1) + base, [0, n - 1]]
+        if full < n:
+            parts.append([full + int(values[full:].argmin()), full + int(values[full:].argmax())])
+        return np.unique(np.concatenate(parts))
+    return _minmax_padded(values, finite, size)
+
+
+def _minmax_padded(values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
+    """:func:`minmax_indices` of a series with non-finite values: buckets of ``size`` padded to a rectangle."""
+    n = int(values.shape[0])
     nb = -(-n // size)
     pad = nb * size - n
-    finite = np.isfinite(values)
     lo = np.concatenate([np.where(finite, values, np.inf), np.full(pad, np.inf)]).reshape(nb, size)
     hi = np.concatenate([np.where(finite, values, -np.inf), np.full(pad, -np.inf)]).reshape(nb, size)
     bad = np.concatenate([~finite, np.zeros(pad, dtype=bool)]).reshape(nb, size)

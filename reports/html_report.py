@@ -3,8 +3,8 @@
 Rendered with Jinja2 (autoescape, StrictUndefined) from ``reports/templates/report.html.j2``. The first
 screen says what happened in one plain sentence, how sure and why, and what to do (checkpoint, first
 trial as a paste-ready block, what would prove it worked); the jargon follows as labels with a
-glossary. Charts are interactive Bokeh panels (see :mod:`reports.interactive`); every finding row links
-to its chart at its step.
+glossary. Charts are interactive BokehJS panels built in the page (see :mod:`reports.interactive`); every
+finding row links to its chart at its step.
 
 Entry point for every front end (CLI, audit, service): :func:`render_html` ``(analysis, run) -> str``.
 """
@@ -96,7 +96,7 @@ def chart_plan(analysis: Analysis, run: RunData) -> tuple[list[str], list[str], 
 
 
 def build_charts(analysis: Analysis, run: RunData) -> ChartSet:
-    """Build every chart of the report (Bokeh, one document; see :mod:`reports.interactive`).
+    """Build every chart's data of the report (drawn by BokehJS in the page; see :mod:`reports.interactive`).
 
     Args:
         analysis: The engine's result.
@@ -252,12 +252,10 @@ def _recovery_view(analysis: Analysis, cons: Any) -> dict[str, Any] | None:
 
 
 def _charts_view(chartset: Any) -> dict[str, Any]:
-    """The interactive charts' panels, BokehJS and document script (empty without a run)."""
-    from reports.interactive import config_json
-
+    """The interactive charts' panels, BokehJS, the chart data and its script (empty without a run)."""
     if chartset is None:
         return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
-                "resources": "", "script": "", "config": "{}", "chain": [], "overlay_names": []}
+                "resources": "", "script": "", "chain": [], "overlay_names": []}
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
@@ -267,9 +265,8 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
         "main": [panel(p) for p in chartset.main], "zoom": [panel(p) for p in chartset.zoom],
         "layers": [panel(p) for p in chartset.layers], "constant": chartset.constant,
         "zoom_constant": chartset.zoom_constant, "window": chartset.window,
-        # BokehJS and Bokeh's document script: library output (Bokeh escapes the JSON it embeds)
-        "resources": Markup(chartset.resources), "script": Markup(chartset.script),
-        "config": config_json(chartset.config), "chain": chartset.chain,
+        # BokehJS, and the chart data (JSON with every "<" escaped: reports.interactive.data_json) and its script
+        "resources": Markup(chartset.resources), "script": Markup(chartset.script), "chain": chartset.chain,
         "overlay_names": list(chartset.config.get("overlay", [])),
     }
 

@@ -1,11 +1,14 @@
-"""Interactive charts of the HTML report, drawn with Bokeh and embedded with its inline resources.
+"""Interactive charts of the HTML report, drawn in the page by BokehJS from compact data the report embeds.
 
 Every panel has hover values, box zoom, pan and wheel zoom; the full-run panels share one x range (so
 do the "around the onset" panels); the page's own buttons toggle a log y axis and smoothing and
 overlay any other logged series on a second y axis. NaN/+inf/-inf points are drawn as markers at the
 top or bottom edge (the line breaks there), segment starts (restarts, resumes) as dashed lines, the
-onset as a red line. One self-contained file: BokehJS is inlined (:data:`bokeh.resources.INLINE`), no
-request leaves the page.
+onset as a red line. One self-contained file: BokehJS (``bokeh.min.js``) and its JS plotting API
+(``bokeh-api.min.js``) are inlined from the installed bokeh package, found with
+:func:`importlib.util.find_spec` without importing it, and ``reports/templates/charts.js`` builds the figures
+from the JSON in ``<script id="tf-charts">`` (:mod:`reports.figures`): no Bokeh model is built or serialised in
+Python (issue 17: that and Bokeh's import were most of a report's cost). No request leaves the page.
 
 Display only: long series are reduced to the min and max of each bucket with every non-finite point
 kept (:func:`reports.charts.display_indices`), at full resolution over the causal chain's window.
@@ -17,12 +20,13 @@ titles and axis labels as TeX): titles and captions are HTML, autoescaped by the
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import importlib.util
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reports.chart_data import (
@@ -52,7 +56,7 @@ class Panel:
         metric: The metric (or per-layer base) drawn.
         title: Caption title (HTML-escaped by the template).
         caption: One line on what is drawn.
-        div: Bokeh's placeholder ``<div>`` (markup made by Bokeh, no log text in it).
+        div: The placeholder ``<div>`` the page's script draws the panel into (no log text in it).
         kind: ``"line"`` (toolbar with log/smooth/overlay) or ``"heat"``.
         log: The panel starts with a log y axis.
     """
@@ -71,14 +75,14 @@ class ChartSet:
     """Everything the template needs for the charts.
 
     Attributes:
-        resources: The inline BokehJS ``<script>`` tags.
-        script: Bokeh's document script (``<script type="application/json">`` data plus the embed call).
+        resources: The inline BokehJS ``<script>`` tags (core and its JS API).
+        script: The chart data (``<script type="application/json" id="tf-charts">``) and the script drawing it.
         main, zoom, layers: Panels of the full run, around the onset, per layer.
         constant: One line per constant series (collapsed, not drawn).
         zoom_constant: The same for the onset window.
         window: ``(lo, hi)`` steps of the onset window, or ``None``.
-        config: Model ids for the page's script (ranges, renderers, sources); JSON-serialisable.
-        chain: The findings on the causal chain (codes) that sized the window.
+        config: The chart data (:attr:`reports.figures.FigureBuilder.spec`); JSON-serialisable.
+        chain: The codes of the findings on the causal chain that sized the window (:func:`chain_codes`).
     """
 
     resources: str
@@ -109,12 +113,11 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
         layer_groups: ``{base: [base/layer0, ...]}`` for heat maps.
 
     Returns:
-        The :class:`ChartSet` (inline BokehJS, the document script, panels, collapsed constant series).
+        The :class:`ChartSet` (inline BokehJS, the chart data and script, panels, collapsed constant series).
     """
     window = chain_window(analysis, run)
     b = FigureBuilder(analysis, run, window)
-    b.plots = {}
-    out = ChartSet(resources="", script="", window=window, chain=[f.code for f in causal_chain(analysis)])
+    out = ChartSet(resources="", script="", window=window, chain=chain_codes(causal_chain(analysis)))
     ids = _Ids()
     _main_panels(b, out, ids, main)
     if window is not None:
@@ -125,11 +128,22 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
     for m in overlay:
         s = _series(run, m)
         if s is not None:
-            b.source(s)
-    b.config["overlay"] = [m for m in overlay if m in b.sources]
-    if not b.plots:
+            b.source(s, panel=False)
+    b.spec["overlay"] = [m for m in overlay if m in b.sources]
+    if not b.panels:
         return out
     return _embed(b, out, window)
+
+
+def chain_codes(findings: Iterable[Any]) -> list[str]:
+    """The chain's finding codes, each once in first-seen order, a repeated one with its count (``INT01 x999``).
+
+    A run restarted 1,000 times has 999 restart findings on its chain; the page names the code once.
+    """
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    return [code if n == 1 else f"{code} x{n}" for code, n in counts.items()]
 
 
 class _Ids:
@@ -162,7 +176,7 @@ def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]
             out.constant.append(constant_line(s))
             continue
         pid = ids.new("chart", name)
-        log = b.line_panel(s, pid, b.x_main)
+        log = b.line_panel(s, pid, "main")
         out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log))
 
 
@@ -177,7 +191,7 @@ def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str
             continue
         inside = (s.steps >= window[0]) & (s.steps <= window[1])
         pid = ids.new("zoom", name)
-        log = b.line_panel(s, pid, b.x_zoom, height=190)
+        log = b.line_panel(s, pid, "zoom", height=190)
         out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
                               f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log))
 
@@ -195,70 +209,57 @@ def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapp
 
 
 def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> ChartSet:
-    """One Bokeh document for every panel: its script, each panel's placeholder div, the inline BokehJS."""
-    from bokeh.embed import components
+    """The panels with their placeholder divs, the chart data and script, and the inline BokehJS."""
 
-    first = next(iter(b.plots.values()))
-    first.tags = [*b.sources.values()]  # keep every overlay source in the document
-    document(b.plots.values())  # their one document, its models collected once
-    with _unvalidated():
-        script, divs = components(b.plots)
-    panels = {p.id: p for p in (*out.main, *out.zoom, *out.layers)}
-    for pid, div in divs.items():
-        p = panels[pid]
-        panels[pid] = Panel(p.id, p.metric, p.title, p.caption, div, p.kind, p.log)
-    b.config["window"] = list(window) if window else None
-    b.config["onset"] = b.onset
+    def placed(p: Panel) -> Panel:
+        return Panel(p.id, p.metric, p.title, p.caption, f'<div class="tf-plot" id="{p.id}-plot"></div>', p.kind, p.log)
+
+    script = (f'<script type="application/json" id="tf-charts">{data_json(b.spec)}</script>\n'
+              f"<script>{_charts_js()}</script>")
     return ChartSet(
-        resources=_core_js(),
-        script=script,
-        main=[panels[p.id] for p in out.main], zoom=[panels[p.id] for p in out.zoom],
-        layers=[panels[p.id] for p in out.layers], constant=out.constant, zoom_constant=out.zoom_constant,
-        window=window, config=b.config, chain=out.chain,
+        resources=_core_js(), script=script,
+        main=[placed(p) for p in out.main], zoom=[placed(p) for p in out.zoom], layers=[placed(p) for p in out.layers],
+        constant=out.constant, zoom_constant=out.zoom_constant, window=window, config=b.spec, chain=out.chain,
     )
 
 
-def document(plots: Iterable[Any]) -> Any:
-    """One Bokeh ``Document`` with ``plots`` as its roots, in order (the one ``components`` serialises).
+def data_json(spec: Mapping[str, Any]) -> str:
+    """The chart data as JSON safe inside ``<script>``: ASCII only, every ``<`` escaped (so no ``</script>``).
 
-    Roots added under ``models.freeze()``: the document collects its models once, not once per root
-    (``components`` on plots without a document adds them one by one; the same document either way).
+    Metric names are keys here; ``JSON.parse`` gives them back unchanged, and nothing in the page puts them
+    into markup or a Bokeh text property.
     """
-    from bokeh.document import Document
-
-    doc = Document()
-    with doc.models.freeze():
-        for p in plots:
-            doc.add_root(p)
-    return doc
-
-
-@contextlib.contextmanager
-def _unvalidated() -> Iterator[None]:
-    """Bokeh's embedding without its document validation (the setting ``BOKEH_VALIDATE_DOC``).
-
-    The validation only logs warnings about a document's models (a plot without renderers, ...); it never
-    changes the output, and costs ~15 % of the embedding. The report's documents are checked with it in
-    ``tests/test_reports.py`` (``check_integrity``) instead of in every user's process.
-    """
-    from bokeh.settings import settings
-
-    settings.perform_document_validation.set_value(False)
-    try:
-        yield
-    finally:
-        settings.perform_document_validation.unset_value()
+    return json.dumps(spec, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
 _MATHJAX_CDN = 'src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"'
+_BOKEH_JS = ("bokeh.min.js", "bokeh-api.min.js")
+"""BokehJS core and its JS plotting API (the report uses no widgets, tables, WebGL or MathJax)."""
+
+
+def bokehjs_dir() -> Path:
+    """The installed bokeh package's ``server/static/js`` folder, found without importing bokeh (~0.3 s).
+
+    Raises:
+        ModuleNotFoundError: bokeh is not installed.
+    """
+    spec = importlib.util.find_spec("bokeh")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("bokeh is not installed (it provides BokehJS, the report's chart library)")
+    return Path(spec.origin).parent / "server" / "static" / "js"
 
 
 @functools.cache
 def _core_js() -> str:
-    """BokehJS core, inline (the report uses no widgets, tables, WebGL or MathJax: the core bundle only)."""
-    from bokeh.resources import Resources
+    """BokehJS core and its JS API, inline (read once a process)."""
+    folder = bokehjs_dir()
+    return "".join(f"<script>{_offline((folder / name).read_text(encoding='utf-8'))}</script>" for name in _BOKEH_JS)
 
-    return "".join(f"<script>{_offline(js)}</script>" for js in Resources(mode="inline", components=["bokeh"]).js_raw)
+
+@functools.cache
+def _charts_js() -> str:
+    """``reports/templates/charts.js``: the page script that builds the figures from the chart data."""
+    return (Path(__file__).resolve().parent / "templates" / "charts.js").read_text(encoding="utf-8")
 
 
 def _offline(js: str) -> str:
@@ -268,8 +269,3 @@ def _offline(js: str) -> str:
     there) gets an empty ``data:`` script instead.
     """
     return js.replace(_MATHJAX_CDN, 'src="data:text/javascript,"')
-
-
-def config_json(config: Mapping[str, Any]) -> str:
-    """The page script's configuration as JSON (placed in an autoescaped attribute by the template)."""
-    return json.dumps(config, separators=(",", ":"), allow_nan=False)

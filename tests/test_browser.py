@@ -8,12 +8,14 @@ no network request (every request is routed: anything but ``file:`` and ``data:`
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from forensics.api import analyze_run, load
@@ -47,6 +49,21 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
+def segmented(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML report of a text log restarted 59 times (60 segments: past the one-glyph threshold, 50)."""
+    from reports.figures import MARK_MODELS
+
+    base = tmp_path_factory.mktemp("segmented")
+    block = "".join(f"step {s} loss {3 - s * 1e-3:.6f} lr 0.001\n" for s in range(40))
+    (base / "run").mkdir()
+    (base / "run" / "train.log").write_text(block * (MARK_MODELS + 10), encoding="utf-8")
+    run = load(base / "run")
+    path = base / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One headless Chromium for the module."""
     with sync_api.sync_playwright() as pw:
@@ -75,22 +92,19 @@ class Page:
 
         self.page.route("**/*", route)
         self.page.goto(path.as_uri() + fragment)
-        self.page.wait_for_function("window.Bokeh && Bokeh.documents.length > 0")
+        self.page.wait_for_function("window.tfCharts && tfCharts.ready")
         self.page.locator("figure.chart canvas").first.wait_for()
 
     def x_range(self, which: str = "main") -> list[float]:
         """``[start, end]`` of the shared x range of the full-run (``main``) or onset (``zoom``) panels."""
-        return self.page.evaluate("""(which) => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
-            const r = Bokeh.documents[0].get_model_by_id(cfg.x[which]); return [r.start, r.end]; }""", which)
+        return self.page.evaluate("(which) => [tfCharts.x[which].start, tfCharts.x[which].end]", which)
 
     def panel(self, pid: str) -> dict[str, Any]:
         """Visibility of a panel's renderers and the overlay's point count."""
         return self.page.evaluate("""(pid) => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config), p = cfg.panels[pid];
-            const m = (id) => Bokeh.documents[0].get_model_by_id(id), ov = m(p.ov).data_source.data;
-            return {lin: m(p.lin).visible, log: m(p.log).visible, smooth: m(p.smooth).visible || m(p.smoothLog).visible,
-                    ov: m(p.ov).visible, ov_points: (ov instanceof Map ? ov.get('x') : ov.x).length}; }""", pid)
+            const p = tfCharts.panels[pid], ov = p.ov.data_source.data;
+            return {lin: p.lin.visible, log: p.log.visible, smooth: p.smooth.visible || p.smoothLog.visible,
+                    ov: p.ov.visible, ov_points: (ov instanceof Map ? ov.get('x') : ov.x).length}; }""", pid)
 
     def close(self) -> None:
         """Assert what every page must hold, then close it."""
@@ -190,9 +204,7 @@ def test_a_shared_link_opens_the_chart_at_the_step(browser: Any, reports: dict[s
     """``report.html#chart-lr@301`` (what a finding link leaves in the address bar) reopens at that step."""
     page = Page(browser, reports["lr_schedule_reset"], fragment="#chart-lr@301")
     try:
-        page.page.wait_for_function("""() => {
-            const cfg = JSON.parse(document.getElementById('tf-config').dataset.config);
-            const r = Bokeh.documents[0].get_model_by_id(cfg.x.main); return r.end - r.start < 200; }""")
+        page.page.wait_for_function("() => tfCharts.x.main.end - tfCharts.x.main.start < 200")
         lo, hi = page.x_range()
         assert lo < 301 < hi
         assert _in_first_screen(page.page, "#chart-lr")
@@ -211,5 +223,67 @@ def test_the_page_policy_refuses_any_connection(browser: Any, reports: dict[str,
         assert outcome == "blocked" and not page.requests
         assert any("Content Security Policy" in e for e in page.errors)
         page.errors.clear()  # the refusal itself is the one expected console error
+    finally:
+        page.close()
+
+
+def _pixels(locator: Any) -> np.ndarray:
+    """A screenshot of one element as an (h, w, 3) uint8 array."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(locator.screenshot())).convert("RGB")).astype(np.int16)
+
+
+def _has_colour(img: np.ndarray, hex_colour: str, at_least: int = 20) -> bool:
+    rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.int16)
+    return int((np.abs(img - rgb).sum(axis=2) < 40).sum()) >= at_least
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_chart_is_drawn(open_report: Any, name: str) -> None:
+    """One BokehJS plot per chart figure, each drawn (a canvas with the series' line); the onset line on each.
+
+    What the page draws from its embedded data, in the browser (the report builds no Bokeh model in Python):
+    the expected plots, drawn pixels of each panel's own colour, the onset (red) on every panel of a run with
+    an onset, the heat map's colours, no console error (checked when the page closes).
+    """
+    page = open_report(name)
+    p = page.page
+    figures = p.locator("figure.chart").evaluate_all("(fs) => fs.map((f) => f.id)")
+    info = p.evaluate("""() => ({roots: tfCharts.doc.roots().map((r) => r.name), onset: JSON.parse(
+        document.getElementById('tf-charts').textContent).onset})""")
+    assert figures and sorted(info["roots"]) == sorted(figures)
+    colours = {"loss": "#1f5fa8", "lr": "#2e7d32", "grad_norm": "#8e44ad"}
+    for pid in figures:
+        plot = p.locator(f"#{pid} .tf-plot")
+        plot.scroll_into_view_if_needed()
+        assert plot.locator("canvas").count() > 0, pid
+        img = _pixels(plot)
+        assert img.shape[0] > 100 and (img.sum(axis=2) < 600).mean() > 0.01, f"{pid}: nothing drawn"
+        metric = pid.split("-", 1)[1]
+        if pid.startswith("layers-"):
+            assert _has_colour(img, "#440154", 5) or _has_colour(img, "#fde725", 5), f"{pid}: no heat map colours"
+        elif metric in colours:
+            assert _has_colour(img, colours[metric]), f"{pid}: no {metric} line"
+        if info["onset"] is not None:
+            assert _has_colour(img, "#c62828"), f"{pid}: no onset line"
+    if name == "overflow":
+        assert any(f.startswith("layers-") for f in figures)
+
+
+def test_many_segment_starts_share_one_glyph(browser: Any, segmented: Path) -> None:
+    """Past 50 segment starts every panel draws them with one segment glyph and one label set, all shown."""
+    page = Page(browser, segmented)
+    try:
+        p = page.page
+        counts = p.evaluate("""() => Object.values(tfCharts.panels).map((c) => ({
+            segments: c.plot.renderers.filter((r) => r.glyph && r.glyph.type === 'Segment').map(
+                (r) => r.data_source.get_length()),
+            spans: c.plot.center.filter((a) => a.type === 'Span').length,
+            labels: c.plot.center.filter((a) => a.type === 'LabelSet').length}))""")
+        assert counts and all(c["segments"] == [59] and c["labels"] == 1 for c in counts), counts
+        assert all(c["spans"] <= 2 for c in counts), counts  # the onset and the cursor only
+        img = _pixels(p.locator("#chart-loss .tf-plot"))
+        assert _has_colour(img, "#555555", 200), "segment starts not drawn"
     finally:
         page.close()

@@ -87,7 +87,7 @@ def test_html_written_to_output(tmp_path: Path) -> None:
     res = _run("analyze", str(SAMPLES / "data_batch"), "-o", str(out))
     assert res.exit_code == 1
     html = out.read_text()
-    assert "data-root-id" in html and 'id="recovery"' in html
+    assert 'class="tf-plot"' in html and 'id="recovery"' in html
 
 
 @pytest.mark.parametrize("where", ["a_file", "under_a_file"])

@@ -125,6 +125,10 @@ def test_big_text_log_is_analysed_within_the_bounds(tmp_path: Path) -> None:
     report = json.loads((out / "r.json").read_text(encoding="utf-8"))
     restarts = [f for f in report["findings"] if f["code"] == "INT01"]
     assert len(restarts) == BIG_LINES // 10000 - 1, seen  # every segment read: 999 restarts at step 0
+    html = (out / "r.html").read_text(encoding="utf-8")  # a sane page: bounded, every segment start in its data
+    assert len(html.encode()) < 4_000_000, len(html.encode())
+    charts = json.loads(re.search(r'<script type="application/json" id="tf-charts">(.*?)</script>', html, re.S)[1])
+    assert len(charts["bounds"]) == len(restarts) > charts["manySegments"]  # drawn as one glyph (test_browser.py)
 
 
 def test_surrogates_keep_the_whole_file(tmp_path: Path) -> None:

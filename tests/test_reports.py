@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 import re
@@ -193,7 +195,7 @@ def test_format_values_and_strings(run: RunData) -> None:
 def test_render_without_run_has_no_charts() -> None:
     """run=None renders, with the charts section saying why it is empty (and no BokehJS in the page)."""
     html = render(anomaly(), None, ReportFormat.html)
-    assert 'id="charts"' in html and "data-root-id" not in html and len(html.encode()) < 200_000
+    assert 'id="charts"' in html and 'class="tf-plot"' not in html and len(html.encode()) < 200_000
     assert "charts need the run's metrics" in html
 
 
@@ -268,7 +270,7 @@ def test_html_sections_and_self_contained(kind: str, run: RunData) -> None:
     html = render_html(ANALYSES[kind](), run)
     for sid in SECTION_IDS:
         assert f'id="{sid}"' in html, sid
-    assert html.count("data-root-id") >= 3, "Bokeh panels missing"
+    assert html.count('class="tf-plot"') >= 3, "chart panels missing"
     assert not _EXTERNAL.search(html), _EXTERNAL.search(html)
     scripts = "".join(re.findall(r"<script[^>]*>(.*?)</script>", html, flags=re.S))
     hits = {m.group(0) for m in _URL_IN_JS.finditer(scripts)}
@@ -296,20 +298,44 @@ def test_html_content(run: RunData) -> None:
     assert 'class="banner transient"' in render_html(transient(), run)
 
 
+def _chart_data(html: str) -> dict:
+    """The chart data the page's script draws (``<script type="application/json" id="tf-charts">``)."""
+    found = re.search(r'<script type="application/json" id="tf-charts">(.*?)</script>', html, flags=re.S)
+    assert found, "no chart data in the page"
+    return json.loads(found.group(1), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
 @pytest.mark.parametrize("kind", list(ANALYSES))
-def test_html_bokeh_document_passes_bokeh_validation(kind: str, run: RunData, monkeypatch) -> None:
-    """Bokeh's own integrity checks find nothing in the report's document (the report skips them when embedding)."""
-    from bokeh.core.validation.check import check_integrity
+def test_html_chart_data_is_whole(kind: str, run: RunData) -> None:
+    """Every panel has its placeholder and its data: series of one length, markers, x ranges, the onset.
 
-    import reports.interactive as interactive
+    What BokehJS draws from it is checked in a real browser (``tests/test_browser.py``).
+    """
+    def size(text: str) -> int:
+        return len(gzip.decompress(base64.b64decode(text)))
 
-    docs, build = [], interactive.document
-    monkeypatch.setattr(interactive, "document", lambda plots: docs.append(build(plots)) or docs[-1])
-    render_html(ANALYSES[kind](), run)
-    assert len(docs) == 1 and docs[0].roots
-    for root in docs[0].roots:
-        issues = check_integrity(root.references())
-        assert not issues.error and not issues.warning, (issues.error, issues.warning)
+    html = render_html(ANALYSES[kind](), run)
+    spec = _chart_data(html)
+    figures = re.findall(r'<figure class="chart" id="([^"]+)"', html)
+    assert [p["id"] for p in spec["panels"]] and sorted(p["id"] for p in spec["panels"]) == sorted(figures)
+    for p in spec["panels"]:
+        assert f'<div class="tf-plot" id="{p["id"]}-plot"></div>' in html
+        assert p["x"] in spec["x"] and p["height"] > 0
+        if p["kind"] == "heat":
+            assert size(p["image"]) == 4 * p["rows"] * p["cols"]
+            continue
+        src = spec["sources"][p["metric"]]
+        n = size(src["x"]) // 8
+        assert n > 0 and size(src["y"]) == 8 * n and size(src["ys"]) == 4 * n  # a panel's series: smoothed too
+        assert set(src["marks"]) == {"x", "y", "kind", "marker"}
+        assert p["logRange"][0] < p["logRange"][1]
+    onset = ANALYSES[kind]().onset
+    assert spec["onset"] == (onset["step"] if onset else None)
+    assert set(spec["overlay"]) <= set(spec["sources"])
+    drawn = {p["metric"] for p in spec["panels"]}
+    assert all("ys" not in src for m, src in spec["sources"].items() if m not in drawn)  # overlay only: no smoothing
+    for lo, hi in spec["x"].values():
+        assert lo <= hi
 
 
 def test_html_autoescape(run: RunData) -> None:
@@ -352,6 +378,17 @@ def test_downsampling_keeps_extremes_and_onset_window() -> None:
     idx2 = display_indices(steps, values, (50_000, 50_200), 50_100)
     assert set(range(50_000, 50_201)) <= set(idx2.tolist())
     assert np.array_equal(minmax_indices(values[:100]), np.arange(100))
+
+
+@pytest.mark.parametrize("n", [4001, 100_000, 200_000, 200_001, 1_000_003])
+def test_minmax_of_a_finite_series_equals_the_padded_buckets(n: int) -> None:
+    """The all-finite path (full buckets as a view) keeps exactly the indices of the padded one; ties too."""
+    from reports.downsample import _minmax_padded
+
+    rng = np.random.default_rng(n)
+    for values in (rng.standard_normal(n), np.round(rng.standard_normal(n), 1), np.ones(n)):
+        size = -(-n // BUCKETS)
+        assert np.array_equal(minmax_indices(values), _minmax_padded(values, np.isfinite(values), size))
 
 
 # ----------------------------------------------------------------------------------- Markdown and text
@@ -526,6 +563,17 @@ def test_onset_window_is_sized_to_the_chain() -> None:
     assert lo <= 100_000 and hi >= 100_200 and hi - lo < 1_000
     main, zoom, _ = chart_plan(a, r)
     assert zoom == ["loss", "step_time"]
+
+
+def test_chain_codes_name_a_repeated_finding_once() -> None:
+    """The "around the onset" sentence names each code once, a repeated one with its count, in chain order."""
+    from types import SimpleNamespace
+
+    from reports.interactive import chain_codes
+
+    found = [SimpleNamespace(code=c) for c in ["INT01"] * 999 + ["ST01", "INT01"]]
+    assert chain_codes(found) == ["INT01 x1000", "ST01"]
+    assert chain_codes([SimpleNamespace(code="NF01")]) == ["NF01"] and chain_codes([]) == []
 
 
 def test_constant_series_collapse_and_chain_series_get_charts() -> None:

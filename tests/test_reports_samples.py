@@ -29,7 +29,7 @@ def test_sample_reports(run_dir: Path) -> None:
     html = render(analysis, run, ReportFormat.html)
     for element_id in ("verdict", "onset", "charts", "evidence", "recovery", "sources", "skipped"):
         assert f'id="{element_id}"' in html
-    assert "data-root-id" in html  # Bokeh panels
+    assert 'class="tf-plot"' in html and 'id="tf-charts"' in html  # chart panels and their data
     assert not re.search(r'(src|href)\s*=\s*["\']https?://', html), "external resource in the report"
     assert len(html.encode()) < 3_000_000
     md = render(analysis, run, ReportFormat.markdown, html_path="report.html")

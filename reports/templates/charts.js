@@ -1,0 +1,153 @@
+/* The report's interactive charts, built in the page with BokehJS's own JS API (bokeh-api) from the compact
+   data the report embeds (script#tf-charts, JSON; arrays as gzip-compressed little-endian float64/float32 in
+   base64, as Bokeh's own embedding writes them, decoded by BokehJS's core/util/buffer).
+   Every panel: hover values, box zoom, x pan and wheel zoom; panels of a section share one x range. Line panels
+   draw the series (linear and log y), its smoothed line, an overlay on a second y axis (set by the page's
+   controls), NaN/+inf/-inf markers at the edges; every panel marks segment starts (one glyph beyond
+   `manySegments`), the onset, and a cursor the finding links move. No text from the logs goes into a Bokeh
+   text property (Bokeh reads $$...$$ as TeX): titles and captions are the page's HTML.
+   window.tfCharts: {doc, x: {main, zoom}, window: [lo, hi] or null (the onset window), panels: {id: models},
+   sources: {metric: {line, marks}} (ColumnDataSources), ready (true once drawn)}. */
+(function () {
+  "use strict";
+  var el = document.getElementById("tf-charts");
+  if (!el || !window.Bokeh || !Bokeh.Plotting) return;
+  var spec = JSON.parse(el.textContent), B = Bokeh;
+  var ONSET = "#c62828", OVERLAY = "#e67e22", SEG = "#555555";
+
+  var buffer = B.require("core/util/buffer"), nd = B.require("core/util/ndarray");
+  function decode(text, Kind) { return new Kind(buffer.base64_to_buffer(text)); }
+  var stepFormat = new B.NumeralTickFormatter({format: "0,0"});
+  var valueFormat = new B.BasicTickFormatter({power_limit_low: -5, power_limit_high: 6});
+  var x = {main: new B.Range1d({start: spec.x.main[0], end: spec.x.main[1], name: "x-main"}),
+           zoom: new B.Range1d({start: spec.x.zoom[0], end: spec.x.zoom[1], name: "x-zoom"})};
+  var out = {doc: new B.Document(), x: x, window: spec.window, panels: {}, sources: {}, ready: false};
+  window.tfCharts = out;
+
+  Object.keys(spec.sources).forEach(function (m) {
+    var s = spec.sources[m], xs = decode(s.x, Float64Array), ys = decode(s.y, Float64Array);
+    var ylog = new Float64Array(ys.length);
+    for (var i = 0; i < ys.length; i++) ylog[i] = ys[i] > 0 ? ys[i] : NaN;
+    var data = {x: xs, y: ys, ylog: ylog};
+    if (s.ys) data.ys = decode(s.ys, Float32Array);  /* absent for a series only offered as an overlay */
+    out.sources[m] = {
+      line: new B.ColumnDataSource({data: data}),
+      marks: new B.ColumnDataSource({data: s.marks})
+    };
+  });
+  var bounds = spec.bounds, boundsSource = null;
+
+  function renderer(p, src, Glyph, attrs, extra) {
+    var r = new B.GlyphRenderer(Object.assign({data_source: src, glyph: new Glyph(attrs)}, extra || {}));
+    p.add_renderers(r);
+    return r;
+  }
+  function line(p, src, y, color, width, extra, dash) {
+    return renderer(p, src, B.Line, {x: {field: "x"}, y: {field: y}, line_color: color, line_width: width,
+                                     line_dash: dash || "solid"}, extra);
+  }
+
+  function marks(p, pid) {
+    if (bounds.length > spec.manySegments) {  /* one glyph and one label set for all (a run of 1,000 segments) */
+      if (boundsSource === null) {
+        boundsSource = new B.ColumnDataSource({data: {x: bounds.map(function (b) { return b[1]; }),
+                                                      text: bounds.map(function (b) { return " seg " + b[0]; })}});
+      }
+      renderer(p, boundsSource, B.Segment, {x0: {field: "x"}, y0: {value: 0}, x1: {field: "x"}, y1: {value: 1},
+                                           line_color: SEG, line_dash: "dashed", line_width: 1}, {y_range_name: "edge"});
+      p.add_layout(new B.LabelSet({x: {field: "x"}, y: {value: 0.88}, y_range_name: "edge", text: {field: "text"},
+                                   source: boundsSource, text_font_size: "8pt", text_color: SEG, text_baseline: "top"}));
+    } else {
+      bounds.forEach(function (b) {
+        p.add_layout(new B.Span({location: b[1], dimension: "height", line_color: SEG, line_dash: "dashed",
+                                 line_width: 1}));
+        p.add_layout(new B.Label({x: b[1], y: 0.88, y_range_name: "edge", text: " seg " + b[0], text_font_size: "8pt",
+                                  text_color: SEG, text_baseline: "top"}));
+      });
+    }
+    if (spec.onset !== null) {
+      p.add_layout(new B.Span({location: spec.onset, dimension: "height", line_color: ONSET, line_width: 2}));
+      p.add_layout(new B.Label({x: spec.onset, y: 0.02, y_range_name: "edge",
+                                text: " onset " + spec.onset.toLocaleString("en-US"), text_font_size: "8pt",
+                                text_color: ONSET, text_font_style: "bold", x_offset: 2}));
+    }
+    var cursor = new B.Span({location: 0, dimension: "height", line_color: "#f79009", line_width: 2, visible: false,
+                             name: pid + "-cursor"});
+    p.add_layout(cursor);
+    return cursor;
+  }
+
+  function figure(c, attrs) {
+    return B.Plotting.figure(Object.assign({height: c.height, sizing_mode: "stretch_width", x_range: x[c.x],
+      tools: "xpan,xwheel_zoom,box_zoom,reset", active_drag: "box_zoom", toolbar_location: "right",
+      min_border_left: 60, min_border_right: 60, name: c.id}, attrs));
+  }
+  function finish(p) {
+    p.xaxis.axis_label = "step";
+    p.xaxis.formatter = stepFormat;
+    p.toolbar.logo = null;
+  }
+
+  function linePanel(c) {
+    var s = out.sources[c.metric], src = s.line, ovSource = new B.ColumnDataSource({data: {x: [], y: []}});
+    var ranges = {log: new B.Range1d({start: c.logRange[0], end: c.logRange[1]}), ov: new B.Range1d({start: 0, end: 1}),
+                  edge: new B.Range1d({start: 0, end: 1})};
+    var p = figure(c, {y_axis_location: null, extra_y_ranges: ranges, extra_y_scales: {log: new B.LogScale()}});
+    var lin = line(p, src, "y", c.color, 1.3, {visible: !c.isLog});
+    var log = line(p, src, "ylog", c.color, 1.3, {visible: c.isLog, y_range_name: "log"});
+    var smooth = line(p, src, "ys", "#101828", 1.6, {visible: false});
+    var smoothLog = line(p, src, "ys", "#101828", 1.6, {visible: false, y_range_name: "log"});
+    var ov = line(p, ovSource, "y", OVERLAY, 1.2, {visible: false, y_range_name: "ov"}, "dashed");
+    var mk = renderer(p, s.marks, B.Scatter, {x: {field: "x"}, y: {field: "y"}, marker: {field: "marker"}, size: 9,
+                                              line_color: ONSET, fill_color: ONSET, line_width: 2}, {y_range_name: "edge"});
+    p.y_range = new B.DataRange1d({renderers: [lin], range_padding: 0.05});
+    var ylin = new B.LinearAxis({visible: !c.isLog, formatter: valueFormat});
+    var ylog = new B.LogAxis({y_range_name: "log", visible: c.isLog});
+    var yov = new B.LinearAxis({y_range_name: "ov", visible: false, axis_line_color: OVERLAY, formatter: valueFormat,
+                                major_label_text_color: OVERLAY});
+    p.add_layout(ylin, "left");
+    p.add_layout(ylog, "left");
+    p.add_layout(yov, "right");
+    finish(p);
+    p.add_tools(new B.HoverTool({renderers: [lin, log], mode: "vline", formatters: {"@y": "printf"},
+                                 tooltips: [["step", "@x{0,0}"], ["value", "@y{%.6g}"]]}));
+    p.add_tools(new B.HoverTool({renderers: [mk], tooltips: [["step", "@x{0,0}"], ["value", "@kind"]]}));
+    p.add_tools(new B.HoverTool({renderers: [ov], mode: "vline", formatters: {"@y": "printf"},
+                                 tooltips: [["step", "@x{0,0}"], ["overlay", "@y{%.6g}"]]}));
+    p.grid.grid_line_color = "#eeeeee";
+    p.outline_line_color = null;
+    out.panels[c.id] = {metric: c.metric, plot: p, lin: lin, log: log, smooth: smooth, smoothLog: smoothLog, ov: ov,
+                        marks: mk, ylin: ylin, ylog: ylog, yov: yov, ovRange: ranges.ov, isLog: c.isLog,
+                        cursor: marks(p, c.id)};
+    return p;
+  }
+
+  function heatPanel(c) {
+    var img = nd.ndarray(decode(c.image, Float32Array).buffer,
+                                                     {dtype: "float32", shape: [c.rows, c.cols]});
+    var Mapper = c.log ? B.LogColorMapper : B.LinearColorMapper;
+    var mapper = new Mapper({palette: B.Palettes.Viridis256, low: c.low, high: c.high, nan_color: "#d92d20",
+                             low_color: "#eeeeee"});
+    var p = figure(c, {y_range: new B.Range1d({start: -0.5, end: c.rows - 0.5}),
+                       extra_y_ranges: {edge: new B.Range1d({start: 0, end: 1})}});
+    var r = renderer(p, new B.ColumnDataSource({data: {image: [img]}}), B.Image,
+                     {image: {field: "image"}, x: c.x0, y: -0.5, dw: c.dw, dh: c.rows, color_mapper: mapper});
+    p.add_tools(new B.HoverTool({renderers: [r], formatters: {"@image": "printf"},
+                                 tooltips: [["step", "$x{0,0}"], ["layer", "$y{0}"], ["max", "@image{%.4g}"]]}));
+    p.yaxis.axis_label = "layer index";
+    p.yaxis.ticker = new B.FixedTicker({ticks: c.ticks});
+    finish(p);
+    p.grid.visible = false;
+    out.panels[c.id] = {metric: c.metric, plot: p, heat: true, image: r, cursor: marks(p, c.id)};
+    return p;
+  }
+
+  var targets = [];
+  spec.panels.forEach(function (c) {
+    var target = document.getElementById(c.id + "-plot");
+    if (!target) return;
+    out.doc.add_root(c.kind === "heat" ? heatPanel(c) : linePanel(c));
+    targets.push(target);
+  });
+  B.embed.add_document_standalone(out.doc, document.body, targets).then(function () { out.ready = true; });
+})();
