@@ -14,8 +14,10 @@ times (default 3) and the best wall time is kept (the machine may be shared):
 - ``copyfile``: ``shutil.copyfile`` of the whole file to a new file beside it (deleted after each pass: the
   in-kernel copy a user would make of a checkpoint);
 - ``ours``: :func:`parsers.safetensors_ckpt.read_header` + :func:`parsers.tensors.stats_many` of all the file's
-  tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`);
+  tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`:
+  forked worker processes from :data:`parsers.tensors.FORK_BYTES`, whose CPU time is counted with ours);
 - ``ours-1``: the same with one worker (the per-core figure);
+- ``before``, ``before-1`` (``--before DIR``): ``ours`` and ``ours-1`` of another checkout, in the same run;
 - ``numpy`` (``--numpy``): every tensor read whole with ``np.fromfile`` (BF16 by the bit shift, F16 as
   numpy float16), then the same statistics as a user would write them.
 
@@ -27,7 +29,9 @@ RSS growth against the bound (the largest tensor's read buffers: a few MB); at t
 ratios per dtype.
 
 Usage: ``python benchmarks/bench_checkpoint.py [--size-mb 384] [--dtype F32 BF16 F16] [--repeat 3] [--keep]
-[--numpy]``. ``FORENSICS_BENCH_SRC=/path/to/checkout`` times another checkout's readers (before/after).
+[--numpy] [--before DIR] [--wait-idle S]``. ``--wait-idle S`` waits up to S seconds before each method for half a
+second of idle CPUs (a shared machine). ``FORENSICS_BENCH_SRC=/path/to/checkout`` times another checkout's readers
+instead of this one's.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ RAW = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 COPY_CHUNK = 4 << 20
 COPIES = ("copy", "copy-mmap", "copyfile")
+BEFORE = ["before", "before-1"]  # ours and ours-1 of the --before checkout
 
 
 def bench_path(size_mb: int, dtype: str) -> Path:
@@ -193,13 +198,20 @@ def worker(method: str, path: str, repeat: int) -> dict:
     base_rss = _peak_mb()
     best = {"seconds": math.inf}
     for _ in range(repeat):
-        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        t0, r0 = time.perf_counter(), _cpu()
         total = _pass(method, path, buf)
-        seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        seconds, cpu = time.perf_counter() - t0, _cpu() - r0
         if seconds < best["seconds"]:
-            best = {"seconds": seconds, "cpu": r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, "l2_sum": total}
+            best = {"seconds": seconds, "cpu": cpu, "l2_sum": total}
     peak = _peak_mb()
-    return best | {"rss_growth_mb": peak - base_rss}
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # forked workers (0 when none ran)
+    return best | {"rss_growth_mb": peak - base_rss, "rss_base_mb": base_rss, "worker_peak_rss_mb": kids}
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and of its ended children (the forked workers of ``ours``)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]) -> dict:
@@ -219,18 +231,40 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
     print(f"{dtype}: {path.name} ({size / 2**20:.0f} MiB of tensors, largest {largest:.0f} MiB), best of "
           f"{args.repeat}; ours with {workers} workers, on {os.cpu_count()} CPUs; load average {_load()}", flush=True)
     res = {}
-    for m in [*COPIES, "ours", "ours-1"] + (["numpy"] if args.numpy else []):
-        out = subprocess.run([sys.executable, __file__, "--worker", m, str(path), str(args.repeat)],
-                             capture_output=True, text=True, env=env)
+    methods = [*COPIES, "ours", "ours-1"] + (BEFORE if args.before else []) + (["numpy"] if args.numpy else [])
+    for m in methods:
+        _wait_idle(args.wait_idle)
+        env_m = {**env, "FORENSICS_BENCH_SRC": args.before} if m in BEFORE else env
+        out = subprocess.run([sys.executable, __file__, "--worker", m.replace("before", "ours"), str(path),
+                              str(args.repeat)], capture_output=True, text=True, env=env_m)
         if out.returncode != 0:
             print(f"  {m:10s} failed: {out.stderr.strip().splitlines()[-1:]}")
             continue
         r = res[m] = json.loads(out.stdout)
         print(f"  {m:10s} {r['seconds']:6.3f} s  {size / r['seconds'] / 1e9:5.2f} GB/s wall  "
               f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
+              + (f" (forked workers' peak RSS {r['worker_peak_rss_mb']:.0f} MB, this process's "
+                 f"{r['rss_base_mb']:.0f} MB before: shared at the fork)" if r.get("worker_peak_rss_mb") else "")
               + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
     print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)
+
+
+def _wait_idle(limit: float) -> None:
+    """Wait up to ``limit`` seconds for half a second in which every CPU was at least 90% idle (a shared machine)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        def sample() -> tuple[int, int]:
+            v = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+            return sum(v), v[3] + v[4]
+        try:
+            t1, i1 = sample()
+            time.sleep(0.5)
+            t2, i2 = sample()
+        except OSError:  # not Linux: no waiting
+            return
+        if (i2 - i1) >= 0.9 * max(1, t2 - t1):
+            return
 
 
 def _load() -> str:
@@ -245,7 +279,7 @@ def _load() -> str:
 def _ratios(dtype: str, size: int, res: dict) -> dict:
     """Print ours (all workers, one worker) against each copy as time ratios, wall and CPU; return them."""
     out = {}
-    for ours in ("ours", "ours-1"):
+    for ours in ("ours", "ours-1", *BEFORE):
         for ref in COPIES:
             if ours in res and ref in res:
                 o, c = res[ours], res[ref]
@@ -255,7 +289,7 @@ def _ratios(dtype: str, size: int, res: dict) -> dict:
         print(f"  -> {dtype} ours {size / o['seconds'] / 1e9:.2f} GB/s wall, {size / max(o['cpu'], 1e-9) / 1e9:.2f}"
               f" GB/s CPU; RSS growth {o['rss_growth_mb']:.0f} MB", flush=True)
     for (ours, ref), (w, c) in out.items():
-        print(f"     {ours:6s} / {ref:9s}: {w:5.2f}x the wall time, {c:5.2f}x the CPU time (goal <= 2x)", flush=True)
+        print(f"     {ours:8s} / {ref:9s}: {w:5.2f}x the wall time, {c:5.2f}x the CPU time (goal <= 2x)", flush=True)
     return out
 
 
@@ -269,6 +303,13 @@ def _table(table: dict) -> None:
                         else f"  {'-':>15s} {'-':>14s}" for ref in COPIES)
         one = f"{r[('ours-1', 'copy')][1]:.2f}x" if ("ours-1", "copy") in r else "-"
         print(f"{dtype:6s}{cells}  {one:>15s}", flush=True)
+    if any(("before", "copy") in r for r in table.values()):
+        print("the --before checkout in the same run, before / copy (wall, CPU):")
+        for dtype, r in table.items():
+            cells = "".join(f"  {r[('before', ref)][0]:14.2f}x {r[('before', ref)][1]:13.2f}x" if ("before", ref) in r
+                            else f"  {'-':>15s} {'-':>14s}" for ref in COPIES)
+            one = f"{r[('before-1', 'copy')][1]:.2f}x" if ("before-1", "copy") in r else "-"
+            print(f"{dtype:6s}{cells}  {one:>15s}", flush=True)
 
 
 def main() -> None:
@@ -279,6 +320,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the generated files in the temp folder for next time")
     ap.add_argument("--numpy", action="store_true", help="also time whole-tensor numpy statistics")
+    ap.add_argument("--before", metavar="DIR", help="also time another checkout's readers in the same run "
+                    "(git worktree add DIR main, or git archive main | tar -x -C DIR)")
+    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                    help="before each method wait up to S seconds for the CPUs to be idle (a shared machine)")
     ap.add_argument("--worker", nargs=3, metavar=("METHOD", "FILE", "REPEAT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

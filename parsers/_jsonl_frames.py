@@ -113,10 +113,10 @@ class _FrameRecords(_Records):
             return np.zeros(n, np.int64), np.zeros(0, np.int32), np.zeros(0), None
         leaves = sorted(self._leaves, key=lambda t: rank[t[0]])
         cols = ids[np.array([k for k, _, _ in leaves], np.int64)]
-        vals = np.column_stack([v for _, v, _ in leaves])
+        vals = np.stack([v for _, v, _ in leaves], axis=1)
         if all(m.all() for _, _, m in leaves):  # every key on every line (the trainer log): no mask matrix
             return np.full(n, len(leaves), np.int64), np.tile(cols, n), vals.ravel(), None
-        mask = np.column_stack([m for _, _, m in leaves])
+        mask = np.stack([m for _, _, m in leaves], axis=1)
         return (mask.sum(axis=1, dtype=np.int64), np.broadcast_to(cols, mask.shape)[mask], vals[mask], None)
 
 

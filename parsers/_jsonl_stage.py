@@ -1,9 +1,10 @@
-"""Staging a block for the polars engine of :mod:`parsers.jsonl` (run one block ahead in a worker thread).
+"""Staging a block for the polars engine of :mod:`parsers.jsonl` (read one block ahead in a worker thread).
 
-:class:`_Stager` finds the lines of a block that are plain JSON objects (:func:`_scan`, on bytes with
-numpy), reads them with ``polars.read_ndjson`` in one call per piece (with the schema carried from the
-blocks before, else inferred; a refused piece is halved), and keeps only the rows that polars read
-exactly (:func:`_exact_rows`: key counts, coerced strings, widened types). It touches no file state.
+:class:`_Stager` finds the lines of a block that are plain JSON objects (:mod:`parsers._jsonl_scan`,
+on bytes with numpy; run by the reading thread ahead of the worker), reads them with
+``polars.read_ndjson`` in one call per piece (with the schema carried from the blocks before, else
+inferred; a refused piece is halved), and keeps only the rows that polars read exactly
+(:func:`_exact_rows`: key counts, coerced strings, widened types). It touches no file state.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 from polars.exceptions import PanicException
 
 from parsers._jsonl_fields import FALLBACK_STEP_KEYS, STEP_KEYS
+from parsers._jsonl_scan import _FEW_LINES, _count, _deep_lines, _join, _key_counts, _scan
 
-# lines polars cannot read exactly, by their first byte: NaN/Infinity (refused), lone surrogates (misread);
-# a null polars reads as a missing key, which the key count then finds
-_PER_LINE = ((b"N", (b"NaN",)), (b"I", (b"Infinity",)), (b"\\", (b"\\ud", b"\\uD")))
-_LEAD_WALK = 64  # hits of a token's first byte walked one by one before the token itself is searched for
-_MAX_BRACKETS = 64  # a line with more '{' and '[' goes per line: deep nesting crashes polars' reader (stack)
 _SMALLEST_PIECE = 32  # a rejected piece of at most this many lines goes through the per-line path
 _EXACT_INT = float(1 << 53)
 
@@ -120,120 +118,22 @@ def _carriable(dt: pl.DataType) -> bool:
 
 
 def _dense(s: pl.Series) -> np.ndarray:
-    """The values of an Int64/Float64/Boolean series as numpy, null as 0 (no copy when none is null)."""
+    """The values of an Int64/Float64/Boolean series as numpy (no copy but for Boolean with nulls).
+
+    A null slot of an Int64/Float64 series holds any value: callers mask by the rows present. The
+    values come from the Arrow buffer (no polars compute call, which would wait for polars' thread pool
+    while the worker thread reads the next block).
+    """
     if s.null_count():
-        s = s.fill_null(False if s.dtype == pl.Boolean else 0)
+        if s.dtype == pl.Boolean:
+            return s.fill_null(False).to_numpy()
+        a = s.to_arrow()
+        if isinstance(a, pa.ChunkedArray):
+            a = a.combine_chunks()
+        width = 8  # Int64 and Float64
+        return np.frombuffer(a.buffers()[1], np.int64 if s.dtype == pl.Int64 else np.float64, len(a), a.offset * width)
     return s.to_numpy()
 
-
-
-def _scan(buf: bytes, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""Find the lines of ``buf`` (which ends with ``b"\n"``) that polars may read.
-
-    Returns:
-        int64 ``starts`` and ``ends`` (the newline's offset) per line, bool ``plain`` (valid UTF-8, starts
-        with ``{``, ends with ``}`` before an optional ``\r``, holds none of the per-line tokens and at
-        most :data:`_MAX_BRACKETS` opening brackets).
-        ``work`` is a bool work array twice as long as ``buf``.
-    """
-    arr = np.frombuffer(buf, np.uint8)
-    hit, low = work[:len(arr)], work[len(arr):2 * len(arr)].view(np.uint8)
-    # newlines and opening brackets in one read of the bytes and one position pass: x & 0xDF is 0x5B
-    # exactly for '[' (0x5B) and '{' (0x7B), 0x0A for '\n' and '*' (told apart at the positions)
-    np.bitwise_and(arr, 0xDF, out=low)
-    np.equal(low, 0x5B, out=hit)
-    hit |= np.equal(low, 0x0A, out=low.view(bool))
-    at = np.flatnonzero(hit)
-    byte = arr[at]
-    if (star := byte == 0x2A).any():  # '*' is neither
-        at, byte = at[~star], byte[~star]
-    is_nl = byte == 10
-    ends = at[is_nl]
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    last = arr[ends - 1]  # ends - 1 >= -1 (wraps to the last newline): masked by the length test
-    cr = last == 13
-    last = np.where(cr, arr[np.maximum(ends - 2, 0)], last)
-    plain = (ends - starts - cr >= 2) & (arr[starts] == 0x7B) & (last == 0x7D)
-    # '{' '[': polars overflows its stack (a segfault) on lines nested ~600 deep: at most _MAX_BRACKETS a
-    # line (the positions between two newlines are the line's brackets)
-    plain &= np.diff(np.flatnonzero(is_nl), prepend=-1) - 1 <= _MAX_BRACKETS
-    for lead, tokens in _PER_LINE:
-        _token_lines(buf, ends, plain, lead, tokens)
-    if not buf.isascii():
-        try:
-            buf.decode()
-        except UnicodeDecodeError:  # polars refuses a block with invalid UTF-8: find the lines
-            for li in np.unique(np.searchsorted(ends, np.flatnonzero(arr >= 0x80))).tolist():
-                try:
-                    buf[starts[li]:ends[li]].decode()
-                except UnicodeDecodeError:
-                    plain[li] = False
-    return starts, ends, plain
-
-
-def _count(data: bytes, byte: int, work: np.ndarray) -> int:
-    """How many times ``byte`` occurs in ``data`` (``work``: a bool array as long as ``data``)."""
-    np.equal(np.frombuffer(data, np.uint8), byte, out=work)
-    return int(np.count_nonzero(work))
-
-
-def _token_lines(buf: bytes, ends: np.ndarray, plain: np.ndarray, lead: bytes, tokens: tuple[bytes, ...]) -> None:
-    """Clear ``plain`` for the lines of ``buf`` (``ends``: newline offsets) holding one of ``tokens``.
-
-    The tokens start with the byte ``lead``, which is rare in metric logs: its hits are walked with a byte
-    search (memchr); after :data:`_LEAD_WALK` hits that start no token, each token is searched for instead.
-    """
-    at, misses = buf.find(lead), 0
-    while at >= 0 and misses < _LEAD_WALK:
-        if buf.startswith(tokens, at):
-            li = int(np.searchsorted(ends, at))
-            plain[li] = False
-            at = int(ends[li])
-        else:
-            misses += 1
-        at = buf.find(lead, at + 1)
-    if at < 0:
-        return
-    for token in tokens:
-        hit = buf.find(token, at)
-        while hit >= 0:
-            li = int(np.searchsorted(ends, hit))
-            plain[li] = False
-            hit = buf.find(token, int(ends[li]) + 1)
-
-
-def _key_counts(buf: bytes, ends: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """int64 per line of ``buf``: how many keys it holds, or -1 where that cannot be told by bytes.
-
-    A key ends with ``":`` unless whitespace comes between, so the count of ``":`` is at least the
-    count of keys in a line where no ``"`` is followed by whitespace; such lines get -1 (``work``:
-    bool[len(buf)]).
-    """
-    arr = np.frombuffer(buf, np.uint8)
-    hit = work
-    np.equal(arr, 0x3A, out=hit)
-    colon = np.flatnonzero(hit)
-    colon = colon[arr[colon - 1] == 0x22]  # a ':' at offset 0 looks at the last byte, a newline
-    counts = np.diff(np.searchsorted(colon, ends), prepend=0)
-    np.equal(arr, 0x20, out=hit)
-    hit |= arr == 0x09
-    hit |= arr == 0x0D
-    space = np.flatnonzero(hit)
-    space = space[arr[space - 1] == 0x22]
-    counts[np.searchsorted(ends, space)] = -1
-    return counts
-
-
-def _join(buf: bytes, starts: np.ndarray, ends: np.ndarray, idx: np.ndarray) -> bytes:
-    """The lines ``idx`` (sorted 0-based line indices) of ``buf``, each with its newline."""
-    if len(idx) == len(ends):
-        return buf
-    cuts = np.flatnonzero(np.diff(idx) != 1)
-    first, last = idx[np.r_[0, cuts + 1]], idx[np.r_[cuts, len(idx) - 1]]
-    view = memoryview(buf)
-    return b"".join([view[a:b] for a, b in zip(starts[first].tolist(), (ends[last] + 1).tolist(), strict=True)])
 
 
 def _read_ndjson(data: bytes, schema: dict[str, pl.DataType] | None, full: bool) -> pl.DataFrame | None:
@@ -266,6 +166,7 @@ class _Stager:
 
     def __init__(self) -> None:
         self.scratch = np.zeros(0, bool)
+        self.scan_scratch = np.zeros(0, bool)
         self.schema: dict[str, pl.DataType] = {}
 
     def work(self, n: int) -> np.ndarray:
@@ -275,16 +176,28 @@ class _Stager:
         return self.scratch[:n]
 
     def __call__(self, buf: bytes) -> _Staged:
-        """Scan ``buf`` and read its plain lines with polars.
+        """:meth:`read` of :meth:`scan`: both steps in the calling thread."""
+        return self.read(buf, self.scan(buf))
+
+    def scan(self, buf: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`_scan` of ``buf`` with a work array of its own (the reading thread runs it ahead of :meth:`read`)."""
+        if not buf:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, np.zeros(0, bool)
+        if len(self.scan_scratch) < len(buf):
+            self.scan_scratch = np.empty(len(buf), bool)
+        return _scan(buf, self.scan_scratch[:len(buf)])
+
+    def read(self, buf: bytes, scanned: tuple[np.ndarray, np.ndarray, np.ndarray]) -> _Staged:
+        """Read the plain lines of ``buf`` (``scanned``: :meth:`scan` of it) with polars.
 
         Returns:
             ``(starts, ends, frames, rest)``: line offsets, the polars frames with the line indices of
             their rows (and their leaves), and the sorted line indices left to the per-line path.
         """
-        if not buf:
-            empty = np.zeros(0, np.int64)
-            return empty, empty, [], empty
-        starts, ends, plain = _scan(buf, self.work(2 * len(buf)))
+        starts, ends, plain = scanned
+        if not len(ends):
+            return starts, ends, [], starts
         frames, routed = self.frames(buf, starts, ends, np.flatnonzero(plain))
         rest = np.sort(np.concatenate([np.flatnonzero(~plain), *routed]))
         return starts, ends, frames, rest
@@ -297,37 +210,33 @@ class _Stager:
         as sample, until at most 1% of its rows are left out for a reason other than a ``null`` (which
         polars reads as a missing key: such lines go to the per-line path at once). A piece polars
         refuses is halved (down to :data:`_SMALLEST_PIECE` lines); the other rows left out get one more
-        read of their own.
+        read of their own. Before a read that infers, the lines nested too deep for it are routed
+        (:func:`_deep_lines`).
         """
         frames: list[_Frame] = []
         routed: list[np.ndarray] = []
-        per_line: list[np.ndarray] = []  # the '":' count of each line of buf, once needed
+        lazy: dict[str, np.ndarray] = {}  # per line of buf, once needed: '":' counts, too deep to infer
 
         def colons(part: np.ndarray) -> np.ndarray:
-            if not per_line:
-                per_line.append(_key_counts(buf, ends, self.work(len(buf))))
-            return per_line[0][part]
+            if "colons" not in lazy:
+                lazy["colons"] = _key_counts(buf, ends, self.work(len(buf)))
+            return lazy["colons"][part]
+
+        def deep_of(part: np.ndarray) -> np.ndarray:
+            if len(part) <= _FEW_LINES and "deep" not in lazy:
+                return _deep_lines(buf, starts, ends, part, self.work(len(buf)))
+            if "deep" not in lazy:
+                lazy["deep"] = _deep_lines(buf, starts, ends, np.arange(len(ends)), self.work(len(buf)))
+            return lazy["deep"][part]
 
         todo = [(idx, False)] if len(idx) else []
         while todo:
             part, again = todo.pop()
-            data = _join(buf, starts, ends, part)
-            colon_total = -1
-            best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
-            for how in ("carried" if self.schema else "sample", "all"):
-                df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
-                if df is None or df.height != len(part):
-                    continue
-                if colon_total < 0:
-                    colon_total = _count(data, 0x3A, self.work(len(data)))
-                ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
-                null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
-                unexplained = int(len(null) - null.sum())
-                if best is None or unexplained < len(best[4]) - int(best[4].sum()):
-                    best = (df, ok, leaves, unsure, null)
-                if 100 * unexplained <= len(ok):
-                    break
-            del data
+            best = self._best_read(buf, starts, ends, part, colons, deep_of)
+            if isinstance(best, np.ndarray):  # the deep lines of part: routed, the others read again
+                routed.append(part[best])
+                todo += [(part[~best], again)] if not best.all() else []
+                continue
             if best is None:
                 if len(part) <= _SMALLEST_PIECE:
                     routed.append(part)
@@ -349,6 +258,34 @@ class _Stager:
             if df.height:
                 frames.append((df, part, leaves))
         return frames, routed
+
+    def _best_read(self, buf: bytes, starts: np.ndarray, ends: np.ndarray, part: np.ndarray,
+                   colons: Callable[[np.ndarray], np.ndarray], deep_of: Callable[[np.ndarray], np.ndarray]
+                   ) -> tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | np.ndarray | None:
+        """The best polars read of the lines ``part`` (see :meth:`frames`): ``(df, ok, leaves, unsure, null)``.
+
+        None when polars refuses every try; a bool array (the lines of ``part`` too deep for polars to
+        infer) when a read that infers was due and some are.
+        """
+        data = _join(buf, starts, ends, part)
+        colon_total = -1
+        best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
+        for how in ("carried" if self.schema else "sample", "all"):
+            if how != "carried" and (deep := deep_of(part)).any():
+                return deep
+            df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
+            if df is None or df.height != len(part):
+                continue
+            if colon_total < 0:
+                colon_total = _count(data, 0x3A, self.work(len(data)))
+            ok, leaves, unsure = _exact_rows(df, colon_total, lambda p=part: colons(p))
+            null = np.array([b"null" in buf[starts[i]:ends[i]] for i in part[~ok].tolist()], bool)
+            unexplained = int(len(null) - null.sum())
+            if best is None or unexplained < len(best[4]) - int(best[4].sum()):
+                best = (df, ok, leaves, unsure, null)
+            if 100 * unexplained <= len(ok):
+                break
+        return best
 
     def carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
         """Merge the types of ``df`` into the carried schema (columns that do not fit are dropped)."""

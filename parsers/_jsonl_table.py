@@ -198,6 +198,11 @@ class _Records:
         raise NotImplementedError
 
 
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate`` of ``arrays``; the array itself when there is one (most blocks: one polars frame)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 def add_block(st: _State, pieces: list[_Records], raw_line: Callable[[int], bytes]) -> None:
     """Rank new keys, merge the pieces of one block in line order, and append their rows to the streams."""
     pieces = [p for p in pieces if len(p.line)]
@@ -206,17 +211,17 @@ def add_block(st: _State, pieces: list[_Records], raw_line: Callable[[int], byte
     _rank_new_keys(st, pieces, raw_line)
     rank = np.asarray(st.rank, np.int64)
     line, step, has_step, step_key, wall, runtime, suffix = (
-        np.concatenate([getattr(p, a) for p in pieces])
+        _cat([getattr(p, a) for p in pieces])
         for a in ("line", "step", "has_step", "step_key", "wall", "runtime", "suffix"))
     named = bool((suffix >= 0).any())  # per-module records: tags depend on the record, not only the key
     ids = np.arange(len(st.keys), dtype=np.int32) if named else np.asarray(st.key_tag, np.int32)
     rows = [p.rows(rank, ids) for p in pieces]
-    counts = np.concatenate([r[0] for r in rows])
-    tag = np.concatenate([r[1] for r in rows])
-    val = np.concatenate([r[2] for r in rows])
+    counts = _cat([r[0] for r in rows])
+    tag = _cat([r[1] for r in rows])
+    val = _cat([r[2] for r in rows])
     null = None
     if any(r[3] is not None for r in rows):
-        null = np.concatenate([r[3] if r[3] is not None else np.zeros(len(r[1]), bool) for r in rows])
+        null = _cat([r[3] if r[3] is not None else np.zeros(len(r[1]), bool) for r in rows])
     del rows
     if len(pieces) > 1:
         order = np.argsort(line, kind="stable")

@@ -13,15 +13,23 @@ Two engines give the same table:
 - ``"python"``: each line through the stdlib ``json`` (it accepts ``NaN``/``Infinity``).
 - ``"auto"`` (the default): the file is streamed in blocks of whole lines (:data:`CHUNK_BYTES`). The
   lines that are plain JSON objects go to ``polars.read_ndjson`` in one call per block (with the schema
-  of the blocks before, else inferred); a worker thread reads block i + 1 while block i is converted.
+  of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
+  :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
   (polars rejects them), ``null`` (polars cannot tell it from a missing key), lone-surrogate escapes,
   invalid UTF-8, anything that does not start with ``{`` and end with ``}`` (garbage, a BOM, the cut
   last line), a row with fewer keys than its line (duplicate keys, keys polars did not expect: checked
   by counting ``:``), a string that may be a value polars coerced to text, and types polars widens
-  (integers beyond int64). A block that polars refuses is read again with all rows as schema sample,
+  (integers beyond int64); and, before a read where polars infers the types, a line with more than 64
+  ``{``/``[`` (polars crashes inferring objects nested ~500 deep; with a given schema it does not
+  recurse). A block that polars refuses is read again with all rows as schema sample,
   then halved until the pieces read; pieces of at most 32 lines go through the per-line path.
   The polars side lives in :mod:`parsers._jsonl_frames`; the per-line path here is the reference.
+  Speed, against ``polars.read_ndjson`` of the same file in the same run (2-core machine under load,
+  fresh processes, best of 3): the 1M-line trainer log of ``benchmarks/bench_jsonl.py --issue13`` 1.8x
+  its CPU time and 1.9x its wall time (session 6: 2.2x / 2.1x); 1M steps x 50 metrics (2.6 GB) 1.7x
+  CPU and wall (2.3x / 1.9x). What is left beyond polars: the newline, token and ``:`` passes over the
+  bytes (~10 ms per 16 MiB block), and the long table built from the frames.
 
 Row order (both engines): by line, then, within a line, by the order in which each key first gave a
 row in the file (ties by its position in that line). Step, wall time, suffix and segment rules are
@@ -107,8 +115,8 @@ def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int,
                  long_lines: list[tuple[int, int]] | None = None) -> tuple[int, str] | None:
     """Read every block of ``fh`` into ``st``; returns (line, message) of a read error, or None.
 
-    With the ``"auto"`` engine a worker thread stages block i + 1 (scan, polars) while this thread
-    converts block i, so at most three blocks are held at a time.
+    With the ``"auto"`` engine this thread scans block i + 1 (:meth:`_Stager.scan`) and a worker thread
+    reads it with polars while this thread converts block i, so at most three blocks are held at a time.
     """
     long_lines = [] if long_lines is None else long_lines
     error = _read_all(st, fh, engine, chunk_bytes, long_lines, firsts := [])
@@ -146,7 +154,7 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
         ahead: tuple[Future, bytes, bytes, str | None] | None = None
         for buf, tail, err in itertools.chain([first, second], blocks):
-            staged = pool.submit(stage, buf)
+            staged = pool.submit(stage.read, buf, stage.scan(buf))  # the scan here, polars there
             if ahead is not None:
                 fut, b, t, e = ahead
                 finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))

@@ -12,13 +12,15 @@ data. :mod:`parsers.checkpoints` works on that contract only.
 statistics (and optionally its distance to the same tensor of an earlier checkpoint). F32, BF16 and F16
 are reduced from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), everything else as
 float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. A tensor of more
-than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by a pool of
-:data:`WORKERS` threads (numpy releases the GIL in its reductions; each worker reads its range with
-``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are reduced from the cache they were
-just copied to) and merged in range order: the result does not depend on the number of workers, and
-memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends the pieces of many
-tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the pool together, so a model
-of many small tensors keeps every core busy too (``benchmarks/bench_checkpoint.py``).
+than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by :data:`WORKERS`
+workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are
+reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
+number of workers, and memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends
+the pieces of many tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the workers
+together, so a model of many small tensors keeps every core busy too. From :data:`FORK_BYTES` of such ranges in
+one call the workers are processes (this one and forked copies, :mod:`parsers._tensor_fork`: two threads making
+short numpy calls hand the GIL to each other thousands of times a second, which on the 2-core machine made two
+threads slower than one); below that, or off Linux, a pool of threads (``benchmarks/bench_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ from typing import Any
 import numpy as np
 
 from forensics.model import Skip
-from parsers._tensor_kernels import KINDS, Acc, Moments, Scratch, delta_sq, reduce_bits, small_pattern
+from parsers import _tensor_fork as _fork
+from parsers._tensor_kernels import (
+    KINDS,
+    Acc,
+    Moments,
+    Scratch,
+    _numkong,
+    delta_sq,
+    reduce_bits,
+    small_pattern,
+)
 from parsers.tensor_io import (
     BLOCK,
     CHUNK_BYTES,
@@ -192,19 +204,24 @@ Job = tuple[TensorRef, "float | None", "TensorRef | None"]
 """One tensor to reduce: ``(ref, small_below, prev)`` as the arguments of :func:`tensor_stats`."""
 
 
-def _tasks(job: Job) -> list[Any]:
-    """The pieces of work of one job: ranges of a plain F32/BF16/F16 tensor, else the whole tensor."""
+def _tasks(job: Job) -> list[tuple[Any, int]]:
+    """The pieces of work of one job, each with its bytes when a forked worker may run it (else 0).
+
+    Ranges of a plain F32/BF16/F16 tensor (forkable), else the whole tensor in one piece (kept in this process).
+    """
     ref, small_below, prev = job
     if prev is not None and prev.numel != ref.numel:
         raise CheckpointError(f"tensor {ref.name!r}: {ref.numel} elements, the earlier one {prev.numel}")
     if ref.dtype not in KINDS:
-        return [lambda: _float_stats(ref, small_below, prev)]
+        return [(lambda: _float_stats(ref, small_below, prev), 0)]
     small = small_pattern(ref.dtype, small_below) if small_below is not None else None
     if not (_plain(ref) and (prev is None or _plain(prev))):
-        return [lambda: _stream_bits(ref, small, prev)]
+        return [(lambda: _stream_bits(ref, small, prev), 0)]
+    if prev is not None:
+        decoder(prev.dtype)  # imports what prev needs (ml_dtypes) here, before any fork
     per_task = max(BLOCK, TASK_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
-    return [(lambda lo=lo: _task(ref, lo, min(lo + per_task, ref.numel), small, prev))
-            for lo in range(0, ref.numel, per_task)]
+    return [(lambda lo=lo: _task(ref, lo, min(lo + per_task, ref.numel), small, prev),
+             (min(lo + per_task, ref.numel) - lo) * ITEMSIZE[ref.dtype]) for lo in range(0, ref.numel, per_task)]
 
 
 def _run(task: Any) -> Any:
@@ -236,8 +253,14 @@ IN_FLIGHT = 256
 """Pieces handed to the pool at a time (a header of a million tiny tensors must not queue a million futures)."""
 
 
-def _run_all(tasks: list[Any]) -> list[Any]:
-    """Every task's result in order: in the pool, :data:`IN_FLIGHT` at a time, or here when there is one."""
+FORK_BYTES = 64 << 20
+"""Plain F32/BF16/F16 bytes in one call from which their ranges go to :data:`WORKERS` processes (this one and
+forked copies, :mod:`parsers._tensor_fork`) instead of threads: a fork and its exit cost about 4 ms of CPU here,
+under 5% of reducing this much; threads pay far more in hand-overs of the GIL (see that module)."""
+
+
+def _threads(tasks: list[Any]) -> list[Any]:
+    """Every task's result in order: in the thread pool, :data:`IN_FLIGHT` at a time, or here when there is one."""
     if len(tasks) <= 1 or WORKERS == 1:
         return [_run(t) for t in tasks]
     out: list[Any] = []
@@ -246,12 +269,32 @@ def _run_all(tasks: list[Any]) -> list[Any]:
     return out
 
 
+def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
+    """Every task's result in order: the forkable ones in processes when they are :data:`FORK_BYTES` or more."""
+    forkable = [i for i, (_, nbytes) in enumerate(tasks) if nbytes]
+    if WORKERS == 1 or not _fork.AVAILABLE or sum(tasks[i][1] for i in forkable) < FORK_BYTES:
+        return _threads([t for t, _ in tasks])
+    _numkong()  # imported here, not in a child
+    out: list[Any] = [None] * len(tasks)
+    for i in range(0, len(forkable), _fork.MAX_TASKS):
+        part = forkable[i:i + _fork.MAX_TASKS]
+        todo = [tasks[j][0] for j in part]
+        big = sum(tasks[j][1] for j in part) >= FORK_BYTES  # a short last batch is not worth a fork
+        for j, r in zip(part, _fork.run_forked(todo, _run, WORKERS) if big else _threads(todo), strict=True):
+            out[j] = r
+    rest = [i for i, (_, nbytes) in enumerate(tasks) if not nbytes]
+    for j, r in zip(rest, _threads([tasks[j][0] for j in rest]), strict=True):
+        out[j] = r
+    return out
+
+
 def stats_many(jobs: list[Job]) -> list[dict[str, Any] | Exception]:
-    """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` threads.
+    """:func:`tensor_stats` of several tensors, their pieces spread over :data:`WORKERS` workers.
 
     A tensor of more than :data:`TASK_BYTES` lying plainly in a file is cut into ranges; every other
-    tensor is one piece; the pieces of all jobs go to the pool together (so many small tensors keep every
-    core busy too) and each job's are merged in range order. Memory: one read buffer and one block of
+    tensor is one piece; the pieces of all jobs go to the workers together (so many small tensors keep every
+    core busy too) and each job's are merged in range order. The workers are forked processes when the
+    plain ranges come to :data:`FORK_BYTES` or more, else threads. Memory: one read buffer and one block of
     scratch per worker, and the small per-piece results.
 
     Args:

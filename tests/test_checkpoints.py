@@ -366,6 +366,58 @@ def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str, sumsq_
         assert acc.result(dtype)["max_abs"] == float(np.max(np.abs(x))), dtype
 
 
+@pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
+def test_forked_workers_give_the_one_worker_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    sumsq_backend: str) -> None:
+    """Ranges reduced by forked worker processes equal the one-worker result bit for bit, errors included.
+
+    Every float dtype, with NaN/inf and finite, the Adam-epsilon count and the update norm, a tensor cut off
+    by the end of the file (its error comes back from whichever process met it), a non-plain dtype beside them
+    (kept in this process); ranges and reads smaller than the tensors, three processes.
+    """
+    block = tensors.BLOCK
+    dtypes = ("F32", "BF16", "F16")
+    data = {f"t{i}": (d, _hostile_bits(d, 3 * block + 5 + i, seed=60 + i)) for i, d in enumerate(dtypes)}
+    data["clean"] = ("BF16", np.where((data["t1"][1] & 0x7FFF) < 0x7F80, data["t1"][1], 7).astype(np.uint16))
+    data["ints"] = ("I32", np.arange(1000, dtype=np.int32))
+    data["prev"] = ("F32", np.random.default_rng(3).standard_normal(3 * block + 6).astype(np.float32))
+    path = tmp_path / "f.safetensors"
+    _write_st(path, data)
+    refs = sc.read(path).obj
+    cut = sc.TensorRef(str(path), "cut", "F32", (path.stat().st_size,), refs["t0"].offset)  # ends beyond the file
+    jobs = [(refs[k], 1e-3 if k != "ints" else None, None) for k in data] + [(refs["t1"], None, refs["prev"]),
+                                                                             (cut, None, None)]
+    monkeypatch.setattr(tensors, "TASK_BYTES", 2 * block * 4)
+    monkeypatch.setattr(tensors, "READ_BYTES", block)
+    got = {}
+    for mode, workers, fork_bytes, batch in (("one", 1, 1 << 60, 1024), ("forked", 3, 0, 1024),
+                                             ("batches", 3, 5 << 19, 3)):  # batches of 3, the short last in threads
+        monkeypatch.setattr(tensors, "WORKERS", workers)
+        monkeypatch.setattr(tensors, "FORK_BYTES", fork_bytes)
+        monkeypatch.setattr(tensors._fork, "MAX_TASKS", batch)
+        tensors._POOL.clear()
+        got[mode] = [repr(st) if isinstance(st, Exception) else {k: repr(v) for k, v in st.items()}
+                     for st in tensors.stats_many(jobs)]
+    tensors._POOL.clear()
+    assert got["forked"] == got["one"] and got["batches"] == got["one"]
+    assert "truncated" in got["one"][-1] and "delta_sq" in got["one"][-2]
+
+
+@pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
+def test_forked_run_shares_tasks_and_survives_a_dead_worker() -> None:
+    """Tasks are shared between the processes; a worker that dies takes no result with it (rerun here)."""
+    import time
+
+    from parsers import _tensor_fork as fork
+
+    me = os.getpid()
+    slow = [lambda: (time.sleep(0.02), os.getpid())[1] for _ in range(12)]
+    pids = fork.run_forked(slow, lambda t: t(), 3)
+    assert me in pids and len(set(pids)) >= 2
+    dying = [(lambda i=i: i if os.getpid() == me else os._exit(3)) for i in range(20)]
+    assert fork.run_forked(dying, lambda t: t(), 3) == list(range(20))
+
+
 @pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
 def test_tensor_stats_equal_numpy_reference_at_odd_sizes(dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          sumsq_backend: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -452,6 +453,61 @@ def test_brackets_newlines_and_stars_are_told_apart(tmp_path: Path) -> None:
     assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss*")).num_rows == 200
 
 
+@pytest.mark.parametrize("width", [2, 80])
+def test_newlines_of_short_and_long_lines(width: int) -> None:
+    """The scan's newline offsets are numpy's on short lines and the per-line byte search's on long ones."""
+    from parsers._jsonl_scan import _newlines
+
+    rng = random.Random(width)
+    for _ in range(20):
+        parts = [json.dumps({f"k{j}": rng.random() for j in range(rng.randint(0, width))})
+                 for _ in range(rng.randint(0, 300))]
+        buf = ("\n".join(parts) + rng.choice(["", "\n", "\n\n"])).encode()
+        arr = np.frombuffer(buf, np.uint8)
+        assert np.array_equal(_newlines(buf, arr, np.empty(len(buf), bool)), np.flatnonzero(arr == 10))
+    buf = b"x" * 300_000 + b"\n" + b"{}\n" * 200_000  # long lines in the sample, then short ones: numpy for the rest
+    arr = np.frombuffer(buf, np.uint8)
+    assert np.array_equal(_newlines(buf, arr, np.empty(len(buf), bool)), np.flatnonzero(arr == 10))
+
+
+@pytest.mark.parametrize("chunk", [8192, 1 << 20])
+def test_engines_agree_on_wide_lines(tmp_path: Path, chunk: int) -> None:
+    """Wide records (60 metrics, ~2 KB a line: newlines found per line) with odd lines among them."""
+    rng = random.Random(5)
+    lines = [json.dumps({"step": i, **{f"layers/{j}/grad_norm": rng.random() for j in range(60)}}) for i in range(300)]
+    lines[7] = lines[7].replace("0.", "NaN, \"x\": 0.", 1)
+    lines[40] = lines[40][:-300]  # cut
+    lines[41] = ""
+    lines[90] = lines[90] + "\r"
+    lines[150] = "garbage " + lines[150]
+    lines[151] = lines[151].replace('"layers/3/grad_norm"', '"layers/2/grad_norm"')  # a duplicate key
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    fast = jsonl.read(p, tmp_path, chunk_bytes=chunk)
+    _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+    assert fast.meta["python_lines"] >= 4 and fast.meta["records"] >= 296
+
+
+@pytest.mark.parametrize("where", [3, 120, 199])
+@pytest.mark.parametrize("key", ["train", "x"])
+def test_objects_nested_too_deep_for_polars_inference(tmp_path: Path, where: int, key: str) -> None:
+    """Objects nested 600 deep: polars crashes inferring their type (a segfault), not reading them by schema.
+
+    The nesting guard runs only before a read that infers. The line sits in the first block (inferred),
+    in a later one (read with the carried schema, where ``train`` is a known struct and ``x`` an unknown
+    key), or at the end; both engines agree.
+    """
+    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1), "train": {"a": i}}) for i in range(200)]
+    lines[where] = f'{{"step": {where}, "{key}": ' + '{"a": ' * 600 + "1" + "}" * 600 + ', "loss": 0.5}'
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    for chunk in (4096, 1 << 20):
+        fast = jsonl.read(p, tmp_path, chunk_bytes=chunk)
+        _assert_same(fast, jsonl.read(p, tmp_path, engine="python"))
+        assert fast.meta["python_lines"] == 1
+        assert fast.metrics.filter(pc.equal(fast.metrics["tag"], "loss")).num_rows == 200
+
+
 @pytest.mark.parametrize("engine", jsonl.ENGINES)
 def test_overlong_line_is_listed_with_its_line_number(tmp_path, monkeypatch, engine) -> None:
     """An overlong line in the middle of a file is listed with its own line number; the rest is read."""
@@ -525,3 +581,36 @@ def test_pread_blocks_equal_the_stream_blocks(tmp_path: Path, size: int) -> None
     assert got["pread"] == got["stream"]
     with open(p, "rb") as fh:
         assert sum(1 for _ in _jsonl_blocks._preads(fh, size)) > 0  # the pread path was taken
+
+
+def test_dense_values_of_columns_with_nulls() -> None:
+    """Int64/Float64 columns with nulls come from their Arrow buffer (sliced ones too); the rows present are exact."""
+    import polars as pl
+
+    from parsers._jsonl_stage import _dense
+
+    for values in ([1.5, None, -3.0, None, 2**60 + 0.0], [1, None, -(2**62), 7, None], [True, None, False]):
+        s = pl.Series(values)
+        field = pl.DataFrame({"a": [{"x": v} for v in values]})["a"].struct.unnest()["x"]
+        for part in (s, s.slice(1), s.slice(2, 2), field, field.slice(1)):
+            got, present = _dense(part), part.is_not_null().to_numpy()
+            want = part.to_list()
+            assert len(got) == len(want)
+            assert [g for g, p in zip(got.tolist(), present, strict=True) if p] == [w for w in want if w is not None]
+
+
+def test_deep_lines_counted_one_by_one_or_in_one_pass() -> None:
+    """The bracket guard gives the same lines whether it counts them one by one or with numpy."""
+    from parsers import _jsonl_scan
+
+    rng = random.Random(3)
+    lines = [json.dumps({"step": i, "x": [[0]] * rng.choice([1, 20, 61, 62, 63, 90])}) for i in range(3000)]
+    buf = ("\n".join(lines) + "\n").encode()
+    ends = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
+    starts = np.r_[0, ends[:-1] + 1]
+    want = np.array([line.count("[") + line.count("{") > _jsonl_scan._MAX_BRACKETS for line in lines])
+    work = np.empty(len(buf), bool)
+    for idx in (np.arange(3000), np.arange(0, 3000, 7), np.arange(10, 400)):
+        assert np.array_equal(_jsonl_scan._deep_lines(buf, starts, ends, idx, work), want[idx])
+    fast = _jsonl_scan._deep_lines(buf, starts, ends, np.arange(3000), work)
+    assert fast.sum() > 100 and np.array_equal(fast, want)
