@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forensics.column_scan import empty_buffer, scan_step, slices, transpose_into
 from forensics.schema import METRICS_SCHEMA, METRICS_TEXT
 
 MAX_SLICES = 4096
@@ -32,11 +33,6 @@ concatenation cost ~4 us, a gathered row of 8 columns ~0.1-0.3 us; a record-majo
 PERIOD_SEARCH = 1 << 16
 """Rows searched for the period of a text chunk or of the metric codes (the most metrics a record is taken to log
 when telling a wide log's repeating pattern; our choice)."""
-TRANSPOSE_BLOCK = 2048
-"""Records per block of the transpose that groups a wide log's rows by metric (our choice, measured: 1,024 to
-16,384 records cost the same, a whole-column transpose ~8x more)."""
-
-
 def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
     """One file's metrics table (:func:`forensics.schema.conform_metrics`) as the frame of :attr:`RunData.metrics`.
 
@@ -75,7 +71,7 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
         if name in METRICS_TEXT:  # chunk by chunk: the frame's columns keep one chunk layout (no realignment copy)
             same.update({other: name for other in METRICS_TEXT if other in t.column_names
                          and _equal_text(col, t.column(other))})
-            s = pl.concat([_categorical_chunk(c) for c in col.chunks] or
+            s = pl.concat(_categorical_chunks(col.chunks) or
                           [pl.Series([], dtype=pl.Categorical)], rechunk=False).alias(name)
         else:
             s = pl.from_arrow(col, rechunk=False).alias(name)  # numbers: shared with Arrow, no copy
@@ -98,7 +94,38 @@ def _one_value(col: pa.ChunkedArray) -> str | None:
         values = {v for c in col.chunks for v in c.dictionary.to_pylist()}
         return values.pop() if len(values) == 1 else None
     first = next(c for c in col.chunks if len(c))[0]  # an Arrow scalar (a Python one makes pyarrow import pandas)
-    return first.as_py() if all(pc.all(pc.equal(c, first)).as_py() for c in col.chunks if len(c)) else None
+    return first.as_py() if all(pc.all(pc.equal(c, first)).as_py() for c in _longest(col.chunks).values()) else None
+
+
+def _buffers(c: pa.Array) -> tuple[object, ...]:
+    """What a string array's values are made of: its type, offset and buffers (addresses and sizes).
+
+    Two arrays that agree on these and differ only in length are one and its prefix (a reader's blocks sliced from
+    one shared array). Any other array is its own key.
+    """
+    if not (pa.types.is_string(c.type) or pa.types.is_large_string(c.type)):
+        return ("own", id(c))
+    return (str(c.type), c.offset, *((b.address, b.size) if b is not None else None for b in c.buffers()))
+
+
+def _longest(chunks: list[pa.Array]) -> dict[tuple[object, ...], pa.Array]:
+    """The longest non-empty chunk per :func:`_buffers` key: every other chunk of its key is a prefix of it."""
+    out: dict[tuple[object, ...], pa.Array] = {}
+    for c in chunks:
+        k = _buffers(c)
+        if len(c) and (k not in out or len(c) > len(out[k])):
+            out[k] = c
+    return out
+
+
+def _categorical_chunks(chunks: list[pa.Array]) -> list[pl.Series]:
+    """:func:`_categorical_chunk` of each chunk; chunks that are prefixes of one array share its conversion (a slice).
+
+    A reader that slices every block's text from one tiled array (:mod:`parsers._jsonl_text`) hands out 155 chunks
+    of one array at 1M records x 50 metrics: one conversion instead of 155 (0.45 -> ~0.01 s a column).
+    """
+    done = {k: _categorical_chunk(c) for k, c in _longest(chunks).items()}
+    return [done[_buffers(c)].slice(0, len(c)) if len(c) else _categorical_chunk(c) for c in chunks]
 
 
 def _categorical_chunk(c: pa.Array) -> pl.Series:
@@ -155,34 +182,46 @@ class Layout:
 
     def group(self, a: np.ndarray) -> np.ndarray:
         """A frame column (shape (n,)) in the grouped order (metric after metric)."""
-        if self.period:  # a transpose, block by block (a block fits the cache: ~8x faster than one transpose)
+        if self.period:
             out = np.empty_like(a)
-            grid, rows = out.reshape(self.period, -1), a.reshape(-1, self.period)
-            for r in range(0, rows.shape[0], TRANSPOSE_BLOCK):
-                grid[:, r:r + TRANSPOSE_BLOCK] = rows[r:r + TRANSPOSE_BLOCK].T
+            transpose_into(out.reshape(self.period, -1), 0, a.reshape(-1, self.period))
             return out
         return a[self.order]
+
+    def group_column(self, col: pl.Series, fill: float | None = None) -> np.ndarray:
+        """A frame column (polars, shape (n,)) as numpy in the grouped order; ``fill``: as float64, nulls as it.
+
+        A wide log's column is transposed slice by slice (:data:`SCAN_ROWS` rows), with no whole-column copy first.
+        """
+        def part(c: pl.Series) -> np.ndarray:
+            return (c.cast(pl.Float64).fill_null(fill) if fill is not None else c).to_numpy()
+
+        if not self.period:
+            return self.group(part(col))
+        out: np.ndarray | None = None
+        step = scan_step(self.period)
+        for a in range(0, self.n, step):
+            rows = part(col.slice(a, step))
+            out = empty_buffer(self.n, rows.dtype) if out is None else out
+            transpose_into(out.reshape(self.period, -1), a // self.period, rows.reshape(-1, self.period))
+        return out  # type: ignore[return-value]
 
 
 def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
     """Find every metric's rows in one pass over the ``metric`` codes (:class:`Layout`), no per-metric scan.
 
     Few, long runs of rows (at most ``max_slices`` per metric, :data:`MAX_SLICES`; :data:`MIN_SLICE_ROWS` rows a
-    run on average): slices. Every record the same
-    metrics in the same order (a wide log): a period, so
-    grouping is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix
-    sort for fewer than 65,536 codes).
+    run on average): slices. Every record the same metrics in the same order (a wide log): a period, so grouping
+    is a transpose. Else the codes are sorted once (stable: read order within a metric; a radix sort for fewer
+    than 65,536 codes).
     """
     col = _categorical(metrics.get_column("metric"))
     phys = col.to_physical()
     if phys.null_count():
         phys = phys.fill_null(np.iinfo(np.uint32).max)
-    codes = phys.to_numpy()
-    n = codes.shape[0]
-    top = int(codes.max())
-    runs = int(np.count_nonzero(codes[1:] != codes[:-1])) + 1
-    if runs <= max_slices * (top + 1) and n >= MIN_SLICE_ROWS * runs:
-        starts = np.concatenate([[0], np.flatnonzero(codes[1:] != codes[:-1]) + 1])
+    n = phys.len()
+    top, runs, starts = _runs(phys, n // MIN_SLICE_ROWS)  # slice by slice: no whole-column copy of the codes
+    if starts is not None and runs <= max_slices * (top + 1) and n >= MIN_SLICE_ROWS * runs:
         lens = np.diff(np.append(starts, n))
         names = col.gather(starts.tolist()).cast(pl.String).to_list()  # a list: a numpy index imports numpy.ma
         out: dict[str, list[tuple[int, int]]] = {}
@@ -190,12 +229,14 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
             out.setdefault(name, []).append((a, k))
         if runs <= max_slices * len(out) and max(len(v) for v in out.values()) <= max_slices:
             return Layout(n=n, slices=out, span={}, period=0, order=None)
-    period = _period(codes)
+    del starts
+    period = _period(phys)
     if period:
         names = col.head(period).cast(pl.String).to_list()
         per = n // period
         return Layout(n=n, slices=None, span={m: (k * per, (k + 1) * per) for k, m in enumerate(names)},
                        period=period, order=None)
+    codes = phys.to_numpy()
     small = codes.astype(np.uint8 if top < 256 else np.uint16) if top < 65536 else codes
     del codes
     order = np.argsort(small, kind="stable")
@@ -209,19 +250,66 @@ def layout(metrics: pl.DataFrame, max_slices: int = MAX_SLICES) -> Layout:
     return Layout(n=n, slices=None, span=span, period=0, order=order)
 
 
+def _runs(phys: pl.Series, cap: int) -> tuple[int, int, np.ndarray | None]:
+    """(largest code, number of runs of equal codes, first row of each run) of the metric codes.
+
+    :data:`SCAN_ROWS` rows at a time; the starts are ``None`` once there are more than ``cap`` runs (then only
+    their number matters).
+    """
+    top, prev, parts, count = 0, None, [], 0
+    for a, c in slices(phys):
+        top = max(top, int(c.max()))
+        new = np.flatnonzero(c[1:] != c[:-1]) + (a + 1)
+        first = prev is None or c[0] != prev
+        count += int(first) + new.shape[0]
+        if count <= cap:
+            parts += [np.array([a] if first else [], np.int64), new]
+        prev = c[-1]
+    return top, count, (np.concatenate(parts) if parts else np.zeros(0, np.int64)) if count <= cap else None
+
+
 def _categorical(col: pl.Series) -> pl.Series:
     """A text column as categorical (:func:`metrics_frame`'s columns already are: no copy)."""
     return col if col.dtype == pl.Categorical else col.cast(pl.String).cast(pl.Categorical)
 
 
-def _period(codes: np.ndarray) -> int:
-    """``P`` when ``codes`` is one run of ``P`` distinct codes repeated (every record the same metrics), else 0."""
-    n = codes.shape[0]
-    again = np.flatnonzero(codes[1:min(n, PERIOD_SEARCH)] == codes[0])
+def _distinct(a: np.ndarray) -> bool:
+    """True when no value of ``a`` repeats (a sort: ``np.unique`` imports numpy.ma, ~0.1 s, in an ingest too)."""
+    s = np.sort(a)
+    return bool((s[1:] != s[:-1]).all())
+
+
+def _period(phys: pl.Series) -> int:
+    """``P`` when the codes are one run of ``P`` distinct codes repeated (every record the same metrics), else 0.
+
+    Compared :data:`SCAN_ROWS` rows at a time (a whole number of records), no whole-column copy.
+    """
+    n = phys.len()
+    head = phys.head(PERIOD_SEARCH).to_numpy()
+    again = np.flatnonzero(head[1:] == head[0])
     period = int(again[0]) + 1 if again.size else 0
-    if not period or n % period or np.unique(codes[:period]).shape[0] != period:
+    if not period or n % period or not _distinct(head[:period]):
         return 0
-    return period if bool((codes.reshape(-1, period) == codes[:period]).all()) else 0
+    pattern = head[:period]
+    for _, c in slices(phys, scan_step(period)):
+        if not bool((c.reshape(-1, period) == pattern).all()):
+            return 0
+    return period
+
+
+def distinct_pairs(metrics: pl.DataFrame) -> pl.DataFrame:
+    """The frame's distinct ``(tag, metric)`` rows (the frame's types), in no set order.
+
+    A wide log whose ``metric`` and ``tag`` columns both repeat one record's pattern of ``P`` rows
+    (:func:`_period`, :data:`SCAN_ROWS` rows at a time): its first ``P`` rows; else one group-by over every row.
+    """
+    tag, met = metrics.get_column("tag"), metrics.get_column("metric")
+    if (tag.dtype == pl.Categorical and met.dtype == pl.Categorical and not tag.null_count()
+            and not met.null_count() and metrics.height):
+        p = _period(met.to_physical())
+        if p and _period(tag.to_physical()) == p:
+            return metrics.head(p).select("tag", "metric").unique()
+    return metrics.group_by("tag", "metric").len().select("tag", "metric")
 
 
 @dataclass(frozen=True)
@@ -253,33 +341,39 @@ class Grouped:
 def grouped(metrics: pl.DataFrame, lay: Layout) -> Grouped:
     """Group the columns a :class:`~forensics.rundata.Series` needs (:class:`Grouped`), one column at a time."""
     value = metrics.get_column("value")
-    nulls = lay.group(value.is_null().to_numpy()) if value.null_count() else None
+    nulls = lay.group_column(value.is_null()) if value.null_count() else None
     src = _categorical(metrics.get_column("source"))
     present = src.unique()
     sources = names = None
     if present.len() > 1 or src.null_count():
-        sources = lay.group(src.to_physical().fill_null(np.iinfo(np.uint32).max).to_numpy())
+        sources = lay.group_column(src.to_physical().fill_null(np.iinfo(np.uint32).max))
         names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(),
                                                   strict=True) if c is not None and v is not None}
     step, seg = metrics.get_column("step"), metrics.get_column("segment")
-    steps = _per_record(step.to_numpy(), lay)
-    segs = _per_record(seg.to_numpy(), lay) if steps is not None else None
+    steps = _per_record(step, lay)
+    segs = _per_record(seg, lay) if steps is not None else None
     per_record = steps is not None and segs is not None
     if not per_record:
-        steps, segs = lay.group(step.to_numpy()), lay.group(seg.to_numpy())
+        steps, segs = lay.group_column(step), lay.group_column(seg)
     return Grouped(steps=steps, segments=segs, per_record=per_record,  # type: ignore[arg-type]
-                   values=lay.group(value.cast(pl.Float64).fill_null(float("nan")).to_numpy()),
+                   values=lay.group_column(value, float("nan")),
                    nulls=nulls, sources=sources, source_names=names,
                    one_source=None if sources is not None else str(present.cast(pl.String)[0]))
 
 
-def _per_record(col: np.ndarray, lay: Layout) -> np.ndarray | None:
-    """A wide log's column held once per record (read-only), when every metric of each record shares its value."""
+def _per_record(col: pl.Series, lay: Layout) -> np.ndarray | None:
+    """A wide log's column held once per record (read-only), when every metric of each record shares its value.
+
+    Checked :data:`SCAN_ROWS` rows (whole records) at a time: no whole-column copy.
+    """
     if not lay.period or lay.period == 1:
         return None
-    rows = col.reshape(-1, lay.period)
-    if not bool((rows == rows[:, :1]).all()):
-        return None
-    one = np.ascontiguousarray(rows[:, 0])
+    parts = []
+    for _, c in slices(col, scan_step(lay.period)):
+        rows = c.reshape(-1, lay.period)
+        if not bool((rows == rows[:, :1]).all()):
+            return None
+        parts.append(rows[:, 0])
+    one = np.concatenate(parts)  # a new array (a slice's numpy may be a view of the frame's buffer)
     one.flags.writeable = False
     return one

@@ -13,8 +13,7 @@ whole run and picks, in rank order:
 4. ``eval_loss``, then ``eval_ppl``: an evaluation objective only (the verdict may be healthy, and
    ``meta["objective"]["kind"]`` says ``evaluation``).
 
-A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none of them
-the verdict is ``inconclusive``.
+A user mapping (``--metric loss=COLUMN`` or ``forensics.toml``) wins over all of these. With none: ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from forensics.metric_rows import distinct_pairs
 from forensics.schema import _ALIASES, _PREFIXES, explain_metric
 
 _EVAL_OBJECTIVES = ("eval_loss", "ppl", "eval_ppl")
@@ -119,7 +119,7 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
     names: dict[str, Any] = {}
     if metrics.height == 0:
         return metrics, None, names
-    pairs = metrics.group_by("tag", "metric").len().select("tag", "metric")  # one pass over the long table
+    pairs = distinct_pairs(metrics)  # a wide log's first record, else one pass over the long table
     metrics, pairs = _single_eval_part(metrics, names, pairs)
     _reader_names(pairs, names)
     metrics, loss = _direct_loss(metrics, names)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forensics.model import RunData, Series
+from forensics.rolling import rolling_median, shifted
 from forensics.stats import MAD_TO_SIGMA, backtrack_onset, to_log, trailing_robust_z
 
 SPIKE_Z = 6.0
@@ -112,9 +113,7 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     v = lx[idx]
     # |diff| ending at point j-1 (so the point judged is not in its own noise estimate)
     d = np.concatenate([[np.nan], np.abs(np.diff(v))])
-    dser = pl.Series("d", d).fill_nan(None)
-    noise_med = dser.rolling_median(window_size=WINDOW, min_samples=NOISE_MIN_POINTS).shift(2) \
-        .fill_null(float("nan")).to_numpy()
+    noise_med = shifted(rolling_median(d, np.isnan(d), WINDOW, NOISE_MIN_POINTS), 2)
     local = pl.Series("v", v).rolling_median(window_size=LOCAL, min_samples=LOCAL_MIN_POINTS).shift(1) \
         .fill_null(float("nan")).to_numpy()
     noise = np.maximum(MAD_TO_SIGMA * noise_med / np.sqrt(2), SIGMA_FLOOR)

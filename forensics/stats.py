@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forensics.rolling import rolling_median, shifted
+
 MAD_TO_SIGMA = 1.4826
 """Consistency constant: sigma = 1.4826 * MAD for normally distributed data."""
 TINY = 1e-12
@@ -46,7 +48,7 @@ def trailing_robust_z(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Robust z of each point against the ``window`` points before it (the point itself excluded).
 
-    Rolling medians come from polars (``rolling_median``, O(n log w), streaming-friendly); the
+    Rolling medians come from polars (:func:`rolling_median`: its ``rolling_median``, O(n log w)); the
     spread is the trailing rolling median of |x - trailing median|, the usual rolling-MAD
     approximation (exact MAD needs the window's own median for every member).
 
@@ -60,8 +62,6 @@ def trailing_robust_z(
     Returns:
         ``(z, median, sigma)``, each shape (n,). ``sigma`` is 1.4826 * MAD, floored.
     """
-    import polars as pl
-
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[0]
     nan = np.full(n, np.nan)
@@ -71,12 +71,33 @@ def trailing_robust_z(
     need = min(min_points, max(2, n // SHORT_SERIES_PART))
     if n * w <= EXACT_LIMIT:
         return _trailing_robust_z_exact(x, w, need, rel_floor, abs_floor)
+    missing = np.isnan(x)  # polars' nulls (``fill_nan(None)``): left out of every window
+    if np.isinf(x).any():  # an infinite median or spread: polars' own arithmetic, as it always was
+        return _trailing_polars(x, w, need, rel_floor, abs_floor)
+    m = shifted(rolling_median(x, missing, w, need), 1)
+    gone = missing | np.isnan(m)
+    with np.errstate(invalid="ignore"):
+        dev = np.abs(x - m)
+    d = shifted(rolling_median(dev, gone, w, need), 1)
+    return _robust_z(x, m, d, rel_floor, abs_floor)
+
+
+def _trailing_polars(x: np.ndarray, w: int, need: int, rel_floor: float, abs_floor: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`trailing_robust_z` with polars' null-aware rolling medians throughout (a series with an infinity)."""
+    import polars as pl
+
     ser = pl.Series("x", x).fill_nan(None)
     med = ser.rolling_median(window_size=w, min_samples=need).shift(1)
-    dev = (ser - med).abs()
-    mad = dev.rolling_median(window_size=w, min_samples=need).shift(1)
+    mad = (ser - med).abs().rolling_median(window_size=w, min_samples=need).shift(1)
     m = med.fill_null(float("nan")).to_numpy().astype(np.float64)
     d = mad.fill_null(float("nan")).to_numpy().astype(np.float64)
+    return _robust_z(x, m, d, rel_floor, abs_floor)
+
+
+def _robust_z(x: np.ndarray, m: np.ndarray, d: np.ndarray, rel_floor: float, abs_floor: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(z, median, sigma)`` from the trailing medians ``m`` and spreads ``d`` (each shape (n,))."""
     sig = np.maximum(MAD_TO_SIGMA * d, np.maximum(rel_floor * np.abs(m), abs_floor))
     sig[~np.isfinite(m)] = np.nan
     with np.errstate(all="ignore"):
@@ -233,28 +254,33 @@ def sustained_rise_many(
     nb = max(min_baseline, int(n * baseline_frac))
     if n < min_baseline + min_run or n - nb < min_run:
         return [None] * rows
-    y = np.log(v) if log else v
     fit = _fit_points(nb)
-    trend = robust_trend_many(st[:nb][fit], y[:, :nb][:, fit], st)
-    resid = y - trend
-    rb = resid[:, :nb]
-    sigma = MAD_TO_SIGMA * np.median(np.abs(rb - np.median(rb, axis=1, keepdims=True)), axis=1)
-    floor = np.log1p(min_rel) if log else min_rel * np.maximum(np.abs(np.median(y[:, :nb], axis=1)), TINY)
-    thr = np.maximum(k_sigma * sigma, floor)
-    # first i >= nb with min_run points above from i on, and hold_frac of all the points from i on above
-    c = np.concatenate([np.zeros((rows, 1)), np.cumsum(resid > thr[:, None], axis=1)], axis=1)
-    i_all = np.arange(nb, n - min_run + 1)
-    hit = ((c[:, i_all + min_run] - c[:, i_all]) == min_run) & ((c[:, [n]] - c[:, i_all]) >= hold_frac * (n - i_all))
+    yb = v[:, :nb][:, fit]
+    a, b, mu, sd = robust_lines(st[:nb][fit], np.log(yb) if log else yb)
+    ats = (st - mu) / sd
     out: list[Drift | None] = [None] * rows
-    for r in np.flatnonzero(hit.any(axis=1)).tolist():
-        i = int(i_all[np.argmax(hit[r])])
-        after = _theil_slope(y[r, i:], st[i:]) if n - i >= MIN_SLOPE_POINTS else float("nan")
+    for r in range(rows):  # one layer at a time: its temporaries are (n,), not (layers, n)
+        y = np.log(v[r]) if log else v[r]
+        trend = a[r] + b[r] * ats
+        resid = y - trend
+        rb = resid[:nb]
+        sigma = MAD_TO_SIGMA * np.median(np.abs(rb - np.median(rb)))
+        floor = np.log1p(min_rel) if log else min_rel * np.maximum(np.abs(np.median(y[:nb])), TINY)
+        # first i >= nb with min_run points above from i on, and hold_frac of all the points from i on above
+        c = np.zeros(n + 1, np.int64)
+        np.cumsum(resid > np.maximum(k_sigma * sigma, floor), out=c[1:])
+        tail = c[nb:n - min_run + 1]  # from each candidate onset i = nb .. n - min_run
+        left = n - np.arange(nb, n - min_run + 1)
+        hit = ((c[nb + min_run:] - tail) == min_run) & ((c[n] - tail) >= hold_frac * left)
+        if not hit.any():
+            continue
+        i = nb + int(np.argmax(hit))
+        after = _theil_slope(y[i:], st[i:]) if n - i >= MIN_SLOPE_POINTS else float("nan")
         vr = v[r]
         out[r] = Drift(
-            onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=float(np.exp(trend[r, i]) if log else
-                                                                                trend[r, i]),
+            onset_step=int(st[i]), onset_index=int(idx_map[i]), baseline=float(np.exp(trend[i]) if log else trend[i]),
             last=float(vr[-1]), growth=float(vr[-1] / vr[i]) if vr[i] != 0 else float("inf"),
-            sigma=float(sigma[r]), slope_after=float(after),
+            sigma=float(sigma), slope_after=float(after),
         )
     return out
 
@@ -312,6 +338,22 @@ def robust_trend_many(x: np.ndarray, y: np.ndarray, at: np.ndarray, iterations: 
     Returns:
         The trend values, shape (L, k).
     """
+    a, b, mu, sd = robust_lines(x, y, iterations)
+    ats = (np.asarray(at, dtype=np.float64) - mu) / sd
+    return a[:, None] + b[:, None] * ats[None, :]
+
+
+def robust_lines(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The Huber lines of :func:`robust_trend_many`: ``(a, b, mu, sd)``, each row's line ``a + b * (x - mu) / sd``.
+
+    Args:
+        x: baseline steps, shape (m,).
+        y: baseline values, shape (L, m) (finite).
+        iterations: most IRLS iterations.
+
+    Returns:
+        Intercepts and slopes, shape (L,) each, in standardised x; the mean and spread that standardise x.
+    """
     x = np.asarray(x, dtype=np.float64)
     mu, sd = float(np.mean(x)), float(np.std(x)) or 1.0
     xs = (x - mu) / sd
@@ -333,5 +375,4 @@ def robust_trend_many(x: np.ndarray, y: np.ndarray, at: np.ndarray, iterations: 
         with np.errstate(all="ignore"):
             u = np.abs(r) / s[:, None]
             w = np.where((s[:, None] > 0) & (u > HUBER_EPSILON), HUBER_EPSILON / u, 1.0)
-    ats = (np.asarray(at, dtype=np.float64) - mu) / sd
-    return a[:, None] + b[:, None] * ats[None, :]
+    return a, b, mu, sd

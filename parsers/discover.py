@@ -188,7 +188,8 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
         m = metrics_frame(m, run, offsets[rel])  # compact: categorical text, run held once
         metrics.append(m)
         events.append(pl.from_arrow(e))
-        segs = m.get_column("segment").n_unique() if m.height else 0
+        seg = m.get_column("segment")
+        segs = (1 if not seg.null_count() and seg.min() == seg.max() else seg.n_unique()) if m.height else 0
         sources.append(SourceInfo(path=rel, format=fmt, records=m.height, segments=segs))
     _read_configs(root, configs, meta, skipped)
     if unavailable:

@@ -37,9 +37,11 @@ def bounds(pr: ParseResult) -> dict[str, Any]:
     if t.num_rows == 0:
         return {"rows": 0, "segments": 0}
     seg = t.column("segment")
-    n_local = pc.max(seg).as_py() + 1
+    low, high = pc.min_max(seg).as_py().values()
+    n_local = high + 1
     step = t.column("step")
-    first = step.filter(pc.equal(seg, _SEG0))  # the step column only: a whole-table filter copies every column
+    one = low == high == 0 and not seg.null_count  # every row in local segment 0: no filter (a copy of the column)
+    first = step if one else step.filter(pc.equal(seg, _SEG0))  # the step column only, not the whole table
     last = step if n_local == 1 else step.filter(pc.equal(seg, pc.max(seg)))
     walls = pc.min_max(t.column("wall_time")).as_py()
     first_wall, last_wall = (w if w is not None and math.isfinite(w) else None for w in walls.values())

@@ -187,9 +187,20 @@ def centred_excursion(lx: np.ndarray, k: int) -> np.ndarray:
     sides = np.concatenate([win[:, :k], win[:, k + 1:]], axis=1)
     with np.errstate(all="ignore"):
         has = np.isfinite(win[:, :k]).any(axis=1) & np.isfinite(win[:, k + 1:]).any(axis=1)
-        med = np.nanmedian(np.where(has[:, None], sides, 0.0), axis=1)
+        med = _row_medians(np.where(has[:, None], sides, 0.0))
         out = np.where(ok & has, (lx - med) / sigma, np.nan)
     return out
+
+
+def _row_medians(a: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(a, axis=1)``, rows without NaN by ``np.median`` (equal there, ~4x cheaper; shape (n,))."""
+    full = np.isfinite(a).all(axis=1)
+    if full.all():
+        return np.median(a, axis=1)
+    med = np.empty(a.shape[0])
+    med[full] = np.median(a[full], axis=1)
+    med[~full] = np.nanmedian(a[~full], axis=1)
+    return med
 
 
 def _peaks(c: np.ndarray, threshold: float) -> np.ndarray:
