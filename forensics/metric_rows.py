@@ -62,8 +62,8 @@ def metrics_frame(t: pa.Table, run: str, offset: int = 0) -> pl.DataFrame:
         if name == "wall_time" and col.null_count == n:
             lits.append(pl.lit(None, dtype=pl.Float64).alias(name))
             continue
-        if name in METRICS_TEXT and _one_value(col) is not None:
-            lits.append(pl.lit(_one_value(col), dtype=pl.Categorical).alias(name))
+        if name in METRICS_TEXT and (one := _one_value(col)) is not None:
+            lits.append(pl.lit(one, dtype=pl.Categorical).alias(name))
             continue
         if name in same:
             cols[name] = cols[same[name]].alias(name)  # the same categorical (no second hashing of every row)
@@ -180,14 +180,6 @@ class Layout:
             return np.arange(k, self.n, self.period, dtype=np.int64)
         return self.order[a:b]  # type: ignore[index]
 
-    def group(self, a: np.ndarray) -> np.ndarray:
-        """A frame column (shape (n,)) in the grouped order (metric after metric)."""
-        if self.period:
-            out = np.empty_like(a)
-            transpose_into(out.reshape(self.period, -1), 0, a.reshape(-1, self.period))
-            return out
-        return a[self.order]
-
     def group_column(self, col: pl.Series, fill: float | None = None) -> np.ndarray:
         """A frame column (polars, shape (n,)) as numpy in the grouped order; ``fill``: as float64, nulls as it.
 
@@ -197,7 +189,7 @@ class Layout:
             return (c.cast(pl.Float64).fill_null(fill) if fill is not None else c).to_numpy()
 
         if not self.period:
-            return self.group(part(col))
+            return part(col)[self.order]
         out: np.ndarray | None = None
         step = scan_step(self.period)
         for a in range(0, self.n, step):

@@ -42,7 +42,7 @@ def bounds(pr: ParseResult) -> dict[str, Any]:
     step = t.column("step")
     one = low == high == 0 and not seg.null_count  # every row in local segment 0: no filter (a copy of the column)
     first = step if one else step.filter(pc.equal(seg, _SEG0))  # the step column only, not the whole table
-    last = step if n_local == 1 else step.filter(pc.equal(seg, pc.max(seg)))
+    last = step if n_local == 1 else step.filter(pc.equal(seg, pa.scalar(high, seg.type)))
     walls = pc.min_max(t.column("wall_time")).as_py()
     first_wall, last_wall = (w if w is not None and math.isfinite(w) else None for w in walls.values())
     return {"rows": t.num_rows, "segments": n_local, "first_wall": first_wall, "last_wall": last_wall,

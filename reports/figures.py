@@ -85,18 +85,18 @@ class FigureBuilder:
     """Collects the chart data of one page: sources (one per series, shared by its panels and overlays) and panels."""
 
     def __init__(self, analysis: Analysis, run: RunData, window: tuple[int, int] | None) -> None:
-        self.a, self.run, self.window = analysis, run, window
+        self.run, self.window = run, window
         self.onset = int(analysis.onset["step"]) if analysis.onset else None
         col = run.metrics.get_column("step")
         first, last = int(col.min()), int(col.max())  # type: ignore[arg-type]
         pad = max(1.0, 0.01 * (last - first))
-        self.bounds = sorted((s, v) for s, v in run.segment_starts().items() if s > 0)
+        bounds = sorted((s, v) for s, v in run.segment_starts().items() if s > 0)
         self.sources: dict[str, dict[str, Any]] = {}
         self.shown: dict[str, int] = {}
         self.panels: list[dict[str, Any]] = []
         self.spec: dict[str, Any] = {
             "x": {"main": [first - pad, last + pad], "zoom": _padded(window or (first, last))}, "steps": [first, last],
-            "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in self.bounds], "manySegments": MARK_MODELS,
+            "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in bounds], "manySegments": MARK_MODELS,
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }
 

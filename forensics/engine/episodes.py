@@ -19,16 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from forensics.engine import codes, keys, rules
+from forensics.engine.chain import demoted
 from forensics.engine.evidence import Evidence, recovered
 from forensics.engine.weights import WEIGHTS
 from forensics.model import Cause, Finding, Hypothesis, Mechanism, Severity
 from forensics.signals import MIN_REL_JUMP
 
 W = WEIGHTS
-
-
-def _demoted(h: Hypothesis, why: str) -> Hypothesis:
-    return Hypothesis(h.cause, h.mechanism, min(h.confidence, W.demoted), h.support, h.against + (why,))
 
 
 def episode(ev: Evidence, f: Finding) -> bool:
@@ -64,7 +61,7 @@ def earlier_episodes(ev: Evidence, hyps: list[Hypothesis]) -> tuple[Evidence, li
                f"long before the failure at step {ev.failure_step}: an earlier episode, not the failure that "
                "ended the run")
         new = fresh.get(h.cause)
-        out.append(_demoted(h, why) if new is None else
+        out.append(demoted(h, why) if new is None else
                    Hypothesis(new.cause, new.mechanism, new.confidence, new.support, new.against + (why,)))
     return pruned, out
 
@@ -81,7 +78,7 @@ def stall_not_led(ev: Evidence, hyps: list[Hypothesis]) -> tuple[Evidence, list[
     for h in hyps:
         fs = ev.family(h.cause)
         if fs and h.confidence >= W.min_cause_conf and all(recovered(f) for f in fs):
-            h = _demoted(h, f"the loss never went down from the start ({stall[0].message.rstrip('.')}): "
+            h = demoted(h, f"the loss never went down from the start ({stall[0].message.rstrip('.')}): "
                             "a departure that recovered by itself does not explain a run that never learned")
         out.append(h)
     return ev, out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 
+from parsers._jsonl_fields import _flatten
 from parsers._table_header import lossy_header, step_axis, step_column
 from parsers.lines import LineRecord, metric
 from parsers.lines.hf_stdout import _PREFIX as _HF_PREFIX
@@ -45,17 +46,6 @@ def _object(s: str) -> dict | None:
     return None
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out: dict = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "/"))
-        else:
-            out[key] = v
-    return out
-
-
 def parse_line(line: str, state: dict) -> LineRecord | None:
     """Read a JSON object or Python dict that ends a line after any prefix; ``None`` when there is none.
 
@@ -72,21 +62,21 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     d = _object(s)
     if not d:
         return None
-    flat = _flat(d)
+    flat = _flatten(d, "", {})
     keys = [str(k) for k in flat]
     col = step_column(keys, row_index=False)
-    numeric = {k: v for k, v in flat.items() if not isinstance(v, bool) and to_float(v) is not None}
+    numeric = {k: x for k, v in flat.items() if (x := to_float(v)) is not None}  # to_float: None for a bool
     if not lossy_header(list(numeric)) and (col is None or step_axis(col) != "optimizer_step"):
         return None  # a configuration (``{"lr": 3e-4, "epochs": 10}``), not a record
     step = None
     if col is not None:
         raw = flat[col]
-        x = to_float(raw) if not isinstance(raw, bool) else None
+        x = to_float(raw)
         if x is None or not math.isfinite(x) or abs(x) > _INT64:
             return LineRecord("generic", damaged=f"step {col!r} = {str(raw)[:40]} is not an integer step "
                                                  "within int64")
         step = int(x)
-    out = [metric(str(k), to_float(v)) for k, v in numeric.items() if k != col]
+    out = [metric(str(k), x) for k, x in numeric.items() if k != col]
     if not out:
         return None
     return LineRecord("generic", step=step, metrics=out)
