@@ -187,6 +187,25 @@ def test_follow_symlinks_reads_outside_only_when_asked(tmp_path: Path) -> None:
     assert file_policy.why_not("/proc/self/environ") == "leads into /proc: not read"
 
 
+def test_wandb_debug_log_links_out_of_the_run_are_not_skipped_inputs(tmp_path: Path) -> None:
+    """wandb links ``logs/debug-core.log`` into ``~/.cache/wandb`` in every run: not a skipped input (no lost
+    confidence), while any other link out of the run folder still is."""
+    from parsers.discover import load_run
+
+    run, outside = tmp_path / "run", tmp_path / "cache"
+    logs = run / "wandb" / "offline-run-20261202_003507-ueer3v0w" / "logs"
+    logs.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "core-debug.log").write_text("wandb-core debug\n")
+    (outside / "other.log").write_text("step 1 loss 2.0\n")
+    (logs / "debug-core.log").symlink_to(outside / "core-debug.log")
+    (run / "other.log").symlink_to(outside / "other.log")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {2.0 - s / 100}}}\n' for s in range(50)))
+    listed = {s.what for s in load_run(run).skipped}
+    assert "other.log" in listed
+    assert not any("debug-core" in w for w in listed)
+
+
 def test_audit_of_hostile_runs_completes_with_error_rows(tmp_path: Path) -> None:
     """An audit over hostile runs (some with nothing readable, one named with a non-UTF-8 byte) completes."""
     root = tmp_path / "runs"
