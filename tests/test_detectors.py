@@ -298,6 +298,19 @@ def ck03_optimizer_restart(_: Path) -> RunData:
     return table_run({"loss": np.full(500, 2.0)}, steps, seg, meta={"checkpoints": cks}, tensors=t)
 
 
+def ck03_restart_beside_a_later_record(_: Path) -> RunData:
+    """HF layout (user test U2): the onset belongs to the resumed attempt.
+
+    trainer_state.json's sparse loss (segment 0, steps 10-500) runs past the resume at 300 that the stdout
+    logs as segment 1.
+    """
+    t = _tensors({"l.0.mlp.weight": [1, 1.01]}, [300, 400])
+    cks = [{"step": 300, "path": "c300", "step_source": "trainer_state", "optimizer": {"step": 300}},
+           {"step": 400, "path": "c400", "step_source": "trainer_state", "optimizer": {"step": 100}}]
+    return table_run({"samples_per_second": np.full(20, 9.0), "loss": np.full(50, 2.0)}, np.arange(301, 321),
+                     np.ones(20), meta={"checkpoints": cks}, tensors=t, col_steps={"loss": np.arange(10, 510, 10)})
+
+
 def healthy(_: Path) -> RunData:
     """A healthy run: warm-up + cosine lr, falling loss, steady grad norm."""
     s = np.arange(400)
@@ -352,6 +365,8 @@ CASES = (
     Case("ck01_nan_checkpoint", "CK01", ck01_nan_checkpoint, must=(("CK01", 200, 0, "nonfinite_state"),)),
     Case("ck02_qk_growth", "CK02", ck02_qk_growth, must=(("CK02", 300, 0, "attention_logit_growth"),)),
     Case("ck03_optimizer_restart", "CK03", ck03_optimizer_restart, must=(("CK03", 201, 1, "optimizer_state"),)),
+    Case("ck03_restart_beside_a_later_record", "CK03", ck03_restart_beside_a_later_record,
+         must=(("CK03", 301, 1, "optimizer_state"),)),
     # must-not: a healthy run gives no finding of the fault detectors
     *(Case(f"healthy_{c.lower()}", c, healthy, must_not=(c,))
       for c in ("SP01", "GN01", "DV01", "ST01", "LR01", "WU01", "DB01", "PR01", "HW01", "NF01")),
