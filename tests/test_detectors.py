@@ -442,3 +442,20 @@ def test_missing_metric_is_a_listed_skip() -> None:
     assert findings == []
     assert [(s.what, s.reason) for s in skipped] == [("ZZ99 test.needs_eval",
                                                       "not evaluated: needs one of the metrics eval_loss")]
+
+
+def test_lr01_says_where_the_replayed_schedule_starts() -> None:
+    """LR01 names where a replayed schedule starts: its first step, or (user test U3) its peak.
+
+    A warm-up replayed is "from its first step"; a cosine restarted at its peak (no warm-up) names the old
+    step it replays from and says it is past the warm-up.
+    """
+    (warm,) = [f for f in BY_CODE["LR01"].detect(lr01_reset(Path())) if f.step == 150]
+    assert "from its first step" in warm.message, warm.message
+    sched = lambda s: np.where(s < 30, 3e-3 * (s + 5) / 35, 3e-3 * 0.5 * (1 + np.cos(np.pi * (s - 30) / 570)))  # noqa: E731
+    s0, s1 = np.arange(5, 305, 5), np.arange(305, 605, 5)
+    lr = np.concatenate([sched(s0), sched(s1 - 300 + 30 - 5)])  # job 2: the cosine again from its peak
+    run = table_run({"lr": lr, "loss": _loss(120)}, np.concatenate([s0, s1]), np.r_[np.zeros(60), np.ones(60)])
+    (peak,) = [f for f in BY_CODE["LR01"].detect(run) if f.step == 305]
+    assert peak.mechanism == "reset_to_initial"
+    assert "from its step 30 (its peak, past the warm-up)" in peak.message, peak.message

@@ -188,8 +188,10 @@ def test_follow_symlinks_reads_outside_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_wandb_debug_log_links_out_of_the_run_are_not_skipped_inputs(tmp_path: Path) -> None:
-    """wandb links ``logs/debug-core.log`` into ``~/.cache/wandb`` in every run: not a skipped input (no lost
-    confidence), while any other link out of the run folder still is."""
+    """The ``logs/debug-core.log`` link wandb makes into ``~/.cache/wandb`` is no skipped input; other links out are.
+
+    wandb makes that link in every run, so listing it would lower every wandb run's confidence.
+    """
     from parsers.discover import load_run
 
     run, outside = tmp_path / "run", tmp_path / "cache"

@@ -520,7 +520,7 @@ def test_headline_names_a_resume() -> None:
     f = Finding("LR01", "lr.schedule_reset", "lr_schedule_reset", "reset_to_initial", 300, 1, 0.9, "high", "m")
     a = _with(anomaly(), cause="lr_schedule_reset", mechanism="reset_to_initial", findings=(f,),
               onset={"step": 300, "segment": 1})
-    assert headline(a, make_run()) == ("The learning-rate schedule restarted from its warm-up when the job resumed "
+    assert headline(a, make_run()) == ("The learning-rate schedule restarted from the beginning when the job resumed "
                                        "at step 300.")
 
 
