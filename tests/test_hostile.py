@@ -406,3 +406,13 @@ def test_compare_and_sweep_reports_escape_hostile_names(command: str, tmp_path: 
     assert hg.problems(out) == []
     report = json.loads((out / "r.json").read_text(encoding="utf-8"))  # valid UTF-8 JSON, names escaped
     assert "\\xff" in json.dumps(report) or "\\udcff" in json.dumps(report)
+
+
+def test_a_run_given_as_dot_is_named_by_its_path(tmp_path: Path, monkeypatch) -> None:
+    """``forensics analyze .`` names the run by its folder's path, not ``.`` (user test)."""
+    from parsers.discover import load_run
+
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {2.0 - s / 100}}}\n' for s in range(20)))
+    monkeypatch.chdir(tmp_path)
+    assert load_run(".").run == str(tmp_path.resolve())
+    assert load_run(str(tmp_path)).run == str(tmp_path)
