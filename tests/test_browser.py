@@ -404,3 +404,66 @@ def test_an_onset_at_the_last_step_stays_visible(browser: Any, tmp_path: Path) -
         assert _has_colour(img, "#c62828"), "no onset line"
     finally:
         page.close()
+
+
+LONG = "x" * 600
+"""A 600-character metric name (QA s7 F11)."""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML report of a run with a bidi-control name, a zero-width one, a 600-character one, long layer names."""
+    base = tmp_path_factory.mktemp("hostile")
+    names = ["\u202eevil", "zero\u200bwidth", LONG]
+    rows = []
+    for i in range(200):
+        r: dict[str, Any] = {"step": i + 1, "loss": 3 - i / 100 + (20 if i > 150 else 0), "lr": 0.001}
+        r.update({nm: float(i * (k + 1)) for k, nm in enumerate(names)})
+        r.update({f"attn_logit_max/layer{k}_{LONG}": 1.0 + k + 0.01 * i for k in range(3)})
+        rows.append(r)
+    import json
+
+    (base / "run").mkdir()
+    (base / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run = load(base / "run")
+    path = base / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["\u202eevil", "zero\u200bwidth"])
+def test_an_overlay_whose_name_has_a_bidi_or_invisible_character_is_drawn(
+        browser: Any, hostile: Path, name: str) -> None:
+    """Choosing such an overlay draws it (QA s7 F6: the option's value was the made-safe text, no series had it)."""
+    page = Page(browser, hostile)
+    try:
+        p = page.page
+        sel = p.locator('select[data-tf-overlay="chart-loss"]')
+        value = sel.locator("option").evaluate_all(
+            "(os, name) => { const o = os.find((o) => tfCharts.overlay[+o.value] === name); return o ? o.value : null; }",
+            name)
+        assert value is not None, "the series is not offered"
+        label = sel.locator(f'option[value="{value}"]').inner_text()
+        assert "<U+" in label  # the visible text stays safe
+        sel.select_option(value)
+        got = page.panel("chart-loss")
+        assert got["ov"] and got["ov_points"] == 200, got
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [500, 1300, 2400])
+def test_a_long_metric_name_keeps_the_page_at_the_viewport_width(browser: Any, hostile: Path, width: int) -> None:
+    """A 600-character name wraps or is cut with an ellipsis (QA s7 F11: the page was 4,500-5,100 px wide)."""
+    page = Page(browser, hostile)
+    try:
+        p = page.page
+        p.set_viewport_size({"width": width, "height": 900})
+        p.wait_for_timeout(200)
+        got = p.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert got[0] <= got[1], got
+        boxes = p.locator("figure.chart select, figure.chart figcaption").evaluate_all(
+            "(els) => els.map((e) => e.getBoundingClientRect().right)")
+        assert boxes and max(boxes) <= width, boxes
+    finally:
+        page.close()

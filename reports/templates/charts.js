@@ -7,7 +7,7 @@
    `manySegments`), the onset, and a cursor the finding links move. No text from the logs goes into a Bokeh
    text property (Bokeh reads $$...$$ as TeX): titles and captions are the page's HTML.
    window.tfCharts: {doc, x: {main, zoom}, window: [lo, hi] or null (the onset window), steps: [first, last] (the
-   run's), panels: {id: models},
+   run's), panels: {id: models}, overlay: [metric] (an overlay <option>'s value is its index here),
    sources: {metric: {line, marks}} (ColumnDataSources), ready (true once drawn)}. */
 (function () {
   "use strict";
@@ -22,7 +22,8 @@
   var valueFormat = new B.BasicTickFormatter({power_limit_low: -5, power_limit_high: 6});
   var x = {main: new B.Range1d({start: spec.x.main[0], end: spec.x.main[1], name: "x-main"}),
            zoom: new B.Range1d({start: spec.x.zoom[0], end: spec.x.zoom[1], name: "x-zoom"})};
-  var out = {doc: new B.Document(), x: x, window: spec.window, steps: spec.steps, panels: {}, sources: {}, ready: false};
+  var out = {doc: new B.Document(), x: x, window: spec.window, steps: spec.steps, panels: {}, sources: {},
+             overlay: spec.overlay, ready: false};
   window.tfCharts = out;
 
   Object.keys(spec.sources).forEach(function (m) {
