@@ -177,18 +177,50 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     return f"{what}: the run first left its normal range at step {step}{tail}."
 
 
+CALIBRATED = "calibrated: how often a diagnosis like this was right on the corpus the map was fitted on"
+"""What the run's confidence is (:mod:`forensics.calibration`), in every format (user test F34)."""
+RAW = "raw scores: they rank the hypotheses against each other; they are not probabilities"
+"""What a hypothesis's confidence is (the engine's score before calibration), in every format (user test F34)."""
+
+
+def chosen_hypothesis(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None) -> Hypothesis | None:
+    """The hypothesis the verdict took (its cause and mechanism), or ``None`` (healthy, inconclusive)."""
+    if analysis.verdict in (Verdict.HEALTHY, Verdict.INCONCLUSIVE) or analysis.cause is None:
+        return None
+    hyps = list(hypotheses if hypotheses is not None else analysis.hypotheses)
+    return (next((h for h in hyps if h.cause == analysis.cause and h.mechanism == analysis.mechanism), None)
+            or next((h for h in hyps if h.cause == analysis.cause), None))
+
+
+def hypothesis_scores(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None, top: int = 3) -> str:
+    """The hypotheses' raw scores, the chosen one marked (``""`` without hypotheses).
+
+    Example: ``"update_scale_growth / lr_too_high 0.55 (chosen), data_batch / bad_batch 0.22"``.
+    """
+    hyps = list(hypotheses if hypotheses is not None else analysis.hypotheses)[:top]
+    chosen = chosen_hypothesis(analysis, hyps)
+    return ", ".join(f"{h.cause}{' / ' + h.mechanism if h.mechanism else ''} {h.confidence:.2f}"
+                     + (" (chosen)" if h is chosen else "") for h in hyps)
+
+
 def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None) -> str:
-    """How sure and why, in one or two sentences (confidence word, the strongest support, the runner-up)."""
+    """How sure and why, in one or two sentences (confidence word, the strongest support, the runner-up).
+
+    The run's confidence is the calibrated one; a hypothesis's number is its raw score, and the sentence says
+    which is which (user test F34: a 0.55 cause shown as "Confidence 0.96" beside "Runner-up (0.22)").
+    """
     a = analysis
     word = "high" if a.confidence >= 0.85 else "moderate" if a.confidence >= 0.6 else "low"
-    text = f"Confidence {a.confidence:.2f} ({word})"
     hyps = list(hypotheses if hypotheses is not None else a.hypotheses)
+    chosen = chosen_hypothesis(a, hyps)
+    raw = f" from the chosen cause's raw score {chosen.confidence:.2f}" if chosen is not None else ""
+    text = f"Confidence {a.confidence:.2f} ({word}; calibrated{raw})"
     if a.verdict == Verdict.HEALTHY:
         n = len(a.skipped)
         return text + (f": no detector fired; {n} check(s) could not run (see Not evaluated)." if n
                        else ": no detector fired and every check ran.")
-    chosen = next((h for h in hyps if h.cause == a.cause), None)
-    why = [s for s in (chosen.support if chosen else ()) if s][:1]
+    backing = chosen or next((h for h in hyps if h.cause == a.cause), None)
+    why = [s for s in (backing.support if backing else ()) if s][:1]
     if not why:
         top = sorted((f for f in a.findings if f.cause == a.cause), key=lambda f: -f.confidence)[:1]
         why = [f"{f.code} step {f.step}: {f.message}" for f in top]
@@ -197,7 +229,7 @@ def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None
     others = [h for h in hyps if h.cause != a.cause]
     if others:
         o = others[0]
-        text += f". Runner-up: {o.cause}{' / ' + o.mechanism if o.mechanism else ''} ({o.confidence:.2f})"
+        text += f". Runner-up: {o.cause}{' / ' + o.mechanism if o.mechanism else ''} (raw score {o.confidence:.2f})"
     return text + "."
 
 

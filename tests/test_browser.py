@@ -440,7 +440,8 @@ def test_an_overlay_whose_name_has_a_bidi_or_invisible_character_is_drawn(
         p = page.page
         sel = p.locator('select[data-tf-overlay="chart-loss"]')
         value = sel.locator("option").evaluate_all(
-            "(os, name) => { const o = os.find((o) => tfCharts.overlay[+o.value] === name); return o ? o.value : null; }",
+            "(os, name) => { const o = os.find((o) => tfCharts.overlay[+o.value] === name);"
+            " return o ? o.value : null; }",
             name)
         assert value is not None, "the series is not offered"
         label = sel.locator(f'option[value="{value}"]').inner_text()
