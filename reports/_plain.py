@@ -151,8 +151,13 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     if run is not None and run.metrics.height:
         steps = run.metrics.get_column("step")
         span = f" over steps {fmt_num(int(steps.min()))} to {fmt_num(int(steps.max()))}"  # type: ignore[arg-type]
-    if a.verdict == Verdict.HEALTHY:
-        return f"Nothing went wrong: every logged series stayed within the run's own normal range{span}."
+    if a.verdict == Verdict.HEALTHY:  # what the checks judged, not "every series" (user test F30: eval loss doubled)
+        rise = eval_rise(run)
+        if rise:
+            return (f"Training itself went well: the checks that ran found no departure from the run's own normal "
+                    f"range{span}, but {rise}.")
+        return ("Nothing went wrong in training: the checks that ran found no departure from the run's own normal "
+                f"range{span}.")
     if a.verdict == Verdict.INCONCLUSIVE:  # the summary says what was found and how to map it: the useful part
         why = str(getattr(a, "summary", "") or "").removeprefix("inconclusive:").strip().rstrip(".")
         if why:
@@ -201,6 +206,50 @@ def hypothesis_scores(analysis: Analysis, hypotheses: Sequence[Hypothesis] | Non
     chosen = chosen_hypothesis(analysis, hyps)
     return ", ".join(f"{h.cause}{' / ' + h.mechanism if h.mechanism else ''} {h.confidence:.2f}"
                      + (" (chosen)" if h is chosen else "") for h in hyps)
+
+
+EVAL_SERIES = ("eval_loss", "eval_ppl")
+"""Canonical names of an evaluation objective (:mod:`forensics.objective`): no detector judges its rise."""
+EVAL_RISE = 1.25
+"""An evaluation loss ending this many times above its minimum is said to have risen (our choice: a quarter)."""
+
+
+def eval_rise(run: RunData | None) -> str:
+    """An evaluation loss that rose well above its minimum by the end, in words (``""`` when none did).
+
+    Display only (no verdict uses it): a healthy run's sentence must not say "every series normal" while its eval
+    loss doubled (user test F30). The end is the median of the last three points; the minimum is before them.
+    Example: ``"eval_loss rose x2.1 from its minimum 0.95 at step 600 to 2.0 by step 1,999 while the training
+    loss kept falling (overfitting, not a training fault: the best checkpoint is near step 600)"``.
+    """
+    import numpy as np
+
+    if run is None or not run.metrics.height:
+        return ""
+    for name in EVAL_SERIES:
+        s = run.series(name) if name in run.metric_names else None
+        if s is None:
+            continue
+        ok = np.isfinite(s.values)
+        steps, vals = s.steps[ok], s.values[ok]
+        if vals.size < 6 or float(vals.min()) <= 0:
+            continue
+        i = int(np.argmin(vals[:-3]))
+        low, end = float(vals[i]), float(np.median(vals[-3:]))
+        if end < EVAL_RISE * low:
+            continue
+        text = (f"{name} rose x{end / low:.1f} from its minimum {fmt_num(low, 3)} at step {fmt_num(int(steps[i]))} "
+                f"to {fmt_num(end, 3)} by step {fmt_num(int(steps[-1]))}")
+        train = run.series("loss") if "loss" in run.metric_names else None
+        if train is not None and len(train):
+            t_ok = np.isfinite(train.values)
+            t_steps, t_vals = train.steps[t_ok], train.values[t_ok]
+            before = t_vals[t_steps <= steps[i]]
+            if before.size and t_vals.size and float(np.median(t_vals[-3:])) < float(before[-1]):
+                return text + (" while the training loss kept falling (overfitting, not a training fault: the best "
+                               f"checkpoint is near step {fmt_num(int(steps[i]))})")
+        return text + " (no check judges an evaluation series: look at it before trusting this run)"
+    return ""
 
 
 def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None) -> str:

@@ -51,3 +51,37 @@ def test_every_format_says_which_confidence_is_calibrated_and_which_is_raw(overf
     assert re.search(rf"id=\"hyp-scores\">The numbers here are the engine's raw scores.*?raw score {raw:.2f}",
                      html, re.S)
     assert html.count('<span class="muted">raw score</span>') == len(hyps)
+
+
+def _overfit(tmp_path: Path, rise: bool) -> Path:
+    """A stable run, train loss 2.05 -> 0.05; its eval loss (every 100 steps) bottoms near 600, then rises."""
+    rows = []
+    for s in range(2000):
+        r = {"step": s, "loss": 2.05 - 2.0 * s / 1999 + 0.01 * ((s * 7919) % 13) / 13, "lr": 1e-3}
+        if s % 100 == 0:
+            r["eval_loss"] = 0.95 + (abs(s - 600) / 1400 if rise else max(0.0, (600 - s) / 600))
+        rows.append(r)
+    run = tmp_path / ("overfit" if rise else "flat")
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return run
+
+
+def test_a_healthy_overfitting_run_is_not_called_every_series_normal(tmp_path: Path) -> None:
+    """HEALTHY is kept, but no format says every series was normal while the eval loss rose (user test F30)."""
+    run = load(_overfit(tmp_path, rise=True))
+    analysis = analyze_run(run)
+    assert analysis.verdict == "healthy"
+    for fmt in (ReportFormat.text, ReportFormat.markdown, ReportFormat.html):
+        out = render(analysis, run, fmt)
+        assert "every logged series" not in out
+        assert re.search(r"eval_loss rose x1\.\d from its minimum 0\.95 at step 600", out.replace("\\_", "_")), fmt
+        assert "overfitting" in out and "best checkpoint is near step 600" in out, fmt
+
+
+def test_a_healthy_run_with_a_falling_eval_loss_says_nothing_went_wrong(tmp_path: Path) -> None:
+    """No rise, no remark: the sentence is limited to what the checks judged."""
+    run = load(_overfit(tmp_path, rise=False))
+    text = render(analyze_run(run), run, ReportFormat.text)
+    assert "Nothing went wrong in training: the checks that ran found no departure" in text
+    assert "eval_loss rose" not in text
