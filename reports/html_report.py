@@ -271,7 +271,8 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
     """The interactive charts' panels, BokehJS, the chart data and its script (empty without a run)."""
     if chartset is None:
         return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
-                "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": []}
+                "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": [], "starts": [],
+                "n_starts": 0, "n_start_steps": 0}
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
@@ -284,6 +285,8 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
         # BokehJS, and the chart data (JSON with every "<" escaped: reports.interactive.data_json) and its script
         "resources": Markup(chartset.resources), "script": Markup(chartset.script), "chain": chartset.chain,
         "overlay_names": list(chartset.config.get("overlay", [])), "dropped": chartset.dropped,
+        "starts": chartset.starts, "n_starts": len(chartset.config.get("bounds", [])),
+        "n_start_steps": len({b[1] for b in chartset.config.get("bounds", [])}),
     }
 
 

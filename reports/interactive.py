@@ -38,6 +38,7 @@ from reports.chart_data import (
     is_constant,
     log_note,
     slug,
+    superseded_caption,
 )
 from reports.figures import FigureBuilder
 
@@ -103,6 +104,36 @@ class ChartSet:
     config: dict[str, Any] = field(default_factory=dict)
     chain: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    starts: list[str] = field(default_factory=list)
+
+
+MAX_START_LINES = 200
+"""Start steps listed under the charts at most (every restart is a finding in the evidence table and the JSON)."""
+
+
+def start_lines(bounds: Iterable[tuple[int, float]]) -> list[str]:
+    """The segment starts as a list, one line per start step: ``"step 0: segments 1-999 (999 starts)"``.
+
+    The labels on the charts are thinned to stay readable (QA s7 F4); this list names every start (the first
+    :data:`MAX_START_LINES` start steps, then how many more).
+    """
+    at: dict[float, list[int]] = {}
+    for seg, step in bounds:
+        at.setdefault(step, []).append(int(seg))
+    out = []
+    for step in sorted(at)[:MAX_START_LINES]:
+        segs = at[step]
+        if len(segs) == 1:
+            words = f"segment {segs[0]}"
+        elif segs[-1] - segs[0] + 1 == len(segs):
+            words = f"segments {segs[0]}\u2013{segs[-1]} ({len(segs):,} starts)"
+        else:
+            some = ", ".join(map(str, segs[:12])) + (", ..." if len(segs) > 12 else "")
+            words = f"segments {some} ({len(segs):,} starts)"
+        out.append(f"step {int(step):,}: {words}")
+    if len(at) > MAX_START_LINES:
+        out.append(f"+{len(at) - MAX_START_LINES:,} more start steps (every restart is a finding: Evidence, -f json)")
+    return out
 
 
 
@@ -202,8 +233,9 @@ def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]
         pid = ids.new("chart", name)
         log = _guarded(b, out, name, functools.partial(b.line_panel, s, pid, "main"))
         if log is not None:
-            out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log,
-                                  *log_note(s.values)))
+            caption = "; ".join(c for c in (counts_caption(s, b.shown[name]),
+                                            superseded_caption(*b.superseded.get(name, (None, 0)))) if c)
+            out.main.append(Panel(pid, name, name, caption, "", "line", log, *log_note(s.values)))
 
 
 def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str], window: tuple[int, int]) -> None:
@@ -220,9 +252,12 @@ def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str
         log = _guarded(b, out, f"{name} (around the onset)",
                        functools.partial(b.line_panel, s, pid, "zoom", height=190))
         if log is not None:
+            rows = b.superseded.get(name, (None, 0))[0]
+            grey = 0 if rows is None else int(((rows.steps >= window[0]) & (rows.steps <= window[1])).sum())
             out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
-                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log,
-                              *log_note(s.values)))
+                              f"{int(inside.sum()):,} points in the window, all drawn"
+                              + (f"; grey: {int(grey):,} rows superseded by later segments" if grey else ""),
+                              "", "line", log, *log_note(s.values)))
 
 
 def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapping[str, list[str]]) -> None:
@@ -251,7 +286,7 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
         resources=_core_js(), script=script,
         main=[placed(p) for p in out.main], zoom=[placed(p) for p in out.zoom], layers=[placed(p) for p in out.layers],
         constant=out.constant, zoom_constant=out.zoom_constant, window=window, config=b.spec, chain=out.chain,
-        dropped=out.dropped,
+        dropped=out.dropped, starts=start_lines((int(g), float(v)) for g, v in b.spec["bounds"]),
     )
 
 
