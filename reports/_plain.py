@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 import json
-import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -322,7 +322,7 @@ def launch_blocks(settings: Mapping[str, Any], resume: Mapping[str, Any] | None 
         lines = ['"${LAUNCH[@]}"']
         ckpt = (resume or {}).get("checkpoint")
         if ckpt:
-            lines.append(f"--load {_shell(str(ckpt).split(' (')[0])}")
+            lines.append(f"--load {shlex.quote(str(ckpt).split(' (')[0])}")  # a path with spaces or quotes (F42)
         lines += [str(f) for f in flags]
         head = "# LAUNCH=(your usual launch command and arguments, unchanged), e.g. (torchrun pretrain_gpt.py ...)\n"
         out.append(Block("bash", "Megatron-LM / DeepSpeed command line (appended flags)",
@@ -339,10 +339,6 @@ def _py(v: Any) -> str:
     if isinstance(v, int | float | str):
         return repr(v)
     return repr(_jsonable(v))
-
-
-def _shell(s: str) -> str:
-    return s if re.fullmatch(r"[\w./:=@%+-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
 def _jsonable(v: Any) -> Any:

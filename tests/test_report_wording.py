@@ -85,3 +85,30 @@ def test_a_healthy_run_with_a_falling_eval_loss_says_nothing_went_wrong(tmp_path
     text = render(analyze_run(run), run, ReportFormat.text)
     assert "Nothing went wrong in training: the checks that ran found no departure" in text
     assert "eval_loss rose" not in text
+
+
+def test_the_megatron_block_quotes_the_checkpoint_path() -> None:
+    """``--load`` of the paste-ready command line is shell-quoted (a space, a quote, a ``<``; user test F42)."""
+    import shlex
+
+    from reports._plain import launch_blocks
+
+    ckpt = "runs/sp ace/it's <x>/iter_0000300"
+    block = next(b for b in launch_blocks({"megatron_flags": ["--lr 1.5e-4"]},
+                                          {"checkpoint": f"{ckpt} (step 300)", "step": 300}) if b.lang == "bash")
+    line = next(ln for ln in block.text.splitlines() if ln.lstrip().startswith("--load"))
+    assert shlex.split(line.rstrip(" \\"))[1] == ckpt
+
+
+def test_the_inconclusive_hint_is_in_every_format(tmp_path: Path) -> None:
+    """No loss logged: the mapping hint (``--metric loss=...``) is in text, Markdown and HTML, not only JSON (F35)."""
+    run_dir = tmp_path / "no_loss"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"it": s, "acc": s / 300, "lr": 1e-3}) + "\n"
+                                                   for s in range(300)), encoding="utf-8")
+    run = load(run_dir)
+    analysis = analyze_run(run)
+    assert analysis.verdict == "inconclusive"
+    for fmt in (ReportFormat.text, ReportFormat.markdown, ReportFormat.html, ReportFormat.json):
+        out = render(analysis, run, fmt).replace("\\_", "_")
+        assert "--metric loss=acc" in out, fmt
