@@ -154,10 +154,8 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     if a.verdict == Verdict.HEALTHY:  # what the checks judged, not "every series" (user test F30: eval loss doubled)
         rise = eval_rise(run)
         if rise:
-            return (f"Training itself went well: the checks that ran found no departure from the run's own normal "
-                    f"range{span}, but {rise}.")
-        return ("Nothing went wrong in training: the checks that ran found no departure from the run's own normal "
-                f"range{span}.")
+            return f"Training itself went well: the checks that ran found no fault{span}, but {rise}."
+        return f"Nothing went wrong in training: the checks that ran found no fault{span}."
     if a.verdict == Verdict.INCONCLUSIVE:  # the summary says what was found and how to map it: the useful part
         why = str(getattr(a, "summary", "") or "").removeprefix("inconclusive:").strip().rstrip(".")
         if why:
@@ -208,6 +206,9 @@ def hypothesis_scores(analysis: Analysis, hypotheses: Sequence[Hypothesis] | Non
                      + (" (chosen)" if h is chosen else "") for h in hyps)
 
 
+NOT_A_FAULT = ("The verdict is healthy: the engine counted none of these findings as a fault (each too weak, "
+               "or informational, such as a restart).")
+"""Said above a healthy run's findings, so a listed grad-norm departure does not read as a fault (user test F30)."""
 EVAL_SERIES = ("eval_loss", "eval_ppl")
 """Canonical names of an evaluation objective (:mod:`forensics.objective`): no detector judges its rise."""
 EVAL_RISE = 1.25

@@ -170,7 +170,16 @@ def _plan_view(analysis: Analysis, run: RunData | None, cons: Consistent) -> dic
 
 
 def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> dict[str, Any]:
-    from reports._plain import CALIBRATED, RAW, certainty, chosen_hypothesis, consistent, glossary, headline
+    from reports._plain import (
+        CALIBRATED,
+        NOT_A_FAULT,
+        RAW,
+        certainty,
+        chosen_hypothesis,
+        consistent,
+        glossary,
+        headline,
+    )
 
     cons = consistent(analysis, run)
     onset = dict(analysis.onset) if analysis.onset else None
@@ -191,7 +200,7 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
         "step_note": (analysis.meta.get("step_axis") or {}).get("note"),
         "headline": headline(analysis, run),
         "certainty": certainty(analysis, hyps),
-        "calibrated_words": CALIBRATED, "raw_words": RAW,
+        "calibrated_words": CALIBRATED, "raw_words": RAW, "not_a_fault": NOT_A_FAULT,
         "chosen_raw": (lambda h: None if h is None else h.confidence)(chosen_hypothesis(analysis, hyps)),
         "labels": glossary([analysis.cause, analysis.mechanism]),
         "glossary": glossary([analysis.verdict, analysis.cause, analysis.mechanism,

@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING
 
 from forensics.model import Analysis, Verdict
 from reports._common import fmt_conf, oneline, onset_label
-from reports._plain import CALIBRATED, RAW, consistent, explain, headline, hypothesis_scores, launch_blocks, proof
+from reports._plain import (
+    CALIBRATED,
+    NOT_A_FAULT,
+    RAW,
+    consistent,
+    explain,
+    headline,
+    hypothesis_scores,
+    launch_blocks,
+    proof,
+)
 from reports.escape import terminal
 
 if TYPE_CHECKING:
@@ -49,6 +59,8 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
     if scores:  # raw, beside the calibrated one: say which is which (user test F34)
         rows.append(("hypotheses", f"{scores} ({RAW})", ""))
     shown = a.findings if verbose else a.findings[:TOP_FINDINGS]
+    if shown and a.verdict == Verdict.HEALTHY:
+        rows.append(("", NOT_A_FAULT, "dim"))
     for f in shown:
         where = "" if f.step is None else f" step {f.step}"
         rows.append(("evidence", f"[{f.code}]{where}: {oneline(f.message)}", ""))

@@ -79,11 +79,23 @@ def test_a_healthy_overfitting_run_is_not_called_every_series_normal(tmp_path: P
         assert "overfitting" in out and "best checkpoint is near step 600" in out, fmt
 
 
+def test_a_healthy_run_says_its_findings_are_not_faults(tmp_path: Path) -> None:
+    """A healthy run that lists findings (here: restarts) says the engine did not count them as a fault (F30)."""
+    (tmp_path / "run").mkdir()
+    block = "".join(f"step {s} loss {3 - s * 1e-3:.6f} lr 0.001\n" for s in range(40))
+    (tmp_path / "run" / "train.log").write_text(block * 4, encoding="utf-8")
+    run = load(tmp_path / "run")
+    analysis = analyze_run(run)
+    assert analysis.verdict == "healthy" and analysis.findings
+    for fmt in (ReportFormat.text, ReportFormat.markdown, ReportFormat.html):
+        assert "the engine counted none of these findings as a fault" in render(analysis, run, fmt), fmt
+
+
 def test_a_healthy_run_with_a_falling_eval_loss_says_nothing_went_wrong(tmp_path: Path) -> None:
     """No rise, no remark: the sentence is limited to what the checks judged."""
     run = load(_overfit(tmp_path, rise=False))
     text = render(analyze_run(run), run, ReportFormat.text)
-    assert "Nothing went wrong in training: the checks that ran found no departure" in text
+    assert "Nothing went wrong in training: the checks that ran found no fault over steps 0 to 1999" in text
     assert "eval_loss rose" not in text
 
 
