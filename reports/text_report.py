@@ -17,7 +17,6 @@ from reports._common import fmt_conf, oneline, onset_label
 from reports._plain import (
     CALIBRATED,
     NOT_A_FAULT,
-    RAW,
     consistent,
     explain,
     headline,
@@ -53,11 +52,11 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
     note = (a.meta.get("step_axis") or {}).get("note")
     if note:  # the steps are row numbers: every step in the report is one
         rows.append(("steps", str(note), "bold"))
-    rows.append(("confidence", f"{fmt_conf(a.confidence)} ({CALIBRATED})", ""))
     cons = consistent(a, run)
-    scores = hypothesis_scores(a, cons.hypotheses)
-    if scores:  # raw, beside the calibrated one: say which is which (user test F34)
-        rows.append(("hypotheses", f"{scores} ({RAW})", ""))
+    scores = hypothesis_scores(a, cons.hypotheses)  # raw, beside the calibrated one: which is which (user test F34)
+    raw = (f"; the hypotheses' raw scores (they only rank them): {scores}" if scores
+           else f" ({CALIBRATED.partition(': ')[2]})")
+    rows.append(("confidence", f"{fmt_conf(a.confidence)} calibrated{raw}", ""))
     shown = a.findings if verbose else a.findings[:TOP_FINDINGS]
     if shown and a.verdict == Verdict.HEALTHY:
         rows.append(("", NOT_A_FAULT, "dim"))
