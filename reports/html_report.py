@@ -281,7 +281,7 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
     if chartset is None:
         return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
                 "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": [], "starts": [],
-                "n_starts": 0, "n_start_steps": 0}
+                "n_starts": 0, "n_start_steps": 0, "unpanelled": ""}
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
@@ -295,7 +295,7 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
         "resources": Markup(chartset.resources), "script": Markup(chartset.script), "chain": chartset.chain,
         "overlay_names": list(chartset.config.get("overlay", [])), "dropped": chartset.dropped,
         "starts": chartset.starts, "n_starts": len(chartset.config.get("bounds", [])),
-        "n_start_steps": len({b[1] for b in chartset.config.get("bounds", [])}),
+        "n_start_steps": len({b[1] for b in chartset.config.get("bounds", [])}), "unpanelled": chartset.unpanelled,
     }
 
 

@@ -20,6 +20,7 @@ titles and axis labels as TeX): titles and captions are HTML, autoescaped by the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -91,6 +92,8 @@ class ChartSet:
         config: The chart data (:attr:`reports.figures.FigureBuilder.spec`); JSON-serialisable.
         chain: The codes of the findings on the causal chain that sized the window (:func:`chain_codes`).
         dropped: One note per panel whose chart data could not be made (the rest of the report is written).
+        starts: The segment starts, one line per start step (:func:`start_lines`).
+        unpanelled: One line on the series without a panel of their own (:func:`unpanelled`).
     """
 
     resources: str
@@ -105,6 +108,7 @@ class ChartSet:
     chain: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     starts: list[str] = field(default_factory=list)
+    unpanelled: str = ""
 
 
 MAX_START_LINES = 200
@@ -169,9 +173,29 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
         if s is not None:
             b.source(s, panel=False)
     b.spec["overlay"] = [m for m in overlay if m in b.sources]
+    out = dataclasses.replace(out, unpanelled=unpanelled(b, out, layer_groups))
     if not b.panels:
         return out
     return _embed(b, out, window)
+
+
+def unpanelled(b: FigureBuilder, out: ChartSet, layer_groups: Mapping[str, list[str]]) -> str:
+    """One line on the logged series without a panel of their own (``""``: none): nothing is left out unsaid.
+
+    Example: ``"45 other series have no panel of their own: m00, m01, ...; 38 of them can be overlaid on a panel
+    (its overlay menu); all are in -f json and forensics ingest."``
+    """
+    drawn = {p.metric for p in out.main + out.zoom}
+    drawn |= {m for p in out.layers for m in layer_groups.get(p.metric, [])}
+    drawn |= {line.partition(": constant ")[0] for line in out.constant + out.zoom_constant}
+    rest = [m for m in b.run.metric_names if m not in drawn]
+    if not rest:
+        return ""
+    offered = len(set(rest) & set(b.spec["overlay"]))
+    names = ", ".join(rest[:12]) + (", ..." if len(rest) > 12 else "")
+    return (f"{len(rest):,} other series have no panel of their own: {names}; "
+            + (f"{offered:,} of them can be overlaid on a panel (its overlay menu); " if offered else "")
+            + "all are in -f json and forensics ingest.")
 
 
 def chain_codes(findings: Iterable[Any]) -> list[str]:
@@ -287,6 +311,7 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
         main=[placed(p) for p in out.main], zoom=[placed(p) for p in out.zoom], layers=[placed(p) for p in out.layers],
         constant=out.constant, zoom_constant=out.zoom_constant, window=window, config=b.spec, chain=out.chain,
         dropped=out.dropped, starts=start_lines((int(g), float(v)) for g, v in b.spec["bounds"]),
+        unpanelled=out.unpanelled,
     )
 
 

@@ -123,3 +123,17 @@ def test_the_inconclusive_hint_is_in_every_format(tmp_path: Path) -> None:
     for fmt in (ReportFormat.text, ReportFormat.markdown, ReportFormat.html, ReportFormat.json):
         out = render(analysis, run, fmt).replace("\\_", "_")
         assert "--metric loss=acc" in out, fmt
+
+
+def test_the_charts_say_which_series_have_no_panel(tmp_path: Path) -> None:
+    """45 extra series: the charts section names those without a panel and how many can be overlaid (QA s7 F3)."""
+    run_dir = tmp_path / "wide"
+    run_dir.mkdir()
+    rows = [{"step": s, "loss": 3 - s / 100, "lr": 1e-3, **{f"m{k:02d}": k + s / 10 for k in range(45)}}
+            for s in range(200)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run = load(run_dir)
+    html = render(analyze_run(run), run, ReportFormat.html)
+    m = re.search(r'<p class="muted" id="not-charted">(\d+) other series have no panel of their own: m00, m01, .*?'
+                  r'(\d+) of them can be overlaid', html)
+    assert m and int(m[1]) == 45 and 30 <= int(m[2]) < 45, m
