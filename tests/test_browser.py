@@ -78,6 +78,7 @@ class Page:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page = browser.new_page(viewport=VIEWPORT)
+        self.page.set_default_timeout(120_000)  # a shared, loaded machine (load 30 on 2 cores) opens a page slowly
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
 
