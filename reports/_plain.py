@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 import json
-import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -151,8 +151,11 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     if run is not None and run.metrics.height:
         steps = run.metrics.get_column("step")
         span = f" over steps {fmt_num(int(steps.min()))} to {fmt_num(int(steps.max()))}"  # type: ignore[arg-type]
-    if a.verdict == Verdict.HEALTHY:
-        return f"Nothing went wrong: every logged series stayed within the run's own normal range{span}."
+    if a.verdict == Verdict.HEALTHY:  # what the checks judged, not "every series" (user test F30: eval loss doubled)
+        rise = eval_rise(run)
+        if rise:
+            return f"Training itself went well: the checks that ran found no fault{span}, but {rise}."
+        return f"Nothing went wrong in training: the checks that ran found no fault{span}."
     if a.verdict == Verdict.INCONCLUSIVE:  # the summary says what was found and how to map it: the useful part
         why = str(getattr(a, "summary", "") or "").removeprefix("inconclusive:").strip().rstrip(".")
         if why:
@@ -177,18 +180,97 @@ def headline(analysis: Analysis, run: RunData | None = None) -> str:
     return f"{what}: the run first left its normal range at step {step}{tail}."
 
 
+CALIBRATED = "calibrated: how often a diagnosis like this was right on the corpus the map was fitted on"
+"""What the run's confidence is (:mod:`forensics.calibration`), in every format (user test F34)."""
+RAW = "raw scores: they rank the hypotheses against each other; they are not probabilities"
+"""What a hypothesis's confidence is (the engine's score before calibration), in every format (user test F34)."""
+
+
+def chosen_hypothesis(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None) -> Hypothesis | None:
+    """The hypothesis the verdict took (its cause and mechanism), or ``None`` (healthy, inconclusive)."""
+    if analysis.verdict in (Verdict.HEALTHY, Verdict.INCONCLUSIVE) or analysis.cause is None:
+        return None
+    hyps = list(hypotheses if hypotheses is not None else analysis.hypotheses)
+    return (next((h for h in hyps if h.cause == analysis.cause and h.mechanism == analysis.mechanism), None)
+            or next((h for h in hyps if h.cause == analysis.cause), None))
+
+
+def hypothesis_scores(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None, top: int = 3) -> str:
+    """The hypotheses' raw scores, the chosen one marked (``""`` without hypotheses).
+
+    Example: ``"update_scale_growth / lr_too_high 0.55 (chosen), data_batch / bad_batch 0.22"``.
+    """
+    hyps = list(hypotheses if hypotheses is not None else analysis.hypotheses)[:top]
+    chosen = chosen_hypothesis(analysis, hyps)
+    return ", ".join(f"{h.cause}{' / ' + h.mechanism if h.mechanism else ''} {h.confidence:.2f}"
+                     + (" (chosen)" if h is chosen else "") for h in hyps)
+
+
+NOT_A_FAULT = ("The verdict is healthy: the engine counted none of these findings as a fault (each too weak, "
+               "or informational, such as a restart).")
+"""Said above a healthy run's findings, so a listed grad-norm departure does not read as a fault (user test F30)."""
+EVAL_SERIES = ("eval_loss", "eval_ppl")
+"""Canonical names of an evaluation objective (:mod:`forensics.objective`): no detector judges its rise."""
+EVAL_RISE = 1.25
+"""An evaluation loss ending this many times above its minimum is said to have risen (our choice: a quarter)."""
+
+
+def eval_rise(run: RunData | None) -> str:
+    """An evaluation loss that rose well above its minimum by the end, in words (``""`` when none did).
+
+    Display only (no verdict uses it): a healthy run's sentence must not say "every series normal" while its eval
+    loss doubled (user test F30). The end is the median of the last three points; the minimum is before them.
+    Example: ``"eval_loss rose x2.1 from its minimum 0.95 at step 600 to 2.0 by step 1,999 while the training
+    loss kept falling (overfitting, not a training fault: the best checkpoint is near step 600)"``.
+    """
+    import numpy as np
+
+    if run is None or not run.metrics.height:
+        return ""
+    for name in EVAL_SERIES:
+        s = run.series(name) if name in run.metric_names else None
+        if s is None:
+            continue
+        ok = np.isfinite(s.values)
+        steps, vals = s.steps[ok], s.values[ok]
+        if vals.size < 6 or float(vals.min()) <= 0:
+            continue
+        i = int(np.argmin(vals[:-3]))
+        low, end = float(vals[i]), float(np.median(vals[-3:]))
+        if end < EVAL_RISE * low:
+            continue
+        text = (f"{name} rose x{end / low:.1f} from its minimum {fmt_num(low, 3)} at step {fmt_num(int(steps[i]))} "
+                f"to {fmt_num(end, 3)} by step {fmt_num(int(steps[-1]))}")
+        train = run.series("loss") if "loss" in run.metric_names else None
+        if train is not None and len(train):
+            t_ok = np.isfinite(train.values)
+            t_steps, t_vals = train.steps[t_ok], train.values[t_ok]
+            before = t_vals[t_steps <= steps[i]]
+            if before.size and t_vals.size and float(np.median(t_vals[-3:])) < float(before[-1]):
+                return text + (" while the training loss kept falling (overfitting, not a training fault: the best "
+                               f"checkpoint is near step {fmt_num(int(steps[i]))})")
+        return text + " (no check judges an evaluation series: look at it before trusting this run)"
+    return ""
+
+
 def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None) -> str:
-    """How sure and why, in one or two sentences (confidence word, the strongest support, the runner-up)."""
+    """How sure and why, in one or two sentences (confidence word, the strongest support, the runner-up).
+
+    The run's confidence is the calibrated one; a hypothesis's number is its raw score, and the sentence says
+    which is which (user test F34: a 0.55 cause shown as "Confidence 0.96" beside "Runner-up (0.22)").
+    """
     a = analysis
     word = "high" if a.confidence >= 0.85 else "moderate" if a.confidence >= 0.6 else "low"
-    text = f"Confidence {a.confidence:.2f} ({word})"
     hyps = list(hypotheses if hypotheses is not None else a.hypotheses)
+    chosen = chosen_hypothesis(a, hyps)
+    raw = f" from the chosen cause's raw score {chosen.confidence:.2f}" if chosen is not None else ""
+    text = f"Confidence {a.confidence:.2f} ({word}; calibrated{raw})"
     if a.verdict == Verdict.HEALTHY:
         n = len(a.skipped)
         return text + (f": no detector fired; {n} check(s) could not run (see Not evaluated)." if n
                        else ": no detector fired and every check ran.")
-    chosen = next((h for h in hyps if h.cause == a.cause), None)
-    why = [s for s in (chosen.support if chosen else ()) if s][:1]
+    backing = chosen or next((h for h in hyps if h.cause == a.cause), None)
+    why = [s for s in (backing.support if backing else ()) if s][:1]
     if not why:
         top = sorted((f for f in a.findings if f.cause == a.cause), key=lambda f: -f.confidence)[:1]
         why = [f"{f.code} step {f.step}: {f.message}" for f in top]
@@ -197,7 +279,7 @@ def certainty(analysis: Analysis, hypotheses: Sequence[Hypothesis] | None = None
     others = [h for h in hyps if h.cause != a.cause]
     if others:
         o = others[0]
-        text += f". Runner-up: {o.cause}{' / ' + o.mechanism if o.mechanism else ''} ({o.confidence:.2f})"
+        text += f". Runner-up: {o.cause}{' / ' + o.mechanism if o.mechanism else ''} (raw score {o.confidence:.2f})"
     return text + "."
 
 
@@ -241,7 +323,7 @@ def launch_blocks(settings: Mapping[str, Any], resume: Mapping[str, Any] | None 
         lines = ['"${LAUNCH[@]}"']
         ckpt = (resume or {}).get("checkpoint")
         if ckpt:
-            lines.append(f"--load {_shell(str(ckpt).split(' (')[0])}")
+            lines.append(f"--load {shlex.quote(str(ckpt).split(' (')[0])}")  # a path with spaces or quotes (F42)
         lines += [str(f) for f in flags]
         head = "# LAUNCH=(your usual launch command and arguments, unchanged), e.g. (torchrun pretrain_gpt.py ...)\n"
         out.append(Block("bash", "Megatron-LM / DeepSpeed command line (appended flags)",
@@ -258,10 +340,6 @@ def _py(v: Any) -> str:
     if isinstance(v, int | float | str):
         return repr(v)
     return repr(_jsonable(v))
-
-
-def _shell(s: str) -> str:
-    return s if re.fullmatch(r"[\w./:=@%+-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
 def _jsonable(v: Any) -> Any:

@@ -8,6 +8,7 @@ sees these arrays.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,6 +137,90 @@ def display_data(series: Series, window: tuple[int, int] | None, onset: int | No
     if smoothed:
         out["ys"] = smooth(series.values)[idx]
     return out
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """The rows of one metric that its effective timeline does not hold (QA s7 F3: they were dropped silently).
+
+    Attributes:
+        steps, values, segments: The rows a later segment superseded (a restart from a lower step, TensorBoard's
+            purge rule, or a repeated step), in read order (float64 steps and values, int64 segments).
+        logged: Rows of the metric in the series' own files (effective plus superseded).
+        other_files: Rows of the metric in other files, not drawn (the series is read from one source group).
+    """
+
+    steps: np.ndarray
+    values: np.ndarray
+    segments: np.ndarray
+    logged: int
+    other_files: int
+
+
+def superseded(run: RunData, series: Series) -> Superseded | None:
+    """The rows of ``series.metric`` its effective timeline left out, or ``None`` when it holds every row.
+
+    A row is on the timeline when the series has its step from its segment (the last such row of a repeated step);
+    every other row of the series' source group is superseded. One column's row count first: a log without
+    restarts costs one slice of the frame (the usual case).
+    """
+    import polars as pl
+
+    if run.raw(series.metric, ["step"]).height <= len(series):
+        return None
+    raw = run.raw(series.metric, ["source", "step", "segment", "value"]).filter(pl.col("value").is_not_null())
+    total = raw.height
+    groups = run.meta.get("source_groups") or {}
+    mine = groups.get(series.source, series.source)
+    src = raw.get_column("source").cast(pl.String)
+    if src.n_unique() > 1:
+        raw = raw.filter((src.replace(groups) if groups else src) == mine)
+    if raw.height <= len(series):
+        return None if raw.height == total else Superseded(np.empty(0), np.empty(0), np.empty(0, np.int64),
+                                                           raw.height, total - raw.height)
+    steps = raw.get_column("step").to_numpy()
+    segs = raw.get_column("segment").to_numpy().astype(np.int64)
+    vals = raw.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    at = np.clip(np.searchsorted(series.steps, steps), 0, max(0, len(series) - 1))
+    on = (series.steps[at] == steps) & (series.segments[at] == segs) if len(series) else np.zeros(steps.size, bool)
+    rows = np.flatnonzero(on)
+    _, last = np.unique(steps[rows][::-1], return_index=True)  # a repeated step: its last row is the one kept
+    keep = np.zeros(steps.size, dtype=bool)
+    keep[rows[rows.size - 1 - last]] = True
+    gone = ~keep
+    return Superseded(steps[gone].astype(np.float64), vals[gone], segs[gone], raw.height, total - raw.height)
+
+
+def superseded_display(rows: Superseded, buckets: int = BUCKETS) -> dict[str, np.ndarray]:
+    """The superseded rows as drawn: one line per segment (NaN between segments and where a step goes back).
+
+    Long ones are reduced to the min and max of each bucket (:func:`reports.downsample.minmax_indices`); the breaks
+    are placed after the reduction, so segments never join. Returns ``x``, ``y``, ``seg`` (NaN at a break).
+    """
+    from reports.downsample import minmax_indices
+
+    idx = minmax_indices(rows.values, buckets)
+    x, y, seg = rows.steps[idx], rows.values[idx], rows.segments[idx].astype(np.float64)
+    brk = np.flatnonzero((seg[1:] != seg[:-1]) | (x[1:] < x[:-1])) + 1
+    nan = np.full(brk.size, np.nan)
+    return {"x": np.insert(x, brk, nan), "y": np.insert(np.where(np.isfinite(y), y, np.nan), brk, nan),
+            "seg": np.insert(seg, brk, nan)}
+
+
+def superseded_caption(rows: Superseded | None, drawn: int) -> str:
+    """What a panel shows of the rows its timeline left out (``""`` when there are none)."""
+    if rows is None:
+        return ""
+    parts = []
+    n = int(rows.steps.size)
+    if n:
+        segs = int(np.unique(rows.segments).size)
+        parts.append(f"{rows.logged:,} rows logged, {n:,} of them superseded by later segments (from {segs:,} "
+                     f"segment(s); drawn in grey, one line per segment"
+                     + (f", {drawn:,} points: min/max per bucket" if drawn < n else "") + ")")
+    if rows.other_files:
+        parts.append(f"{rows.other_files:,} rows from other files not drawn (the series is read from one source)")
+    return "; ".join(parts)
 
 
 def markers(series: Series) -> dict[str, list[Any]]:

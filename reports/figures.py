@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from reports._common import layer_bins
-from reports.chart_data import display_data, markers, use_log
+from reports.chart_data import Superseded, display_data, markers, superseded, superseded_display, use_log
 
 if TYPE_CHECKING:
     from forensics.model import Analysis, RunData, Series
@@ -29,9 +29,6 @@ _COLORS = {
     "loss": "#1f5fa8", "lr": "#2e7d32", "grad_norm": "#8e44ad", "loss_scale": "#b9770e",
     "update_ratio": "#00838f", "attn_logit_max": "#ad1457", "log_z": "#5d4037",
 }
-MARK_MODELS = 50
-"""Segment starts drawn as one Span and Label each up to this many; more share one glyph and one label set
-(issue 16: a run of 1,000 segments made 4,000 Bokeh models, seconds to build and megabytes of page; ours)."""
 
 
 def b64(values: np.ndarray, dtype: str) -> str:
@@ -93,10 +90,11 @@ class FigureBuilder:
         bounds = sorted((s, v) for s, v in run.segment_starts().items() if s > 0)
         self.sources: dict[str, dict[str, Any]] = {}
         self.shown: dict[str, int] = {}
+        self.superseded: dict[str, tuple[Superseded, int]] = {}  # rows the timeline left out, and how many drawn
         self.panels: list[dict[str, Any]] = []
         self.spec: dict[str, Any] = {
             "x": {"main": [first - pad, last + pad], "zoom": _padded(window or (first, last))}, "steps": [first, last],
-            "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in bounds], "manySegments": MARK_MODELS,
+            "onset": self.onset, "bounds": [[int(g), float(v)] for g, v in bounds],
             "sources": self.sources, "panels": self.panels, "overlay": [], "window": list(window) if window else None,
         }
 
@@ -112,14 +110,28 @@ class FigureBuilder:
             if panel:
                 dtype = float_dtype(data["ys"])  # float64 beyond float32 (1e300 would be inf, 1e-300 zero)
                 self.sources[s.metric].update(ys=b64(data["ys"], dtype), ysF64=dtype == "<f8")
+                self._superseded(s)
         return self.sources[s.metric]
+
+    def _superseded(self, s: Series) -> None:
+        """The rows a later segment superseded, drawn grey one line per segment (QA s7 F3: they were dropped)."""
+        rows = superseded(self.run, s)
+        if rows is None:
+            return
+        sup = superseded_display(rows) if rows.steps.size else None
+        drawn = 0 if sup is None else int(np.isfinite(sup["seg"]).sum())
+        self.superseded[s.metric] = (rows, drawn)
+        if sup is not None:
+            self.sources[s.metric]["sup"] = {k: b64(v, "<f8") for k, v in sup.items()}
 
     def line_panel(self, s: Series, pid: str, x_range: str, *, height: int = 210) -> bool:
         """A line panel over the ``"main"`` or ``"zoom"`` x range; returns whether it starts in log scale."""
         self.source(s)
         log = use_log(s.values)
+        rows = self.superseded.get(s.metric)
+        every = s.values if rows is None else np.concatenate([s.values, rows[0].values])  # the grey rows in range too
         self.commit({"id": pid, "kind": "line", "metric": s.metric, "x": x_range, "height": height,
-                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(s.values),
+                     "color": _COLORS.get(s.metric, "#37474f"), "isLog": log, "logRange": log_range(every),
                      "finite": bool(np.isfinite(s.values).any()),
                      "nonPositive": bool((s.values <= 0).any())})  # none: a fixed 0..1 y axis for the markers
         return log

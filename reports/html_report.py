@@ -170,7 +170,16 @@ def _plan_view(analysis: Analysis, run: RunData | None, cons: Consistent) -> dic
 
 
 def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> dict[str, Any]:
-    from reports._plain import certainty, consistent, glossary, headline
+    from reports._plain import (
+        CALIBRATED,
+        NOT_A_FAULT,
+        RAW,
+        certainty,
+        chosen_hypothesis,
+        consistent,
+        glossary,
+        headline,
+    )
 
     cons = consistent(analysis, run)
     onset = dict(analysis.onset) if analysis.onset else None
@@ -191,6 +200,8 @@ def _view(analysis: Analysis, run: RunData | None, generated_at: datetime) -> di
         "step_note": (analysis.meta.get("step_axis") or {}).get("note"),
         "headline": headline(analysis, run),
         "certainty": certainty(analysis, hyps),
+        "calibrated_words": CALIBRATED, "raw_words": RAW, "not_a_fault": NOT_A_FAULT,
+        "chosen_raw": (lambda h: None if h is None else h.confidence)(chosen_hypothesis(analysis, hyps)),
         "labels": glossary([analysis.cause, analysis.mechanism]),
         "glossary": glossary([analysis.verdict, analysis.cause, analysis.mechanism,
                               *(x for h in hyps for x in (h.cause, h.mechanism)),
@@ -269,7 +280,8 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
     """The interactive charts' panels, BokehJS, the chart data and its script (empty without a run)."""
     if chartset is None:
         return {"main": [], "zoom": [], "layers": [], "constant": [], "zoom_constant": [], "window": None,
-                "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": []}
+                "resources": "", "script": "", "chain": [], "overlay_names": [], "dropped": [], "starts": [],
+                "n_starts": 0, "n_start_steps": 0, "unpanelled": ""}
 
     def panel(p: Any) -> dict[str, Any]:
         return {"id": p.id, "metric": p.metric, "title": p.title, "caption": p.caption, "div": Markup(p.div),
@@ -282,6 +294,8 @@ def _charts_view(chartset: Any) -> dict[str, Any]:
         # BokehJS, and the chart data (JSON with every "<" escaped: reports.interactive.data_json) and its script
         "resources": Markup(chartset.resources), "script": Markup(chartset.script), "chain": chartset.chain,
         "overlay_names": list(chartset.config.get("overlay", [])), "dropped": chartset.dropped,
+        "starts": chartset.starts, "n_starts": len(chartset.config.get("bounds", [])),
+        "n_start_steps": len({b[1] for b in chartset.config.get("bounds", [])}), "unpanelled": chartset.unpanelled,
     }
 
 

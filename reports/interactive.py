@@ -20,6 +20,7 @@ titles and axis labels as TeX): titles and captions are HTML, autoescaped by the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -38,6 +39,7 @@ from reports.chart_data import (
     is_constant,
     log_note,
     slug,
+    superseded_caption,
 )
 from reports.figures import FigureBuilder
 
@@ -90,6 +92,8 @@ class ChartSet:
         config: The chart data (:attr:`reports.figures.FigureBuilder.spec`); JSON-serialisable.
         chain: The codes of the findings on the causal chain that sized the window (:func:`chain_codes`).
         dropped: One note per panel whose chart data could not be made (the rest of the report is written).
+        starts: The segment starts, one line per start step (:func:`start_lines`).
+        unpanelled: One line on the series without a panel of their own (:func:`unpanelled`).
     """
 
     resources: str
@@ -103,6 +107,37 @@ class ChartSet:
     config: dict[str, Any] = field(default_factory=dict)
     chain: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    starts: list[str] = field(default_factory=list)
+    unpanelled: str = ""
+
+
+MAX_START_LINES = 200
+"""Start steps listed under the charts at most (every restart is a finding in the evidence table and the JSON)."""
+
+
+def start_lines(bounds: Iterable[tuple[int, float]]) -> list[str]:
+    """The segment starts as a list, one line per start step: ``"step 0: segments 1-999 (999 starts)"``.
+
+    The labels on the charts are thinned to stay readable (QA s7 F4); this list names every start (the first
+    :data:`MAX_START_LINES` start steps, then how many more).
+    """
+    at: dict[float, list[int]] = {}
+    for seg, step in bounds:
+        at.setdefault(step, []).append(int(seg))
+    out = []
+    for step in sorted(at)[:MAX_START_LINES]:
+        segs = at[step]
+        if len(segs) == 1:
+            words = f"segment {segs[0]}"
+        elif segs[-1] - segs[0] + 1 == len(segs):
+            words = f"segments {segs[0]}\u2013{segs[-1]} ({len(segs):,} starts)"
+        else:
+            some = ", ".join(map(str, segs[:12])) + (", ..." if len(segs) > 12 else "")
+            words = f"segments {some} ({len(segs):,} starts)"
+        out.append(f"step {int(step):,}: {words}")
+    if len(at) > MAX_START_LINES:
+        out.append(f"+{len(at) - MAX_START_LINES:,} more start steps (every restart is a finding: Evidence, -f json)")
+    return out
 
 
 
@@ -138,9 +173,29 @@ def build(analysis: Analysis, run: RunData, main: Iterable[str], layer_groups: M
         if s is not None:
             b.source(s, panel=False)
     b.spec["overlay"] = [m for m in overlay if m in b.sources]
+    out = dataclasses.replace(out, unpanelled=unpanelled(b, out, layer_groups))
     if not b.panels:
         return out
     return _embed(b, out, window)
+
+
+def unpanelled(b: FigureBuilder, out: ChartSet, layer_groups: Mapping[str, list[str]]) -> str:
+    """One line on the logged series without a panel of their own (``""``: none): nothing is left out unsaid.
+
+    Example: ``"45 other series have no panel of their own: m00, m01, ...; 38 of them can be overlaid on a panel
+    (its overlay menu); all are in -f json and forensics ingest."``
+    """
+    drawn = {p.metric for p in out.main + out.zoom}
+    drawn |= {m for p in out.layers for m in layer_groups.get(p.metric, [])}
+    drawn |= {line.partition(": constant ")[0] for line in out.constant + out.zoom_constant}
+    rest = [m for m in b.run.metric_names if m not in drawn]
+    if not rest:
+        return ""
+    offered = len(set(rest) & set(b.spec["overlay"]))
+    names = ", ".join(rest[:12]) + (", ..." if len(rest) > 12 else "")
+    return (f"{len(rest):,} other series have no panel of their own: {names}; "
+            + (f"{offered:,} of them can be overlaid on a panel (its overlay menu); " if offered else "")
+            + "all are in -f json and forensics ingest.")
 
 
 def chain_codes(findings: Iterable[Any]) -> list[str]:
@@ -202,8 +257,9 @@ def _main_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, main: Iterable[str]
         pid = ids.new("chart", name)
         log = _guarded(b, out, name, functools.partial(b.line_panel, s, pid, "main"))
         if log is not None:
-            out.main.append(Panel(pid, name, name, counts_caption(s, b.shown[name]), "", "line", log,
-                                  *log_note(s.values)))
+            caption = "; ".join(c for c in (counts_caption(s, b.shown[name]),
+                                            superseded_caption(*b.superseded.get(name, (None, 0)))) if c)
+            out.main.append(Panel(pid, name, name, caption, "", "line", log, *log_note(s.values)))
 
 
 def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str], window: tuple[int, int]) -> None:
@@ -220,9 +276,12 @@ def _zoom_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, names: Iterable[str
         log = _guarded(b, out, f"{name} (around the onset)",
                        functools.partial(b.line_panel, s, pid, "zoom", height=190))
         if log is not None:
+            rows = b.superseded.get(name, (None, 0))[0]
+            grey = 0 if rows is None else int(((rows.steps >= window[0]) & (rows.steps <= window[1])).sum())
             out.zoom.append(Panel(pid, name, f"{name}, steps {window[0]:,} to {window[1]:,}",
-                              f"{int(inside.sum()):,} points in the window, all drawn", "", "line", log,
-                              *log_note(s.values)))
+                              f"{int(inside.sum()):,} points in the window, all drawn"
+                              + (f"; grey: {int(grey):,} rows superseded by later segments" if grey else ""),
+                              "", "line", log, *log_note(s.values)))
 
 
 def _layer_panels(b: FigureBuilder, out: ChartSet, ids: _Ids, layer_groups: Mapping[str, list[str]]) -> None:
@@ -251,7 +310,8 @@ def _embed(b: FigureBuilder, out: ChartSet, window: tuple[int, int] | None) -> C
         resources=_core_js(), script=script,
         main=[placed(p) for p in out.main], zoom=[placed(p) for p in out.zoom], layers=[placed(p) for p in out.layers],
         constant=out.constant, zoom_constant=out.zoom_constant, window=window, config=b.spec, chain=out.chain,
-        dropped=out.dropped,
+        dropped=out.dropped, starts=start_lines((int(g), float(v)) for g, v in b.spec["bounds"]),
+        unpanelled=out.unpanelled,
     )
 
 

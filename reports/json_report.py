@@ -56,9 +56,22 @@ def to_dict(analysis: Analysis) -> dict[str, Any]:
         ],
         "skipped": [{"what": s.what, "reason": s.reason} for s in analysis.skipped],
         "summary": analysis.summary,
-        "meta": dict(analysis.meta),
+        "meta": {**dict(analysis.meta), "confidence_kinds": _confidence_kinds(analysis)},
     }
     return plain(out)
+
+
+def _confidence_kinds(analysis: Analysis) -> dict[str, Any]:
+    """What each ``confidence`` of the report is (user test F34: a 0.96 run confidence beside a 0.55 cause).
+
+    ``confidence``: calibrated; ``hypotheses[].confidence``: raw scores; ``chosen_raw``: the chosen cause's raw score.
+    """
+    from reports._plain import CALIBRATED, RAW, chosen_hypothesis
+
+    chosen = chosen_hypothesis(analysis)
+    return {"confidence": CALIBRATED, "hypotheses": RAW,
+            "findings": "each detector's own confidence in its finding",
+            "chosen_raw": None if chosen is None else round(float(chosen.confidence), 3)}
 
 
 def render_json(analysis: Analysis) -> str:

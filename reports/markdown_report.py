@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from forensics.model import Analysis
 from reports._common import environment, plain
-from reports._plain import certainty, consistent, glossary, headline, launch_blocks, proof, split_restore
+from reports._plain import NOT_A_FAULT, certainty, consistent, glossary, headline, launch_blocks, proof, split_restore
 
 if TYPE_CHECKING:
     from forensics.model import RunData
@@ -75,7 +75,7 @@ def render_markdown(analysis: Analysis, *, html_path: str | None = None, run: Ru
         first=None if first is None else first.to_dict(),
         blocks=[] if first is None or rec is None else launch_blocks(first.settings, rec.resume_from),
         more_trials=[] if rec is None else [t.to_dict() for t in rec.trials[1:4]],
-        skipped=list(analysis.skipped), html_path=html_path,
+        skipped=list(analysis.skipped), html_path=html_path, not_a_fault=NOT_A_FAULT,
     )
     template = env.get_template("report.md.j2")
     out: list[str] = []

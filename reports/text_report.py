@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 
 from forensics.model import Analysis, Verdict
 from reports._common import fmt_conf, oneline, onset_label
-from reports._plain import consistent, explain, headline, launch_blocks, proof
+from reports._plain import (
+    CALIBRATED,
+    NOT_A_FAULT,
+    consistent,
+    explain,
+    headline,
+    hypothesis_scores,
+    launch_blocks,
+    proof,
+)
 from reports.escape import terminal
 
 if TYPE_CHECKING:
@@ -43,8 +52,14 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
     note = (a.meta.get("step_axis") or {}).get("note")
     if note:  # the steps are row numbers: every step in the report is one
         rows.append(("steps", str(note), "bold"))
-    rows.append(("confidence", fmt_conf(a.confidence), ""))
+    cons = consistent(a, run)
+    scores = hypothesis_scores(a, cons.hypotheses)  # raw, beside the calibrated one: which is which (user test F34)
+    raw = (f"; the hypotheses' raw scores (they only rank them): {scores}" if scores
+           else f" ({CALIBRATED.partition(': ')[2]})")
+    rows.append(("confidence", f"{fmt_conf(a.confidence)} calibrated{raw}", ""))
     shown = a.findings if verbose else a.findings[:TOP_FINDINGS]
+    if shown and a.verdict == Verdict.HEALTHY:
+        rows.append(("", NOT_A_FAULT, "dim"))
     for f in shown:
         where = "" if f.step is None else f" step {f.step}"
         rows.append(("evidence", f"[{f.code}]{where}: {oneline(f.message)}", ""))
@@ -68,7 +83,7 @@ def _lines(analysis: Analysis, run: RunData | None, verbose: bool) -> list[tuple
             if verbose:
                 for t in rec.trials[1:]:
                     rows.append(("other trial", f"{t.name}: {oneline(t.change)} ({t.steps} steps)", ""))
-        crit = proof(a, consistent(a, run))
+        crit = proof(a, cons)
         if crit:
             rows.append(("worked if", oneline(crit[0]), ""))
             rows += [("", oneline(c), "") for c in (crit[1:] if verbose else ())]

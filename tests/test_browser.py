@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,13 +51,11 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def segmented(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The HTML report of a text log restarted 59 times (60 segments: past the one-glyph threshold, 50)."""
-    from reports.figures import MARK_MODELS
-
+    """The HTML report of a text log restarted 59 times from step 0 (60 segments of 40 steps: QA s7 a15)."""
     base = tmp_path_factory.mktemp("segmented")
     block = "".join(f"step {s} loss {3 - s * 1e-3:.6f} lr 0.001\n" for s in range(40))
     (base / "run").mkdir()
-    (base / "run" / "train.log").write_text(block * (MARK_MODELS + 10), encoding="utf-8")
+    (base / "run" / "train.log").write_text(block * 60, encoding="utf-8")
     run = load(base / "run")
     path = base / "report.html"
     path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
@@ -79,6 +78,7 @@ class Page:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page = browser.new_page(viewport=VIEWPORT)
+        self.page.set_default_timeout(120_000)  # a shared, loaded machine (load 30 on 2 cores) opens a page slowly
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
 
@@ -273,20 +273,133 @@ def test_every_chart_is_drawn(open_report: Any, name: str) -> None:
         assert any(f.startswith("layers-") for f in figures)
 
 
-def test_many_segment_starts_share_one_glyph(browser: Any, segmented: Path) -> None:
-    """Past 50 segment starts every panel draws them with one segment glyph and one label set, all shown."""
+def _labels(page: Any) -> list[dict[str, Any]]:
+    """Per line panel: its segment-start labels (text, pixel x), plot width, and the starts in its x range."""
+    return page.evaluate("""() => Object.entries(tfCharts.panels).map(([k, c]) => {
+        const l = c.plot.center.find((a) => a.name === k + '-segments'), d = l.source.data;
+        const get = (src, f) => Array.from(src instanceof Map ? src.get(f) : src[f]);
+        const xr = c.plot.x_range, w = c.plot.inner_width, spec = JSON.parse(
+            document.getElementById('tf-charts').textContent);
+        return {id: k, text: get(d, 'text'), px: get(d, 'x').map((x) => (x - xr.start) / (xr.end - xr.start) * w),
+                inView: spec.bounds.filter((b) => b[1] >= xr.start && b[1] <= xr.end).length,
+                lines: c.plot.renderers.filter((r) => r.glyph && r.glyph.type === 'Segment').map(
+                    (r) => r.data_source.get_length()),
+                spans: c.plot.center.filter((a) => a.type === 'Span').length}; })""")
+
+
+def _counted(text: str) -> int:
+    """Starts one label stands for: ``seg 5`` 1, ``segs 1-59`` 59, ``seg 5 (+3)`` 4."""
+    m = re.match(r"\s*(?:seg (\d+)|segs (\d+)\u2013(\d+)|(\d+) segs)(?: \(\+(\d+)\))?$", text)
+    assert m, text
+    one, a, z, n, more = m.groups()
+    return (1 if one else int(z) - int(a) + 1 if a else int(n)) + int(more or 0)
+
+
+def test_many_segment_starts_at_one_step_are_one_line_and_one_label(browser: Any, segmented: Path) -> None:
+    """59 restarts at step 0: one dashed line, one label "segs 1-59" per panel, the list names them (QA s7 F4).
+
+    (The label per start used to pile up into a black smudge at one x.)
+    """
     page = Page(browser, segmented)
     try:
+        got = _labels(page.page)
+        assert got and all(c["lines"] == [1] and c["text"] == [" segs 1\u201359"] for c in got), got
+        assert all(c["spans"] <= 2 for c in got), got  # the onset and the cursor only
+        img = _pixels(page.page.locator("#chart-loss .tf-plot"))
+        assert _has_colour(img, "#555555", 30), "segment starts not drawn"
+        listed = page.page.locator("#segment-starts")
+        assert "59 segment start(s)" in listed.inner_text()
+        listed.locator("summary").click()
+        assert "step 0: segments 1\u201359 (59 starts)" in listed.inner_text()
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def shuffled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML report of 200 JSONL rows with unique steps in shuffled order (QA s7 a10: ~100 'restarts')."""
+    import json
+
+    base = tmp_path_factory.mktemp("shuffled")
+    order = np.random.default_rng(3).permutation(np.arange(1, 201))
+    (base / "run").mkdir()
+    (base / "run" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": int(s), "loss": 4 - 2.5 * s / 200, "lr": 0.001, "grad_norm": 1 + (s % 7) / 10}) + "\n"
+        for s in order), encoding="utf-8")
+    run = load(base / "run")
+    path = base / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return path
+
+
+def test_segment_start_labels_are_thinned_by_pixel_distance_at_any_zoom(browser: Any, shuffled: Path) -> None:
+    """~100 starts over 200 steps: labels 70 px apart or more, each counting the starts it hides; also after a zoom."""
+    page = Page(browser, shuffled)
+    try:
+        for zoom in (None, (40, 80)):
+            if zoom:
+                page.page.evaluate("(z) => { tfCharts.x.main.start = z[0]; tfCharts.x.main.end = z[1]; }", zoom)
+                page.page.wait_for_timeout(100)
+            for c in _labels(page.page):
+                if not c["id"].startswith("chart-"):
+                    continue
+                assert c["text"] and c["inView"] > 20, c
+                gaps = np.diff(sorted(c["px"]))
+                assert (gaps >= 70 - 1e-6).all(), c
+                assert sum(_counted(t) for t in c["text"]) == c["inView"], c
+    finally:
+        page.close()
+
+
+def _restarted(tmp_path: Path) -> Path:
+    """A run restarted from step 0: segment 0 (steps 0..99) diverges, segment 1 (steps 0..149) trains fine."""
+    import json
+
+    rows = [{"step": s, "loss": 3 - s / 100 + (s / 20) ** 2 * 0.1, "lr": 0.001} for s in range(100)]
+    rows += [{"step": s, "loss": 3 - s / 100, "lr": 0.001} for s in range(150)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return tmp_path / "run"
+
+
+def test_superseded_rows_are_drawn_and_counted(browser: Any, tmp_path: Path) -> None:
+    """The first attempt of a restarted run is drawn grey and the caption counts it (QA s7 F3: silently dropped)."""
+    run = load(_restarted(tmp_path))
+    path = tmp_path / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    page = Page(browser, path)
+    try:
         p = page.page
-        counts = p.evaluate("""() => Object.values(tfCharts.panels).map((c) => ({
-            segments: c.plot.renderers.filter((r) => r.glyph && r.glyph.type === 'Segment').map(
-                (r) => r.data_source.get_length()),
-            spans: c.plot.center.filter((a) => a.type === 'Span').length,
-            labels: c.plot.center.filter((a) => a.type === 'LabelSet').length}))""")
-        assert counts and all(c["segments"] == [59] and c["labels"] == 1 for c in counts), counts
-        assert all(c["spans"] <= 2 for c in counts), counts  # the onset and the cursor only
+        caption = p.locator("#chart-loss figcaption").inner_text()
+        assert "250 rows logged, 100 of them superseded by later segments" in caption, caption
+        got = p.evaluate("""() => { const s = tfCharts.sources.loss, get = (src, f) => Array.from(
+                src.data instanceof Map ? src.data.get(f) : src.data[f]);
+            const p = tfCharts.panels['chart-loss'];
+            return {line: get(s.line, 'y').filter(Number.isFinite).length, sup: get(s.sup, 'y'),
+                    seg: get(s.sup, 'seg'), visible: p.sup.map((r) => r.visible), top: p.plot.y_range.end}; }""")
+        assert got["line"] + sum(np.isfinite(got["sup"])) == 250  # every logged row drawn
+        assert set(v for v in got["seg"] if v is not None and np.isfinite(v)) == {0}
+        assert all(got["visible"]) and got["top"] >= max(v for v in got["sup"] if v is not None)
         img = _pixels(p.locator("#chart-loss .tf-plot"))
-        assert _has_colour(img, "#555555", 200), "segment starts not drawn"
+        assert _has_colour(img, "#98a2b3", 50), "superseded rows not drawn"
+        p.locator('input[data-tf-log="chart-loss"]').check()
+        vis = p.evaluate("() => [tfCharts.panels['chart-loss'].sup.map((r) => r.visible), "
+                         "tfCharts.panels['chart-loss'].supLog.map((r) => r.visible)]")
+        assert vis == [[False, False], [True, True]], vis
+    finally:
+        page.close()
+
+
+def test_a_shuffled_log_draws_every_row(browser: Any, shuffled: Path) -> None:
+    """Unique steps in shuffled order: the 4-point timeline plus 196 grey rows, and the caption says so."""
+    page = Page(browser, shuffled)
+    try:
+        caption = page.page.locator("#chart-loss figcaption").inner_text()
+        m = re.search(r"(\d+) points; 200 rows logged, (\d+) of them superseded", caption)
+        assert m and int(m[1]) + int(m[2]) == 200, caption
+        n = page.page.evaluate("""() => { const d = tfCharts.sources.loss.sup.data;
+            return Array.from(d instanceof Map ? d.get('y') : d.y).filter(Number.isFinite).length; }""")
+        assert n == int(m[2])
     finally:
         page.close()
 
@@ -402,5 +515,69 @@ def test_an_onset_at_the_last_step_stays_visible(browser: Any, tmp_path: Path) -
         assert onset == 400 and zoom_end > onset and main_end > onset and align == "right" and offset < 0, got
         img = _pixels(page.page.locator("figure.chart[id^='zoom-'] .tf-plot").first)
         assert _has_colour(img, "#c62828"), "no onset line"
+    finally:
+        page.close()
+
+
+LONG = "x" * 600
+"""A 600-character metric name (QA s7 F11)."""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML report of a run with a bidi-control name, a zero-width one, a 600-character one, long layer names."""
+    base = tmp_path_factory.mktemp("hostile")
+    names = ["\u202eevil", "zero\u200bwidth", LONG]
+    rows = []
+    for i in range(200):
+        r: dict[str, Any] = {"step": i + 1, "loss": 3 - i / 100 + (20 if i > 150 else 0), "lr": 0.001}
+        r.update({nm: float(i * (k + 1)) for k, nm in enumerate(names)})
+        r.update({f"attn_logit_max/layer{k}_{LONG}": 1.0 + k + 0.01 * i for k in range(3)})
+        rows.append(r)
+    import json
+
+    (base / "run").mkdir()
+    (base / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run = load(base / "run")
+    path = base / "report.html"
+    path.write_text(render(analyze_run(run), run, ReportFormat.html), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["\u202eevil", "zero\u200bwidth"])
+def test_an_overlay_whose_name_has_a_bidi_or_invisible_character_is_drawn(
+        browser: Any, hostile: Path, name: str) -> None:
+    """Choosing such an overlay draws it (QA s7 F6: the option's value was the made-safe text, no series had it)."""
+    page = Page(browser, hostile)
+    try:
+        p = page.page
+        sel = p.locator('select[data-tf-overlay="chart-loss"]')
+        value = sel.locator("option").evaluate_all(
+            "(os, name) => { const o = os.find((o) => tfCharts.overlay[+o.value] === name);"
+            " return o ? o.value : null; }",
+            name)
+        assert value is not None, "the series is not offered"
+        label = sel.locator(f'option[value="{value}"]').inner_text()
+        assert "<U+" in label  # the visible text stays safe
+        sel.select_option(value)
+        got = page.panel("chart-loss")
+        assert got["ov"] and got["ov_points"] == 200, got
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [500, 1300, 2400])
+def test_a_long_metric_name_keeps_the_page_at_the_viewport_width(browser: Any, hostile: Path, width: int) -> None:
+    """A 600-character name wraps or is cut with an ellipsis (QA s7 F11: the page was 4,500-5,100 px wide)."""
+    page = Page(browser, hostile)
+    try:
+        p = page.page
+        p.set_viewport_size({"width": width, "height": 900})
+        p.wait_for_timeout(200)
+        got = p.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert got[0] <= got[1], got
+        boxes = p.locator("figure.chart select, figure.chart figcaption").evaluate_all(
+            "(els) => els.map((e) => e.getBoundingClientRect().right)")
+        assert boxes and max(boxes) <= width, boxes
     finally:
         page.close()
