@@ -215,6 +215,22 @@ def reduce_bits(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int |
     m = int(bits.shape[0])
     if m == 0:
         return
+    nat = _native()
+    if nat is not None:  # the compiled one-pass kernel: the same statistics from one read of the block
+        top, n_zero, n_inf, n_nan, n_pos, n_small, sq = nat.reduce(
+            bits if bits.flags.c_contiguous else np.ascontiguousarray(bits), bits.itemsize, k.mask, k.inf, k.shift,
+            -1 if small is None else small, False)
+        acc.numel += m
+        acc.n_zero += n_zero
+        acc.n_inf += n_inf
+        acc.n_nan += n_nan
+        if small is not None:
+            acc.n_pos += n_pos
+            acc.n_small += n_small
+        if top > acc.top:
+            acc.top = top
+        acc.sumsq += sq * k.scale
+        return
     if small is not None:
         t = s.get("dec", k.uint, m)
         np.subtract(bits, 1, out=t)  # positive patterns 1..inf become 0..inf-1; +-0 and negatives stay above
@@ -269,6 +285,20 @@ def widen(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
     _COPY(u32, a)
     _SHL(u32, k.shift, out=u32)
     return u32.view(np.float32), k.scale
+
+
+@functools.cache
+def _native() -> Any:
+    """The compiled one-pass kernel ``_forensics_tensor_kernels``, or None where it was not built.
+
+    parsers/_tensor_native.c, built by setup.py where a C compiler is found; without it :func:`reduce_bits` takes
+    its numpy/numkong path (the same statistics).
+    """
+    try:
+        import _forensics_tensor_kernels
+    except ImportError:
+        return None
+    return _forensics_tensor_kernels
 
 
 @functools.cache

@@ -40,6 +40,7 @@ from parsers._tensor_kernels import (
     Acc,
     Moments,
     Scratch,
+    _native,
     _numkong,
     delta_sq,
     reduce_bits,
@@ -274,7 +275,7 @@ def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
     forkable = [i for i, (_, nbytes) in enumerate(tasks) if nbytes]
     if WORKERS == 1 or not _fork.AVAILABLE or sum(tasks[i][1] for i in forkable) < FORK_BYTES:
         return _threads([t for t, _ in tasks])
-    _numkong()  # imported here, not in a child
+    _native(), _numkong()  # imported here, not in a child
     out: list[Any] = [None] * len(tasks)
     for i in range(0, len(forkable), _fork.MAX_TASKS):
         part = forkable[i:i + _fork.MAX_TASKS]

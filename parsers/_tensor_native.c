@@ -1,0 +1,322 @@
+/* One-pass statistics of F32/BF16/F16 bit patterns: the compiled kernel behind parsers._tensor_kernels.reduce_bits.
+ *
+ * Built by setup.py as the optional top-level module `_forensics_tensor_kernels` (where no compiler is found the
+ * install goes on and reduce_bits keeps its numpy/numkong path). One call reads a block of raw patterns once and
+ * returns what reduce_bits accumulates: the largest finite masked pattern, the zero, inf and NaN counts, the
+ * Adam-epsilon counts and the sum of the squares of the finite values.
+ *
+ * The sum of squares. Every finite value is an exact float32 (BF16: its pattern << 16; F16: its masked pattern << 13,
+ * which is |x| * 2**-112, exact also for subnormals; F32 itself), converted to float64, where its square is exact
+ * (at most 48 significant bits). The squares are added in float64 in a fixed order that does not depend on the CPU:
+ * element i of each full group of LANES goes to lane i % LANES (one rounding per addition, as numkong's and BLAS's
+ * float64 accumulators), the lanes are then added in order 0..LANES-1, then the elements after the last full group
+ * one by one. Non-finite elements add +0.0 (which changes no sum). F16 sums are scaled by 2**224 by the caller
+ * (exact: a power of two). The AVX-512 and the portable loop give the same bits (tests/test_checkpoints.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 32
+
+typedef struct {
+    uint64_t top_plus1; /* largest finite masked pattern + 1 (0: no finite element) */
+    uint64_t n_zero, n_inf, n_nan, n_pos, n_small;
+    double lanes[LANES];
+    double tail;
+} result_t;
+
+static inline float as_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Portable loop (any CPU; gcc vectorises the lane loop for the baseline ISA). */
+static void reduce16_portable(const uint16_t *p, size_t n, uint32_t mask, uint32_t inf, int shift, int64_t small,
+                              result_t *r) {
+    uint32_t top = 0, any_fin = 0;
+    uint64_t zeros = 0, ninf = 0, nnan = 0, pos = 0, nsmall = 0;
+    size_t i = 0, full = n - n % LANES;
+    for (; i < n; i++) {
+        uint32_t b = p[i], a = b & mask;
+        int fin = a < inf;
+        zeros += a == 0;
+        ninf += a == inf;
+        nnan += a > inf;
+        if (fin) {
+            any_fin = 1;
+            if (a > top) top = a;
+        }
+        if (small >= 0) {
+            uint32_t t = (uint16_t)(b - 1);
+            pos += t < inf;
+            nsmall += (int64_t)t < small;
+        }
+        double d = fin ? (double)as_f32(a << shift) : 0.0;
+        if (i < full)
+            r->lanes[i % LANES] += d * d;
+        else
+            r->tail += d * d;
+    }
+    r->top_plus1 = any_fin ? (uint64_t)top + 1 : 0;
+    r->n_zero = zeros, r->n_inf = ninf, r->n_nan = nnan, r->n_pos = pos, r->n_small = nsmall;
+}
+
+static void reduce32_portable(const uint32_t *p, size_t n, int64_t small, result_t *r) {
+    const uint32_t mask = 0x7FFFFFFFu, inf = 0x7F800000u;
+    uint32_t top = 0, any_fin = 0;
+    uint64_t zeros = 0, ninf = 0, nnan = 0, pos = 0, nsmall = 0;
+    size_t i = 0, full = n - n % LANES;
+    for (; i < n; i++) {
+        uint32_t b = p[i], a = b & mask;
+        int fin = a < inf;
+        zeros += a == 0;
+        ninf += a == inf;
+        nnan += a > inf;
+        if (fin) {
+            any_fin = 1;
+            if (a > top) top = a;
+        }
+        if (small >= 0) {
+            uint32_t t = b - 1;
+            pos += t < inf;
+            nsmall += (int64_t)t < small;
+        }
+        double d = fin ? (double)as_f32(a) : 0.0;
+        if (i < full)
+            r->lanes[i % LANES] += d * d;
+        else
+            r->tail += d * d;
+    }
+    r->top_plus1 = any_fin ? (uint64_t)top + 1 : 0;
+    r->n_zero = zeros, r->n_inf = ninf, r->n_nan = nnan, r->n_pos = pos, r->n_small = nsmall;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* Squares of 16 float32 (one zmm) into two float64 accumulators of 8 lanes each. */
+#define SQ16(F, A, B)                                                                                           \
+    do {                                                                                                        \
+        __m512d lo_ = _mm512_cvtps_pd(_mm512_castps512_ps256(F));                                               \
+        __m512d hi_ = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F), 1)));        \
+        A = _mm512_fmadd_pd(lo_, lo_, A);                                                                       \
+        B = _mm512_fmadd_pd(hi_, hi_, B);                                                                       \
+    } while (0)
+
+/* Zero counts per 16-bit lane, added to a uint64 every FLUSH iterations (a lane adds at most one per iteration). */
+#define FLUSH 32768
+
+__attribute__((target("avx512f,avx512bw"))) static uint64_t sum_epu16(__m512i v) {
+    uint16_t t[32];
+    uint64_t s = 0;
+    _mm512_storeu_si512((void *)t, v);
+    for (int j = 0; j < 32; j++) s += t[j];
+    return s;
+}
+
+/* The counts that the vector loops leave out: NaN, inf (only for a block that holds one) and the Adam-epsilon ones. */
+static void count16(const uint16_t *p, size_t n, uint32_t mask, uint32_t inf, int64_t small, int bad, result_t *r) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = p[i], a = b & mask;
+        if (bad) r->n_inf += a == inf, r->n_nan += a > inf;
+        if (small >= 0) {
+            uint32_t t = (uint16_t)(b - 1);
+            r->n_pos += t < inf, r->n_small += (int64_t)t < small;
+        }
+    }
+}
+
+static void count32(const uint32_t *p, size_t n, int64_t small, int bad, result_t *r) {
+    const uint32_t mask = 0x7FFFFFFFu, inf = 0x7F800000u;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = p[i], a = b & mask;
+        if (bad) r->n_inf += a == inf, r->n_nan += a > inf;
+        if (small >= 0) {
+            uint32_t t = b - 1;
+            r->n_pos += t < inf, r->n_small += (int64_t)t < small;
+        }
+    }
+}
+
+/* The vector loops: max |x| pattern, zeros and the squares, NaN/inf noted only by whether the block holds any. */
+__attribute__((target("avx512f,avx512bw"))) static void reduce16_avx512(const uint16_t *p, size_t n, uint32_t mask,
+                                                                         uint32_t inf, int shift, int64_t small,
+                                                                         result_t *r) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    const __m512i vmask = _mm512_set1_epi16((short)mask), vinf = _mm512_set1_epi16((short)inf);
+    const __m512i one = _mm512_set1_epi16(1), zero = _mm512_setzero_si512(), vshift = _mm512_set1_epi32(shift);
+    const __m512i vsmall = _mm512_set1_epi16((short)(small > 0xFFFF ? 0xFFFF : small < 0 ? 0 : small));
+    __m512i vtop = zero, zc = zero, pc = zero, sc = zero;
+    __mmask32 bad = 0, fin_seen = 0;
+    uint64_t zeros = 0, pos = 0, nsmall = 0;
+    size_t i = 0, full = n - n % LANES, it = 0;
+    for (; i < full; i += LANES) {
+        __m512i b = _mm512_loadu_si512((const void *)(p + i)), a = _mm512_and_si512(b, vmask);
+        __mmask32 fin = _mm512_cmplt_epu16_mask(a, vinf);
+        if (small >= 0) { /* patterns - 1: the positive ones become 0 .. inf - 1, +-0 and negatives wrap above */
+            __m512i t = _mm512_sub_epi16(b, one);
+            pc = _mm512_mask_add_epi16(pc, _mm512_cmplt_epu16_mask(t, vinf), pc, one);
+            sc = _mm512_mask_add_epi16(sc, _mm512_cmplt_epu16_mask(t, vsmall), sc, one);
+        }
+        bad |= ~fin;
+        fin_seen |= fin;
+        zc = _mm512_mask_add_epi16(zc, _mm512_cmpeq_epi16_mask(a, zero), zc, one);
+        a = _mm512_maskz_mov_epi16(fin, a); /* non-finite -> +0 */
+        vtop = _mm512_max_epu16(vtop, a);
+        __m512i lo = _mm512_sllv_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(a)), vshift);
+        __m512i hi = _mm512_sllv_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(a, 1)), vshift);
+        __m512 flo = _mm512_castsi512_ps(lo), fhi = _mm512_castsi512_ps(hi);
+        SQ16(flo, a0, a1);
+        SQ16(fhi, a2, a3);
+        if (++it == FLUSH) {
+            zeros += sum_epu16(zc), pos += sum_epu16(pc), nsmall += sum_epu16(sc);
+            zc = pc = sc = zero, it = 0;
+        }
+    }
+    zeros += sum_epu16(zc), pos += sum_epu16(pc), nsmall += sum_epu16(sc);
+    double l[LANES];
+    _mm512_storeu_pd(l, a0), _mm512_storeu_pd(l + 8, a1), _mm512_storeu_pd(l + 16, a2), _mm512_storeu_pd(l + 24, a3);
+    for (int j = 0; j < LANES; j++) r->lanes[j] = l[j];
+    uint16_t t16[LANES];
+    _mm512_storeu_si512((void *)t16, vtop);
+    uint32_t top = 0;
+    for (int j = 0; j < LANES; j++)
+        if (t16[j] > top) top = t16[j];
+    result_t rest;
+    memset(&rest, 0, sizeof rest);
+    reduce16_portable(p + full, n - full, mask, inf, shift, small, &rest);
+    if (bad) count16(p, full, mask, inf, -1, 1, r);
+    r->tail = rest.tail;
+    if (rest.top_plus1 && rest.top_plus1 - 1 > top) top = (uint32_t)(rest.top_plus1 - 1);
+    r->top_plus1 = (fin_seen || rest.top_plus1) ? (uint64_t)top + 1 : 0;
+    r->n_zero = zeros + rest.n_zero, r->n_inf += rest.n_inf, r->n_nan += rest.n_nan;
+    r->n_pos = pos + rest.n_pos, r->n_small = nsmall + rest.n_small;
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void reduce32_avx512(const uint32_t *p, size_t n, int64_t small,
+                                                                         result_t *r) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    const __m512i vmask = _mm512_set1_epi32(0x7FFFFFFF), vinf = _mm512_set1_epi32(0x7F800000);
+    const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+    const __m512i vsmall = _mm512_set1_epi32((int)(small > 0xFFFFFFFFLL ? 0xFFFFFFFFu : small < 0 ? 0u : (uint32_t)small));
+    __m512i vtop = zero, zc = zero, pc = zero, sc = zero;
+    __mmask16 bad = 0, fin_seen = 0;
+    size_t i = 0, full = n - n % LANES;
+    for (; i < full; i += LANES) {
+        __m512i bx = _mm512_loadu_si512((const void *)(p + i)), by = _mm512_loadu_si512((const void *)(p + i + 16));
+        __m512i x = _mm512_and_si512(bx, vmask), y = _mm512_and_si512(by, vmask);
+        if (small >= 0) {
+            __m512i tx = _mm512_sub_epi32(bx, one), ty = _mm512_sub_epi32(by, one);
+            pc = _mm512_mask_add_epi32(pc, _mm512_cmplt_epu32_mask(tx, vinf), pc, one);
+            pc = _mm512_mask_add_epi32(pc, _mm512_cmplt_epu32_mask(ty, vinf), pc, one);
+            sc = _mm512_mask_add_epi32(sc, _mm512_cmplt_epu32_mask(tx, vsmall), sc, one);
+            sc = _mm512_mask_add_epi32(sc, _mm512_cmplt_epu32_mask(ty, vsmall), sc, one);
+        }
+        __mmask16 fx = _mm512_cmplt_epu32_mask(x, vinf), fy = _mm512_cmplt_epu32_mask(y, vinf);
+        bad |= ~(fx & fy);
+        fin_seen |= fx | fy;
+        zc = _mm512_mask_add_epi32(zc, _mm512_cmpeq_epi32_mask(x, zero), zc, one);
+        zc = _mm512_mask_add_epi32(zc, _mm512_cmpeq_epi32_mask(y, zero), zc, one);
+        x = _mm512_maskz_mov_epi32(fx, x);
+        y = _mm512_maskz_mov_epi32(fy, y);
+        vtop = _mm512_max_epu32(vtop, _mm512_max_epu32(x, y));
+        __m512 f = _mm512_castsi512_ps(x), g = _mm512_castsi512_ps(y);
+        SQ16(f, a0, a1);
+        SQ16(g, a2, a3);
+    }
+    uint32_t t32[16];
+    _mm512_storeu_si512((void *)t32, zc);
+    uint64_t zeros = 0, pos = 0, nsmall = 0;
+    for (int j = 0; j < 16; j++) zeros += t32[j];
+    _mm512_storeu_si512((void *)t32, pc);
+    for (int j = 0; j < 16; j++) pos += t32[j];
+    _mm512_storeu_si512((void *)t32, sc);
+    for (int j = 0; j < 16; j++) nsmall += t32[j];
+    double l[LANES];
+    _mm512_storeu_pd(l, a0), _mm512_storeu_pd(l + 8, a1), _mm512_storeu_pd(l + 16, a2), _mm512_storeu_pd(l + 24, a3);
+    for (int j = 0; j < LANES; j++) r->lanes[j] = l[j];
+    _mm512_storeu_si512((void *)t32, vtop);
+    uint32_t top = 0;
+    for (int j = 0; j < 16; j++)
+        if (t32[j] > top) top = t32[j];
+    result_t rest;
+    memset(&rest, 0, sizeof rest);
+    reduce32_portable(p + full, n - full, small, &rest);
+    if (bad) count32(p, full, -1, 1, r);
+    r->tail = rest.tail;
+    if (rest.top_plus1 && rest.top_plus1 - 1 > top) top = (uint32_t)(rest.top_plus1 - 1);
+    r->top_plus1 = (fin_seen || rest.top_plus1) ? (uint64_t)top + 1 : 0;
+    r->n_zero = zeros + rest.n_zero, r->n_inf += rest.n_inf, r->n_nan += rest.n_nan;
+    r->n_pos = pos + rest.n_pos, r->n_small = nsmall + rest.n_small;
+}
+#endif
+
+static int use_avx512 = 0;
+
+/* reduce(patterns, itemsize, mask, inf, shift, small, portable) ->
+ *     (top, n_zero, n_inf, n_nan, n_pos, n_small, sumsq)
+ * patterns: a C-contiguous buffer of uint16 (itemsize 2) or uint32 (itemsize 4) patterns as stored (little-endian);
+ * top: the largest finite masked pattern, -1 when nothing finite; small: the Adam-epsilon pattern, -1 for none (then
+ * n_pos and n_small are 0); portable: 1 forces the portable loop (tests). The GIL is released while it runs. */
+static PyObject *reduce(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    int itemsize, shift, portable;
+    unsigned int mask, inf;
+    long long small;
+    if (!PyArg_ParseTuple(args, "y*iIIiLp", &buf, &itemsize, &mask, &inf, &shift, &small, &portable)) return NULL;
+    if ((itemsize != 2 && itemsize != 4) || buf.len % itemsize || shift < 0 || shift > 16 ||
+        (itemsize == 4 && (mask != 0x7FFFFFFFu || inf != 0x7F800000u || shift != 0))) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "reduce: unsupported pattern layout");
+        return NULL;
+    }
+    size_t n = (size_t)buf.len / (size_t)itemsize;
+    result_t r;
+    memset(&r, 0, sizeof r);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_AVX512
+    if (use_avx512 && !portable) {
+        if (itemsize == 2)
+            reduce16_avx512((const uint16_t *)buf.buf, n, mask, inf, shift, small, &r);
+        else
+            reduce32_avx512((const uint32_t *)buf.buf, n, small, &r);
+    } else
+#endif
+    if (itemsize == 2)
+        reduce16_portable((const uint16_t *)buf.buf, n, mask, inf, shift, small, &r);
+    else
+        reduce32_portable((const uint32_t *)buf.buf, n, small, &r);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    double s = 0.0;
+    for (int j = 0; j < LANES; j++) s += r.lanes[j];
+    s += r.tail;
+    return Py_BuildValue("(LKKKKKd)", (long long)r.top_plus1 - 1, (unsigned long long)r.n_zero,
+                         (unsigned long long)r.n_inf, (unsigned long long)r.n_nan, (unsigned long long)r.n_pos,
+                         (unsigned long long)r.n_small, s);
+}
+
+static PyMethodDef methods[] = {
+    {"reduce", reduce, METH_VARARGS, "One-pass statistics of a block of F32/BF16/F16 bit patterns (see the source)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forensics_tensor_kernels",
+                                    "Compiled one-pass reducer of F32/BF16/F16 bit patterns (parsers/_tensor_native.c).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__forensics_tensor_kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+#ifdef HAVE_AVX512
+    __builtin_cpu_init();
+    use_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#endif
+    PyModule_AddIntConstant(m, "LANES", LANES);
+    PyModule_AddStringConstant(m, "ISA", use_avx512 ? "avx512" : "portable");
+    return m;
+}
