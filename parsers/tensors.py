@@ -145,8 +145,44 @@ def _fill(fd: int, ref: TensorRef, lo: int, n: int, slot: int, s: Scratch) -> np
     return np.frombuffer(buf, dtype=raw_dt, count=n)
 
 
+def _task_native(ref: TensorRef, lo: int, hi: int, small: int | None) -> Acc:
+    """:func:`_task` without ``prev`` by the compiled kernel: its reads handed to it block by block, no numpy calls.
+
+    The same blocks, folded in the same order, as :func:`parsers._tensor_kernels.reduce_bits` would (the same bits).
+    """
+    kind, item, acc = KINDS[ref.dtype], ITEMSIZE[ref.dtype], Acc()
+    reduce, mask, inf, shift, scale = _native().reduce, kind.mask, kind.inf, kind.shift, kind.scale
+    arg = -1 if small is None else small
+    per_read = max(BLOCK, READ_BYTES // item // BLOCK * BLOCK) * item
+    step = BLOCK * item
+    view = memoryview(_scratch().bytes(0, per_read))
+    fd = os.open(ref.path, os.O_RDONLY)
+    try:
+        for at in range(ref.offset + lo * item, ref.offset + hi * item, per_read):
+            nb = min(per_read, ref.offset + hi * item - at)
+            if read_range(fd, at, view[:nb]) < nb:
+                raise CheckpointError(f"truncated: tensor {ref.name!r} ends beyond the end of the file")
+            for j in range(0, nb, step):
+                top, n_zero, n_inf, n_nan, n_pos, n_small, sq = reduce(view[j:min(j + step, nb)], item, mask, inf,
+                                                                       shift, arg, False)
+                acc.n_zero += n_zero
+                acc.n_inf += n_inf
+                acc.n_nan += n_nan
+                acc.n_pos += n_pos
+                acc.n_small += n_small
+                if top > acc.top:
+                    acc.top = top
+                acc.sumsq += sq * scale
+    finally:
+        os.close(fd)
+    acc.numel = hi - lo
+    return acc
+
+
 def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef | None) -> Acc:
     """Statistics of elements ``lo .. hi`` of a plain F32/BF16/F16 tensor (and the delta to ``prev``)."""
+    if prev is None and _native() is not None:
+        return _task_native(ref, lo, hi, small)
     s, acc, kind = _scratch(), Acc(), KINDS[ref.dtype]
     per_read = max(BLOCK, READ_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
     fds = [os.open(ref.path, os.O_RDONLY)] + ([os.open(prev.path, os.O_RDONLY)] if prev is not None else [])
