@@ -375,9 +375,10 @@ def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str, sumsq_
 def test_native_kernel_equals_the_numpy_path_and_its_portable_loop(dtype: str) -> None:
     """The compiled kernel: the SIMD loop and the portable loop give the same bits; counts and max |x| equal numpy's.
 
-    Hostile patterns at lengths around the 32-element lane groups and the block, with and without the Adam-epsilon
-    threshold: every count and the largest pattern equal the numpy path's, the sum of squares equals the portable
-    loop's bit for bit and is within 1e-13 of the correctly rounded sum (``math.fsum``) like the numpy path's.
+    Hostile patterns at lengths around the 32-element lane groups and the block, and the same made finite (the
+    vector loop's unmasked pass), with and without the Adam-epsilon threshold: every count and the largest pattern
+    equal the numpy path's, the sum of squares equals the portable loop's bit for bit and is within 1e-13 of the
+    correctly rounded sum (``math.fsum``) like the numpy path's.
     """
     nat = kernels._native()
     if nat is None:
@@ -387,8 +388,12 @@ def test_native_kernel_equals_the_numpy_path_and_its_portable_loop(dtype: str) -
     k = kernels.KINDS[dtype]
     block = tensors.BLOCK
     s = kernels.Scratch(block)
+    cases = []
     for seed, n in enumerate((1, 7, 31, 32, 33, 64, 65, 1000, block - 1, block)):
         bits = _hostile_bits(dtype, n, seed=30 + seed) if n >= 8 else _hostile_bits(dtype, 8, seed)[-n:]
+        cases += [bits, np.where((bits & k.mask) < k.inf, bits, 7).astype(bits.dtype)]  # and all finite
+    for bits in cases:
+        n = bits.shape[0]
         with np.errstate(invalid="ignore"):
             x = bits.view(ftype).astype(np.float64)
         fin = x[np.isfinite(x)]
