@@ -289,16 +289,17 @@ def widen(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
 
 @functools.cache
 def _native() -> Any:
-    """The compiled one-pass kernel ``_forensics_tensor_kernels``, or None where it was not built.
+    """The compiled one-pass kernel ``_forensics_tensor_kernels``, or None where it was not built or has no SIMD loop.
 
-    parsers/_tensor_native.c, built by setup.py where a C compiler is found; without it :func:`reduce_bits` takes
-    its numpy/numkong path (the same statistics).
+    parsers/_tensor_native.c, built by setup.py where a C compiler is found. Its vector loop needs AVX-512 (x86-64
+    with AVX-512F/BW); its portable loop (same bits, ~3-6 ns per element) is slower than numkong, so on other CPUs,
+    as without the module, :func:`reduce_bits` takes its numpy/numkong path (the same statistics).
     """
     try:
         import _forensics_tensor_kernels
     except ImportError:
         return None
-    return _forensics_tensor_kernels
+    return _forensics_tensor_kernels if _forensics_tensor_kernels.ISA != "portable" else None
 
 
 @functools.cache

@@ -380,9 +380,7 @@ def test_native_kernel_equals_the_numpy_path_and_its_portable_loop(dtype: str) -
     equal the numpy path's, the sum of squares equals the portable loop's bit for bit and is within 1e-13 of the
     correctly rounded sum (``math.fsum``) like the numpy path's.
     """
-    nat = kernels._native()
-    if nat is None:
-        pytest.skip("the compiled kernel is not built (pip install ., or python setup.py build_ext --inplace)")
+    nat = pytest.importorskip("_forensics_tensor_kernels", reason="the compiled kernel is not built (pip install .)")
     ml = pytest.importorskip("ml_dtypes")
     ftype = {"BF16": ml.bfloat16, "F16": np.float16, "F32": np.float32}[dtype]
     k = kernels.KINDS[dtype]
