@@ -294,7 +294,8 @@ static PyObject *reduce(PyObject *self, PyObject *args) {
     unsigned int mask, inf;
     long long small;
     if (!PyArg_ParseTuple(args, "y*iIIiLp", &buf, &itemsize, &mask, &inf, &shift, &small, &portable)) return NULL;
-    if ((itemsize != 2 && itemsize != 4) || buf.len % itemsize || shift < 0 || shift > 16 ||
+    if ((itemsize != 2 && itemsize != 4) || buf.len % itemsize || shift < 0 || shift > 16 || small < -1 ||
+        small >= (itemsize == 2 ? 0x10000LL : 0x100000000LL) ||
         (itemsize == 4 && (mask != 0x7FFFFFFFu || inf != 0x7F800000u || shift != 0))) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "reduce: unsupported pattern layout");
