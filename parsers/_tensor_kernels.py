@@ -14,6 +14,10 @@ Adam-epsilon share):
   masked only in the blocks that hold them.
 - :class:`Moments` for everything else (F64, integers, FP8 through ``ml_dtypes``), over float blocks.
 
+Where the compiled kernel is built and the CPU has AVX-512 (:func:`_native`, parsers/_tensor_native.c),
+:func:`reduce_bits` hands the block to it instead: the same statistics in one pass over the patterns, its float64 sum
+of the same exact squares in a fixed order of its own (docs/formats.md#streaming-reduction).
+
 Every buffer is a :class:`Scratch` of one block, reused across calls (one per worker thread).
 """
 

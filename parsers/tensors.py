@@ -11,10 +11,11 @@ data. :mod:`parsers.checkpoints` works on that contract only.
 **The reducer.** :func:`tensor_stats` streams one tensor once in bounded memory and returns its
 statistics (and optionally its distance to the same tensor of an earlier checkpoint). F32, BF16 and F16
 are reduced from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), everything else as
-float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. A tensor of more
-than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by :data:`WORKERS`
-workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are
-reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
+float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. With the compiled
+kernel (:func:`parsers._tensor_kernels._native`) a range's reads go to it block by block (:func:`_task_native`).
+A tensor of more than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by
+:data:`WORKERS` workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the
+bytes are reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
 number of workers, and memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends
 the pieces of many tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the workers
 together, so a model of many small tensors keeps every core busy too. From :data:`FORK_BYTES` of such ranges in
