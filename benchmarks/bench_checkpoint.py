@@ -17,6 +17,8 @@ times (default 3) and the best wall time is kept (the machine may be shared):
   tensors, as ``forensics`` reads a checkpoint (all the cores the process may use, :data:`parsers.tensors.WORKERS`:
   forked worker processes from :data:`parsers.tensors.FORK_BYTES`, whose CPU time is counted with ours);
 - ``ours-1``: the same with one worker (the per-core figure);
+  each ``ours`` line names the F32/BF16/F16 kernel it ran: ``compiled`` (``_forensics_tensor_kernels``, built by
+  ``pip install .`` or ``python setup.py build_ext --inplace``), else ``numkong``;
 - ``before``, ``before-1`` (``--before DIR``): ``ours`` and ``ours-1`` of another checkout, in the same run;
 - ``numpy`` (``--numpy``): every tensor read whole with ``np.fromfile`` (BF16 by the bit shift, F16 as
   numpy float16), then the same statistics as a user would write them.
@@ -205,7 +207,20 @@ def worker(method: str, path: str, repeat: int) -> dict:
             best = {"seconds": seconds, "cpu": cpu, "l2_sum": total}
     peak = _peak_mb()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # forked workers (0 when none ran)
-    return best | {"rss_growth_mb": peak - base_rss, "rss_base_mb": base_rss, "worker_peak_rss_mb": kids}
+    return best | {"rss_growth_mb": peak - base_rss, "rss_base_mb": base_rss, "worker_peak_rss_mb": kids,
+                   "kernel": _kernel() if method.startswith("ours") else ""}
+
+
+def _kernel() -> str:
+    """Which F32/BF16/F16 kernel this checkout's reducer uses: the compiled one (and its ISA), numkong or numpy."""
+    try:
+        from parsers import _tensor_kernels as k
+    except ImportError:
+        return "?"
+    nat = getattr(k, "_native", lambda: None)()
+    if nat is not None:
+        return f"compiled ({nat.ISA})"
+    return "numkong" if getattr(k, "_numkong", lambda: None)() is not None else "numpy"
 
 
 def _cpu() -> float:
@@ -245,7 +260,8 @@ def _run_dtype(dtype: str, args: argparse.Namespace, env: dict, made: list[Path]
               f"{size / max(r['cpu'], 1e-9) / 1e9:5.2f} GB/s CPU  peak RSS +{r['rss_growth_mb']:5.0f} MB"
               + (f" (forked workers' peak RSS {r['worker_peak_rss_mb']:.0f} MB, this process's "
                  f"{r['rss_base_mb']:.0f} MB before: shared at the fork)" if r.get("worker_peak_rss_mb") else "")
-              + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else ""), flush=True)
+              + (f"  sum of l2 {r['l2_sum']:.15g}" if m not in COPIES else "")
+              + (f"  kernel: {r['kernel']}" if r.get("kernel") else ""), flush=True)
     print(f"  load average after {dtype}: {_load()}", flush=True)
     return _ratios(dtype, size, res)
 

@@ -14,6 +14,10 @@ Adam-epsilon share):
   masked only in the blocks that hold them.
 - :class:`Moments` for everything else (F64, integers, FP8 through ``ml_dtypes``), over float blocks.
 
+Where the compiled kernel is built and the CPU has AVX-512 (:func:`_native`, parsers/_tensor_native.c),
+:func:`reduce_bits` hands the block to it instead: the same statistics in one pass over the patterns, its float64 sum
+of the same exact squares in a fixed order of its own (docs/formats.md#streaming-reduction).
+
 Every buffer is a :class:`Scratch` of one block, reused across calls (one per worker thread).
 """
 
@@ -215,6 +219,22 @@ def reduce_bits(dtype: str, bits: np.ndarray, acc: Acc, s: Scratch, small: int |
     m = int(bits.shape[0])
     if m == 0:
         return
+    nat = _native()
+    if nat is not None:  # the compiled one-pass kernel: the same statistics from one read of the block
+        top, n_zero, n_inf, n_nan, n_pos, n_small, sq = nat.reduce(
+            bits if bits.flags.c_contiguous else np.ascontiguousarray(bits), bits.itemsize, k.mask, k.inf, k.shift,
+            -1 if small is None else small, False)
+        acc.numel += m
+        acc.n_zero += n_zero
+        acc.n_inf += n_inf
+        acc.n_nan += n_nan
+        if small is not None:
+            acc.n_pos += n_pos
+            acc.n_small += n_small
+        if top > acc.top:
+            acc.top = top
+        acc.sumsq += sq * k.scale
+        return
     if small is not None:
         t = s.get("dec", k.uint, m)
         np.subtract(bits, 1, out=t)  # positive patterns 1..inf become 0..inf-1; +-0 and negatives stay above
@@ -269,6 +289,21 @@ def widen(dtype: str, a: np.ndarray, s: Scratch) -> tuple[np.ndarray, float]:
     _COPY(u32, a)
     _SHL(u32, k.shift, out=u32)
     return u32.view(np.float32), k.scale
+
+
+@functools.cache
+def _native() -> Any:
+    """The compiled one-pass kernel ``_forensics_tensor_kernels``, or None where it was not built or has no SIMD loop.
+
+    parsers/_tensor_native.c, built by setup.py where a C compiler is found. Its vector loop needs AVX-512 (x86-64
+    with AVX-512F/BW); its portable loop (same bits, ~3-6 ns per element) is slower than numkong, so on other CPUs,
+    as without the module, :func:`reduce_bits` takes its numpy/numkong path (the same statistics).
+    """
+    try:
+        import _forensics_tensor_kernels
+    except ImportError:
+        return None
+    return _forensics_tensor_kernels if _forensics_tensor_kernels.ISA != "portable" else None
 
 
 @functools.cache

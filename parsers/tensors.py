@@ -11,10 +11,11 @@ data. :mod:`parsers.checkpoints` works on that contract only.
 **The reducer.** :func:`tensor_stats` streams one tensor once in bounded memory and returns its
 statistics (and optionally its distance to the same tensor of an earlier checkpoint). F32, BF16 and F16
 are reduced from their bit patterns (:func:`parsers._tensor_kernels.reduce_bits`), everything else as
-float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. A tensor of more
-than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by :data:`WORKERS`
-workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the bytes are
-reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
+float blocks (:class:`parsers._tensor_kernels.Moments`); both exact to float64 rounding. With the compiled
+kernel (:func:`parsers._tensor_kernels._native`) a range's reads go to it block by block (:func:`_task_native`).
+A tensor of more than :data:`TASK_BYTES` lying plainly in a file is cut into ranges of that size, reduced by
+:data:`WORKERS` workers (each reads its range with ``os.preadv`` into its own :data:`READ_BYTES` buffer, so the
+bytes are reduced from the cache they were just copied to) and merged in range order: the result does not depend on the
 number of workers, and memory is one read buffer and one block of scratch per worker. :func:`stats_many` sends
 the pieces of many tensors (a whole checkpoint: ranges of the large ones, the small ones whole) to the workers
 together, so a model of many small tensors keeps every core busy too. From :data:`FORK_BYTES` of such ranges in
@@ -40,6 +41,7 @@ from parsers._tensor_kernels import (
     Acc,
     Moments,
     Scratch,
+    _native,
     _numkong,
     delta_sq,
     reduce_bits,
@@ -144,8 +146,44 @@ def _fill(fd: int, ref: TensorRef, lo: int, n: int, slot: int, s: Scratch) -> np
     return np.frombuffer(buf, dtype=raw_dt, count=n)
 
 
+def _task_native(ref: TensorRef, lo: int, hi: int, small: int | None) -> Acc:
+    """:func:`_task` without ``prev`` by the compiled kernel: its reads handed to it block by block, no numpy calls.
+
+    The same blocks, folded in the same order, as :func:`parsers._tensor_kernels.reduce_bits` would (the same bits).
+    """
+    kind, item, acc = KINDS[ref.dtype], ITEMSIZE[ref.dtype], Acc()
+    reduce, mask, inf, shift, scale = _native().reduce, kind.mask, kind.inf, kind.shift, kind.scale
+    arg = -1 if small is None else small
+    per_read = max(BLOCK, READ_BYTES // item // BLOCK * BLOCK) * item
+    step = BLOCK * item
+    view = memoryview(_scratch().bytes(0, per_read))
+    fd = os.open(ref.path, os.O_RDONLY)
+    try:
+        for at in range(ref.offset + lo * item, ref.offset + hi * item, per_read):
+            nb = min(per_read, ref.offset + hi * item - at)
+            if read_range(fd, at, view[:nb]) < nb:
+                raise CheckpointError(f"truncated: tensor {ref.name!r} ends beyond the end of the file")
+            for j in range(0, nb, step):
+                top, n_zero, n_inf, n_nan, n_pos, n_small, sq = reduce(view[j:min(j + step, nb)], item, mask, inf,
+                                                                       shift, arg, False)
+                acc.n_zero += n_zero
+                acc.n_inf += n_inf
+                acc.n_nan += n_nan
+                acc.n_pos += n_pos
+                acc.n_small += n_small
+                if top > acc.top:
+                    acc.top = top
+                acc.sumsq += sq * scale
+    finally:
+        os.close(fd)
+    acc.numel = hi - lo
+    return acc
+
+
 def _task(ref: TensorRef, lo: int, hi: int, small: int | None, prev: TensorRef | None) -> Acc:
     """Statistics of elements ``lo .. hi`` of a plain F32/BF16/F16 tensor (and the delta to ``prev``)."""
+    if prev is None and _native() is not None:
+        return _task_native(ref, lo, hi, small)
     s, acc, kind = _scratch(), Acc(), KINDS[ref.dtype]
     per_read = max(BLOCK, READ_BYTES // ITEMSIZE[ref.dtype] // BLOCK * BLOCK)
     fds = [os.open(ref.path, os.O_RDONLY)] + ([os.open(prev.path, os.O_RDONLY)] if prev is not None else [])
@@ -274,7 +312,7 @@ def _run_all(tasks: list[tuple[Any, int]]) -> list[Any]:
     forkable = [i for i, (_, nbytes) in enumerate(tasks) if nbytes]
     if WORKERS == 1 or not _fork.AVAILABLE or sum(tasks[i][1] for i in forkable) < FORK_BYTES:
         return _threads([t for t, _ in tasks])
-    _numkong()  # imported here, not in a child
+    _native(), _numkong()  # imported here, not in a child
     out: list[Any] = [None] * len(tasks)
     for i in range(0, len(forkable), _fork.MAX_TASKS):
         part = forkable[i:i + _fork.MAX_TASKS]

@@ -234,15 +234,20 @@ def _float_path(ref: sc.TensorRef, small: float) -> dict:
     return m.result() | {"n_small": m.n_small, "n_pos": m.n_pos}
 
 
-@pytest.fixture(params=["numkong", "numpy"])
+@pytest.fixture(params=["native", "numkong", "numpy"])
 def sumsq_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Both ways the float32 sums of squares are taken: numkong's SIMD kernel, and numpy's where it is missing.
+    """Every way the F32/BF16/F16 statistics are taken: compiled kernel, numkong's sums of squares, numpy's.
 
-    Its own MonkeyPatch, so that a test's ``monkeypatch.undo()`` keeps the backend.
+    The compiled one-pass kernel is built by setup.py; without it numkong, without that numpy. Its own
+    MonkeyPatch, so that a test's ``monkeypatch.undo()`` keeps the backend.
     """
+    if request.param == "native" and kernels._native() is None:
+        pytest.skip("the compiled kernel is not built (pip install ., or python setup.py build_ext --inplace)")
     if request.param == "numkong" and kernels._numkong() is None:
         pytest.skip("numkong is not installed")
     with pytest.MonkeyPatch.context() as mp:
+        if request.param != "native":
+            mp.setattr(kernels, "_native", lambda: None)
         if request.param == "numpy":
             mp.setattr(kernels, "_numkong", lambda: None)
         yield request.param
@@ -364,6 +369,45 @@ def test_16bit_kernel_exact_against_float64_on_random_tensors(dtype: str, sumsq_
         kernels.reduce_bits(dtype, bits, acc, s)
         assert acc.sumsq == math.fsum((x * x).tolist()), dtype  # few terms of few bits: the float64 sum is exact
         assert acc.result(dtype)["max_abs"] == float(np.max(np.abs(x))), dtype
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+def test_native_kernel_equals_the_numpy_path_and_its_portable_loop(dtype: str) -> None:
+    """The compiled kernel: the SIMD loop and the portable loop give the same bits; counts and max |x| equal numpy's.
+
+    Hostile patterns at lengths around the 32-element lane groups and the block, and the same made finite (the
+    vector loop's unmasked pass), with and without the Adam-epsilon threshold: every count and the largest pattern
+    equal the numpy path's, the sum of squares equals the portable loop's bit for bit and is within 1e-13 of the
+    correctly rounded sum (``math.fsum``) like the numpy path's.
+    """
+    nat = pytest.importorskip("_forensics_tensor_kernels", reason="the compiled kernel is not built (pip install .)")
+    ml = pytest.importorskip("ml_dtypes")
+    ftype = {"BF16": ml.bfloat16, "F16": np.float16, "F32": np.float32}[dtype]
+    k = kernels.KINDS[dtype]
+    block = tensors.BLOCK
+    s = kernels.Scratch(block)
+    cases = []
+    for seed, n in enumerate((1, 7, 31, 32, 33, 64, 65, 1000, block - 1, block)):
+        bits = _hostile_bits(dtype, n, seed=30 + seed) if n >= 8 else _hostile_bits(dtype, 8, seed)[-n:]
+        cases += [bits, np.where((bits & k.mask) < k.inf, bits, 7).astype(bits.dtype)]  # and all finite
+    for bits in cases:
+        n = bits.shape[0]
+        with np.errstate(invalid="ignore"):
+            x = bits.view(ftype).astype(np.float64)
+        fin = x[np.isfinite(x)]
+        for small in (None, kernels.small_pattern(dtype, 1e-3)):
+            arg = -1 if small is None else small
+            simd, portable = (nat.reduce(bits, bits.itemsize, k.mask, k.inf, k.shift, arg, p) for p in (False, True))
+            assert simd == portable or (math.isnan(simd[6]) and simd[:6] == portable[:6]), (dtype, n, nat.ISA)
+            ref = kernels.Acc()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(kernels, "_native", lambda: None)
+                kernels.reduce_bits(dtype, bits.copy(), ref, s, small)
+            top, n_zero, n_inf, n_nan, n_pos, n_small, sq = simd
+            assert (top, n_zero, n_inf, n_nan) == (ref.top, ref.n_zero, ref.n_inf, ref.n_nan), (dtype, n)
+            if small is not None:
+                assert (n_pos, n_small) == (ref.n_pos, ref.n_small), (dtype, n)
+            assert sq * k.scale == pytest.approx(math.fsum((fin * fin).tolist()), rel=1e-13, abs=0.0), (dtype, n)
 
 
 @pytest.mark.skipif(not tensors._fork.AVAILABLE, reason="forked workers are Linux only")
