@@ -90,8 +90,7 @@ def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None =
             max_line: int | None = None, first: int | None = None) -> Iterator[tuple[bytes, bytes, str | None]]:
     r"""Read ``fh`` in blocks of whole lines (into one reused buffer; one copy per block).
 
-    ``first``: about how many bytes the first block of a regular uncompressed file holds (default ``size``).
-    A small first block lets a reader start its pipeline sooner.
+    ``first``: about the bytes of the first block of a plain file (default ``size``; small: a pipeline starts soon).
 
     The buffer starts at 64 KiB and doubles up to ``size`` (small files stay cheap), and beyond it only
     for a line longer than ``size``, up to ``max_line`` (:data:`MAX_LINE_BYTES`): a longer line is read
