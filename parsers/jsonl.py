@@ -15,6 +15,8 @@ Two engines give the same table:
   lines that are plain JSON objects go to ``polars.read_ndjson`` in one call per block (with the schema
   of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
   :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
+  The first block of a plain file is small (:data:`FIRST_BYTES`: the worker starts sooner), and the GIL
+  turns are short while both threads run (:data:`SWITCH_INTERVAL`).
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
   (polars rejects them), ``null`` (polars cannot tell it from a missing key), lone-surrogate escapes,
   invalid UTF-8, anything that does not start with ``{`` and end with ``}`` (garbage, a BOM, the cut
