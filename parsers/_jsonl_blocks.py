@@ -46,10 +46,11 @@ def _skip_line(fh: IO[bytes], buf: bytearray) -> tuple[int, int, bool, str | Non
 _PREAD_TAIL = 1 << 16  # bytes at the end of a block searched for its last newline (pread path)
 
 
-def _preads(fh: IO[bytes], size: int) -> Generator[tuple[bytes, bytes, None], None, int]:
+def _preads(fh: IO[bytes], size: int, first: int | None = None) -> Generator[tuple[bytes, bytes, None], None, int]:
     """The first blocks of whole lines of a regular uncompressed file, one ``os.pread`` each; returns how many.
 
-    The blocks are yielded as :func:`_blocks` yields them.
+    The blocks are yielded as :func:`_blocks` yields them; the first one holds about ``first`` bytes (else
+    ``size``).
 
     Stops (with ``fh`` positioned after the last block yielded) before the file's last ``size`` bytes, at a
     block whose last :data:`_PREAD_TAIL` bytes (at most half the block) hold no newline, or when ``fh`` is
@@ -57,7 +58,8 @@ def _preads(fh: IO[bytes], size: int) -> Generator[tuple[bytes, bytes, None], No
     """
     if type(fh) is not io.BufferedReader or type(fh.raw) is not io.FileIO or size < 2:
         return 0
-    window = min(_PREAD_TAIL, size // 2)
+    want = min(first or size, size)
+    window = min(_PREAD_TAIL, want // 2)
     try:
         fd, pos = fh.fileno(), fh.tell()
         end = os.fstat(fd)
@@ -67,16 +69,17 @@ def _preads(fh: IO[bytes], size: int) -> Generator[tuple[bytes, bytes, None], No
         return 0
     count = 0
     try:
-        while pos + 2 * size <= end.st_size:
-            cut = os.pread(fd, window, pos + size - window).rfind(b"\n") + 1
+        while want >= 2 and pos + want + size <= end.st_size:
+            cut = os.pread(fd, window, pos + want - window).rfind(b"\n") + 1
             if not cut:
                 break
-            n = size - window + cut
+            n = want - window + cut
             data = os.pread(fd, n, pos)
             if len(data) != n or data[-1:] != b"\n":  # the file changed under us: the stream path goes on
                 break
             pos, count = pos + n, count + 1
             yield data, b"", None
+            want, window = size, min(_PREAD_TAIL, size // 2)
     except OSError:
         pass
     fh.seek(pos)
@@ -84,8 +87,10 @@ def _preads(fh: IO[bytes], size: int) -> Generator[tuple[bytes, bytes, None], No
 
 
 def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None = None,
-            max_line: int | None = None) -> Iterator[tuple[bytes, bytes, str | None]]:
+            max_line: int | None = None, first: int | None = None) -> Iterator[tuple[bytes, bytes, str | None]]:
     r"""Read ``fh`` in blocks of whole lines (into one reused buffer; one copy per block).
+
+    ``first``: about the bytes of the first block of a plain file (default ``size``; small: a pipeline starts soon).
 
     The buffer starts at 64 KiB and doubles up to ``size`` (small files stay cheap), and beyond it only
     for a line longer than ``size``, up to ``max_line`` (:data:`MAX_LINE_BYTES`): a longer line is read
@@ -99,7 +104,7 @@ def _blocks(fh: IO[bytes], size: int, long_lines: list[tuple[int, int]] | None =
         in the last block: the bytes after the last newline (a last line without one); ``error`` is the
         message of a read error (a gzip stream cut short) in the last block, else None.
     """
-    yielded = yield from _preads(fh, size)  # blocks yielded so far
+    yielded = yield from _preads(fh, size, first)  # blocks yielded so far
     buf = bytearray(min(size, 1 << 16))
     limit = size
     max_line = MAX_LINE_BYTES if max_line is None else max_line

@@ -17,6 +17,15 @@ class _Segmenter:
         self.last: int | None = None  # step of the last record so far
         self.tags: set[int] = set()  # tags logged at that step since the current segment began
         self.seg = 0
+        self._same = np.zeros(0, np.int32)  # read-only: blocks without a new segment share slices of it
+
+    def _constant(self, n: int) -> np.ndarray:
+        """int32[n] of the current segment: a slice of one array, rebuilt when the segment changes or n outgrows it."""
+        held = len(self._same)
+        if held < n or self._same[0] != self.seg:
+            self._same = np.full(max(n, 2 * held if held < n else held), self.seg, np.int32)
+            self._same.flags.writeable = False
+        return self._same[:n]
 
     def __call__(self, s: np.ndarray, counts: np.ndarray, tag: np.ndarray) -> np.ndarray:
         """int32 segment per row, from int64 step and row count (> 0) per record and int32 tag per row."""
@@ -32,11 +41,12 @@ class _Segmenter:
         walk = {0} if same[0] else set()  # run 0 continues the last block's run
         multi = same.copy()
         multi[:-1] |= same[1:]
-        if multi[1:].any():
-            row_rec = np.repeat(np.arange(len(s)), counts)
-            sel = multi[row_rec]
+        if multi[1:].any():  # the rows of the records that share a step with a neighbour (few, most logs)
+            recs = np.flatnonzero(multi)
+            lens = counts[recs]
+            rows = np.repeat(first[recs] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
             width = int(tag.max()) + 1
-            combo = np.sort(run[row_rec[sel]].astype(np.int64) * width + tag[sel])
+            combo = np.sort(np.repeat(run[recs].astype(np.int64), lens) * width + tag[rows])
             walk.update(np.unique(combo[1:][combo[1:] == combo[:-1]] // width).tolist())
         last_run = len(bounds) - 2
         final: set[int] | None = None
@@ -53,8 +63,8 @@ class _Segmenter:
         if final is None:
             final = set(tag[first[bounds[last_run]]:].tolist())
         self.last, self.tags = int(s[-1]), final
-        if not brk.any():  # no new segment in this block (the common log): no per-record repeat
-            return np.full(int(counts.sum()), self.seg, np.int32)
+        if not brk.any():  # no new segment in this block (the common log): a slice of one shared array
+            return self._constant(int(counts.sum()))
         seg = self.seg + np.cumsum(brk)
         self.seg = int(seg[-1])
         return np.repeat(seg.astype(np.int32), counts)

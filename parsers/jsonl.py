@@ -15,6 +15,8 @@ Two engines give the same table:
   lines that are plain JSON objects go to ``polars.read_ndjson`` in one call per block (with the schema
   of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
   :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
+  The first block of a plain file is small (:data:`FIRST_BYTES`: the worker starts sooner), and the GIL
+  turns are short while both threads run (:data:`SWITCH_INTERVAL`).
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
   (polars rejects them), ``null`` (polars cannot tell it from a missing key), lone-surrogate escapes,
   invalid UTF-8, anything that does not start with ``{`` and end with ``}`` (garbage, a BOM, the cut
@@ -38,9 +40,12 @@ applied once, on arrays, to the records of both engines.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -66,6 +71,9 @@ FALLBACK_SHARE = 0.9
 records holds a whole one (a fractional epoch ``0.25`` is no step: then the line index is the step)."""
 CHUNK_BYTES = 16 << 20
 """Bytes of whole lines read and parsed at a time by the ``"auto"`` engine (memory stays bounded)."""
+FIRST_BYTES = 1 << 20
+"""About this many bytes make the first block of a plain file (``"auto"`` engine): it is scanned, read and
+converted before the pipeline overlaps anything, so a small one starts the worker thread sooner."""
 _NOT_METRIC_FILES = {"trainer_state.json", "expected.json"}
 
 
@@ -144,7 +152,7 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
             finish(buf, tail, err, lambda first, cut, b=buf: _python_block(st, b, first, cut))
         return error
     stage = _Stager()
-    blocks = _blocks(fh, chunk_bytes, long_lines)
+    blocks = _blocks(fh, chunk_bytes, long_lines, first=FIRST_BYTES)
     first = next(blocks, None)
     second = next(blocks, None)
     if second is None:  # one block (most files): no worker thread
@@ -152,7 +160,7 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
             buf, tail, err = first
             finish(buf, tail, err, lambda line, cut: _auto_block(st, buf, stage(buf), line, cut))
         return error
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
+    with _short_gil_turns(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
         ahead: tuple[Future, bytes, bytes, str | None] | None = None
         for buf, tail, err in itertools.chain([first, second], blocks):
             staged = pool.submit(stage.read, buf, stage.scan(buf))  # the scan here, polars there
@@ -163,6 +171,31 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
         fut, b, t, e = ahead
         finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
     return error
+
+
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread holds the GIL before another that waits for it gets its turn, while a file is read in two
+threads (Python's default is 0.005). The worker thread's Python between two polars reads waits for each turn;
+with the default, polars' cores idle while the converting thread runs on."""
+_turns = threading.Lock()
+_readers = [0, 0.0]  # reads in two threads now, and the switch interval before the first of them
+
+
+@contextlib.contextmanager
+def _short_gil_turns() -> Iterator[None]:
+    """Set :data:`SWITCH_INTERVAL` while a read runs in two threads; the interval before comes back after the last."""
+    with _turns:
+        if not _readers[0]:
+            _readers[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_INTERVAL, _readers[1]))
+        _readers[0] += 1
+    try:
+        yield
+    finally:
+        with _turns:
+            _readers[0] -= 1
+            if not _readers[0]:
+                sys.setswitchinterval(_readers[1])
 
 
 # -- entry point -------------------------------------------------------------------------------------

@@ -584,6 +584,33 @@ def test_pread_blocks_equal_the_stream_blocks(tmp_path: Path, size: int) -> None
         assert sum(1 for _ in _jsonl_blocks._preads(fh, size)) > 0  # the pread path was taken
 
 
+@pytest.mark.parametrize("first", [16, 64, 1000])
+def test_a_small_first_block_holds_whole_lines(tmp_path: Path, first: int) -> None:
+    """``first`` makes the first pread block small (whole lines); the blocks together are the file, in order."""
+    from parsers import _jsonl_blocks
+
+    data = b"".join(b"%d %s\n" % (i, b"y" * (i % 37)) for i in range(800)) + b"tail"
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(data)
+    with open(p, "rb") as fh:
+        blocks = list(_jsonl_blocks._blocks(fh, 4096, [], max_line=2000, first=first))
+    assert b"".join(b for b, _, _ in blocks) + blocks[-1][1] == data
+    assert all(b.endswith(b"\n") for b, _, _ in blocks[:-1])
+    assert len(blocks[0][0]) <= first and len(blocks[1][0]) > first  # small first, then full-size blocks
+
+
+def test_switch_interval_comes_back_after_a_threaded_read(tmp_path: Path) -> None:
+    """The short GIL turns of a read in two threads end with it (the interval before it comes back)."""
+    import sys
+
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps({"step": s, "loss": 1.0 / (s + 1)}) + "\n" for s in range(3000)))
+    before = sys.getswitchinterval()
+    r = jsonl.read(p, tmp_path, chunk_bytes=8192)  # several blocks: the worker thread runs
+    assert sys.getswitchinterval() == before
+    assert r.metrics.num_rows == 3000 and r.meta["records"] == 3000
+
+
 def test_dense_values_of_columns_with_nulls() -> None:
     """Int64/Float64 columns with nulls come from their Arrow buffer (sliced ones too); the rows present are exact."""
     import polars as pl
