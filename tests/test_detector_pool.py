@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from forensics import api
-from forensics.engine import decide as _decide  # noqa: F401 - imports forensics.engine.decide
 from forensics.detectors import DETECTORS
 from forensics.detectors.base import Detector
+from forensics.engine import decide as _decide  # noqa: F401 - imports forensics.engine.decide
 from forensics.model import Finding, RunData
 from reports.json_report import to_dict
 
