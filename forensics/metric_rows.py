@@ -10,6 +10,8 @@ Imports only :mod:`forensics.schema` from the project.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,9 @@ MIN_SLICE_ROWS = 64
 """Slices only when the runs of rows are this long on average (our choice, measured: a slice and its share of the
 concatenation cost ~4 us, a gathered row of 8 columns ~0.1-0.3 us; a record-major log, one row a run, took
 ~1.5 M slices at 2,000 steps x 500 metrics: 4.5 s, against 0.1 s grouped)."""
+THREAD_ROWS = 1 << 21
+"""Frame rows (2M) from which :func:`grouped` transposes the values on a second thread (our choice; smaller frames
+group in a few ms, below a thread's hand-offs)."""
 PERIOD_SEARCH = 1 << 16
 """Rows searched for the period of a text chunk or of the metric codes (the most metrics a record is taken to log
 when telling a wide log's repeating pattern; our choice)."""
@@ -331,25 +336,32 @@ class Grouped:
 
 
 def grouped(metrics: pl.DataFrame, lay: Layout) -> Grouped:
-    """Group the columns a :class:`~forensics.rundata.Series` needs (:class:`Grouped`), one column at a time."""
+    """Group the columns a :class:`~forensics.rundata.Series` needs (:class:`Grouped`), one column at a time.
+
+    From :data:`THREAD_ROWS` rows on, the values are transposed on a second thread while this one groups the
+    steps, segments, nulls and sources (about half the work each; numpy's copies and compares release the GIL).
+    """
     value = metrics.get_column("value")
-    nulls = lay.group_column(value.is_null()) if value.null_count() else None
-    src = _categorical(metrics.get_column("source"))
-    present = src.unique()
-    sources = names = None
-    if present.len() > 1 or src.null_count():
-        sources = lay.group_column(src.to_physical().fill_null(np.iinfo(np.uint32).max))
-        names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(),
-                                                  strict=True) if c is not None and v is not None}
-    step, seg = metrics.get_column("step"), metrics.get_column("segment")
-    steps = _per_record(step, lay)
-    segs = _per_record(seg, lay) if steps is not None else None
-    per_record = steps is not None and segs is not None
-    if not per_record:
-        steps, segs = lay.group_column(step), lay.group_column(seg)
+    with ThreadPoolExecutor(1, thread_name_prefix="grouped") if lay.n >= THREAD_ROWS else nullcontext() as pool:
+        later = pool.submit(lay.group_column, value, float("nan")) if pool is not None else None
+        nulls = lay.group_column(value.is_null()) if value.null_count() else None
+        src = _categorical(metrics.get_column("source"))
+        present = src.unique()
+        sources = names = None
+        if present.len() > 1 or src.null_count():
+            sources = lay.group_column(src.to_physical().fill_null(np.iinfo(np.uint32).max))
+            names = {int(c): str(v) for c, v in zip(present.to_physical().to_list(),
+                                                      present.cast(pl.String).to_list(), strict=True)
+                     if c is not None and v is not None}
+        step, seg = metrics.get_column("step"), metrics.get_column("segment")
+        steps = _per_record(step, lay)
+        segs = _per_record(seg, lay) if steps is not None else None
+        per_record = steps is not None and segs is not None
+        if not per_record:
+            steps, segs = lay.group_column(step), lay.group_column(seg)
+        values = later.result() if later is not None else lay.group_column(value, float("nan"))
     return Grouped(steps=steps, segments=segs, per_record=per_record,  # type: ignore[arg-type]
-                   values=lay.group_column(value, float("nan")),
-                   nulls=nulls, sources=sources, source_names=names,
+                   values=values, nulls=nulls, sources=sources, source_names=names,
                    one_source=None if sources is not None else str(present.cast(pl.String)[0]))
 
 

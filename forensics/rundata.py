@@ -16,6 +16,8 @@ time (the result types are annotations only).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,9 @@ from forensics.metric_rows import MAX_SLICES, Grouped, Layout, grouped, layout, 
 
 if TYPE_CHECKING:
     from forensics.model import Skip, SourceInfo
+
+_GUARD = threading.Lock()
+"""Guards the creation of :class:`RunData`'s per-key cache locks."""
 
 @dataclass(frozen=True)
 class Series:
@@ -124,17 +129,34 @@ class RunData:
     tensors: pl.DataFrame = field(default_factory=pl.DataFrame)
     updates: pl.DataFrame = field(default_factory=pl.DataFrame)
     _cache: dict[str, Series | None] = field(default_factory=dict, repr=False)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """``_cache[key]``, made by ``build()`` once even when several threads ask (the detectors' pool).
+
+        One lock per key: a thread waits only for the entry it needs. Entries are built from entries of lower
+        rank only (z-scores from a series, a series from the grouped rows, those from the layout), so no
+        two threads wait on each other.
+        """
+        if key in self._cache:
+            return self._cache[key]
+        with _GUARD:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
 
     @property
     def metric_names(self) -> list[str]:
         """Canonical metric names present, sorted."""
         if self.metrics.height == 0:
             return []
-        if "__metric_names__" not in self._cache:  # once per run (cleared with the cache): from the rows' layout
+        def names() -> list[str]:  # once per run (cleared with the cache): from the rows' layout
             lay = self._layout()
-            names = (lay.slices if lay.slices is not None else lay.span) if lay else {}
-            self._cache["__metric_names__"] = sorted(names)  # type: ignore[assignment]
-        return list(self._cache["__metric_names__"])  # type: ignore[arg-type]
+            return sorted((lay.slices if lay.slices is not None else lay.span) if lay else {})
+
+        return list(self.cached("__metric_names__", names))
 
     def has(self, metric: str) -> bool:
         """True when the metric has at least one row."""
@@ -171,9 +193,8 @@ class RunData:
 
     def _layout(self) -> Layout | None:
         """:func:`forensics.metric_rows.layout` of the frame, once per run (``None``: no rows)."""
-        if "__layout__" not in self._cache:  # one pass over the long table per run, not one filter per metric
-            self._cache["__layout__"] = layout(self.metrics, MAX_SLICES) if self.metrics.height else None  # type: ignore[assignment]
-        return self._cache["__layout__"]  # type: ignore[return-value]
+        return self.cached("__layout__",  # one pass over the long table per run, not one filter per metric
+                           lambda: layout(self.metrics, MAX_SLICES) if self.metrics.height else None)
 
     def values_after(self, metric: str, onset: int, length: int) -> np.ndarray | None:
         """Values of ``metric``'s effective timeline after an onset, or ``None`` when there are none.
@@ -193,17 +214,17 @@ class RunData:
         in the most precise format); rows superseded by a later segment are dropped. Only the
         step, segment and value columns are moved (no copy of the metric's other columns).
         """
-        if metric in self._cache:
-            return self._cache[metric]
+        return self.cached(metric, lambda: self._build_series(metric))
+
+    def _build_series(self, metric: str) -> Series | None:
+        """:meth:`series`, not cached."""
         out = self._series_of(metric) if self.metrics.height else None
         if out is not False:
-            self._cache[metric] = out  # type: ignore[assignment]
             return out  # type: ignore[return-value]
         df = self.raw(metric, ["source", "step", "segment", "value"])
         if df.get_column("value").null_count():
             df = df.filter(pl.col("value").is_not_null())  # JSON null = not logged
         if df.height == 0:
-            self._cache[metric] = None
             return None
         df, best = self._best_group(df)
         steps = df.get_column("step").to_numpy()
@@ -213,10 +234,8 @@ class RunData:
             steps, segs = steps[keep], segs[keep]
             df = df.select("value")[keep]
         vals = df.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy()
-        out = Series(metric=metric, steps=np.asarray(steps, dtype=np.int64), values=np.asarray(vals, dtype=np.float64),
-                     segments=np.asarray(segs, dtype=np.int32), source=str(best))
-        self._cache[metric] = out
-        return out
+        return Series(metric=metric, steps=np.asarray(steps, dtype=np.int64), values=np.asarray(vals, dtype=np.float64),
+                      segments=np.asarray(segs, dtype=np.int32), source=str(best))
 
     def _series_of(self, metric: str) -> Series | None | bool:
         """:meth:`series` from the rows grouped by metric (:func:`~forensics.metric_rows.grouped`), or ``False``.
@@ -229,9 +248,7 @@ class RunData:
             return False
         if metric not in lay.span:
             return None
-        if "__grouped__" not in self._cache:
-            self._cache["__grouped__"] = grouped(self.metrics, lay)  # type: ignore[assignment]
-        g: Grouped = self._cache["__grouped__"]  # type: ignore[assignment]
+        g: Grouped = self.cached("__grouped__", lambda: grouped(self.metrics, lay))
         a, b = lay.span[metric]
         steps, segs, vals = g.part(a, b)
         keep = ~g.nulls[a:b] if g.nulls is not None and g.nulls[a:b].any() else None
@@ -290,9 +307,7 @@ class RunData:
         One pass over the frame in slices of :data:`SPAN_ROWS` rows (cached): a group-by over every row held
         about 600 MB more at 20M rows (the 1,000-segment text log of the hostile suite).
         """
-        if "__segment_spans__" not in self._cache:
-            self._cache["__segment_spans__"] = _spans(self.metrics)  # type: ignore[assignment]
-        return self._cache["__segment_spans__"]  # type: ignore[return-value]
+        return self.cached("__segment_spans__", lambda: _spans(self.metrics))
 
     def rolled_back_segments(self) -> list[int]:
         """Segments that a later restart rolled back: a later segment starts before their last step.

@@ -66,20 +66,19 @@ class Departure:
 
 def zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, np.ndarray] | None:
     """Robust z (log scale) of a positive metric against its trailing window, cached per run."""
-    key = f"__z__{metric}"
-    if key in run._cache:  # noqa: SLF001 - RunData's cache is ours
-        return run._cache[key]  # type: ignore[return-value]
+    return run.cached(f"__z__{metric}", lambda: _zscores(run, metric))
+
+
+def _zscores(run: RunData, metric: str) -> tuple[Series, np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`zscores`, not cached."""
     s = run.series(metric)
     if s is None or len(s) < MIN_Z_POINTS:
-        run._cache[key] = None
         return None
     lx = to_log(s.values)
     z, med, sig = trailing_robust_z(lx, window=WINDOW, min_points=MIN_WINDOW_POINTS, abs_floor=SIGMA_FLOOR)
     if metric == "loss":  # the objective falls fast early on; grad norms keep their trailing band
         z = _trend_robust_z(lx, z, med, sig)
-    out = (s, lx, z, np.exp(med))
-    run._cache[key] = out  # type: ignore[assignment]
-    return out
+    return s, lx, z, np.exp(med)
 
 
 LOCAL = 16
@@ -243,9 +242,11 @@ def scaler_skips(run: RunData, s: Series) -> np.ndarray | None:
     """
     if not run.has("loss_scale"):
         return None
-    key = f"__scaler_skips__{s.source}"
-    if key in run._cache:  # noqa: SLF001 - RunData's cache is ours
-        return run._cache[key]  # type: ignore[return-value]
+    return run.cached(f"__scaler_skips__{s.source}", lambda: _scaler_skips(run, s))
+
+
+def _scaler_skips(run: RunData, s: Series) -> np.ndarray:
+    """:func:`scaler_skips` of a run with a loss scale, not cached."""
     loss = run.series("loss")
     out = ~np.isfinite(s.values)
     if loss is not None and len(loss):
@@ -253,5 +254,4 @@ def scaler_skips(run: RunData, s: Series) -> np.ndarray | None:
         same = loss.steps[idx] == s.steps
         finite_loss = np.where(same, np.isfinite(loss.values[idx]), True)
         out &= finite_loss
-    run._cache[key] = out  # type: ignore[assignment]
     return out

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from forensics import column_scan, rundata
+from forensics import column_scan, metric_rows, rundata
 from forensics.metric_rows import distinct_pairs, grouped, layout, metrics_frame
 
 NAMES = ["loss", "lr", "grad_norm", "weight_norm/q", "weight_norm/k"]
@@ -63,10 +63,12 @@ def _reference_rows(frame: pl.DataFrame) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("scan", [7, 1 << 20])
 @pytest.mark.parametrize("nulls", [False, True])
+@pytest.mark.parametrize("threaded", [False, True])
 def test_layout_and_grouping_slice_by_slice(monkeypatch: pytest.MonkeyPatch, wide: bool, scan: int,
-                                            nulls: bool) -> None:
-    """Layout and grouped arrays equal whole-column references for any slice size."""
+                                            nulls: bool, threaded: bool) -> None:
+    """Layout and grouped arrays equal whole-column references for any slice size, values on a thread or not."""
     monkeypatch.setattr(column_scan, "SCAN_ROWS", scan)
+    monkeypatch.setattr(metric_rows, "THREAD_ROWS", 0 if threaded else 1 << 62)
     frame = metrics_frame(_table(997, wide=wide, segments=2, nulls=nulls), "r")
     lay = layout(frame, max_slices=0)  # no slices: the grouped path
     assert (lay.period == len(NAMES)) == wide

@@ -17,8 +17,10 @@ restart rolled back and calibrates the confidence (:mod:`forensics.calibration`)
 from __future__ import annotations
 
 import dataclasses
+import os
 import traceback
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -64,28 +66,61 @@ class Decision:
     coverage: dict[str, object] | None = None  # forensics.calibration.coverage: share evaluated, cap, note
 
 
+POOL_ROWS = 1 << 21
+"""Metric rows (2M) from which the facts and the detectors run on a thread pool (our choice). Most of their time
+at that size is in numpy and polars calls on whole series, which release the GIL: at 1M steps x 50 metrics, about
+3 s of one core. Smaller runs stay on the calling thread (a pool's hand-offs would cost more than they save)."""
+POOL_THREADS = 2
+"""Threads of that pool, at most (and at most the CPUs this process may use): the machine the goal is set on has 2."""
+
+
 def run_detectors(run: RunData, detectors: tuple[Detector, ...] = DETECTORS,
                   facts: RunFacts | None = None) -> tuple[list[Finding], list[Skip]]:
     """Run every detector; a missing metric or a crashing detector becomes a Skip, never an error.
 
-    ``facts`` (computed here when None) go to the detectors that declare ``uses_facts``.
+    ``facts`` (computed here when None) go to the detectors that declare ``uses_facts``. Findings and skips
+    are in detector order, also when the detectors ran on a pool (:data:`POOL_ROWS`).
     """
-    facts = facts or run_facts(run)
-    findings: list[Finding] = []
-    skipped: list[Skip] = []
-    for det in detectors:
-        args = (run, facts) if det.uses_facts else (run,)
-        reason = det.missing(*args)
-        if reason:
-            skipped.append(Skip(f"{det.code} {det.name}", f"not evaluated: {reason}"))
-            continue
-        try:
-            findings.extend(det.detect(*args))  # type: ignore[call-arg]
-        except Exception as exc:  # noqa: BLE001 - a crashing detector is a skip (STYLE.md item 7)
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            skipped.append(Skip(f"{det.code} {det.name}",
-                                f"detector failed: {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"))
-    return findings, skipped
+    return detect_all(run, detectors, facts)[1:]  # type: ignore[return-value]
+
+
+def detect_all(run: RunData, detectors: tuple[Detector, ...] = DETECTORS, facts: RunFacts | None = None,
+               like: RunFacts | None = None) -> tuple[RunFacts, list[Finding], list[Skip]]:
+    """(facts, findings, skips): :func:`forensics.facts.run_facts` (``like``) unless given, then every detector.
+
+    From :data:`POOL_ROWS` rows on, on a pool of :data:`POOL_THREADS`: the facts first, the detectors that do not
+    use them meanwhile; the run's cache builds each series once (:meth:`RunData.cached`).
+    """
+    workers = min(POOL_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if run.metrics.height < POOL_ROWS or workers < 2:
+        facts = facts or run_facts(run, like)
+        outcomes = [_detect_one(det, run, facts) for det in detectors]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="detectors") as pool:
+            known: Future[RunFacts] = pool.submit(run_facts, run, like) if facts is None else Future()
+            if facts is not None:
+                known.set_result(facts)
+            jobs = [pool.submit(_detect_one, det, run, known) for det in detectors]
+            facts = known.result()
+            outcomes = [j.result() for j in jobs]
+    findings = [f for fs, _ in outcomes for f in fs]
+    return facts, findings, [skip for _, skip in outcomes if skip is not None]
+
+
+def _detect_one(det: Detector, run: RunData, facts: RunFacts | Future[RunFacts]) -> tuple[list[Finding], Skip | None]:
+    """One detector's findings and its skip (``facts``: waited for only by a detector that uses them)."""
+    args = (run, facts.result() if isinstance(facts, Future) else facts) if det.uses_facts else (run,)
+    reason = det.missing(*args)
+    if reason:
+        return [], Skip(f"{det.code} {det.name}", f"not evaluated: {reason}")
+    found: list[Finding] = []
+    try:
+        found.extend(det.detect(*args))  # type: ignore[call-arg]
+    except Exception as exc:  # noqa: BLE001 - a crashing detector is a skip (STYLE.md item 7)
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return found, Skip(f"{det.code} {det.name}",
+                           f"detector failed: {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
+    return found, None
 
 
 def main_evidence(cause: str | None, findings: tuple[Finding, ...]) -> Mapping[str, object]:
@@ -230,8 +265,7 @@ def decide_timeline(run: RunData, detectors: tuple[Detector, ...] = DETECTORS,
 
     ``like``: the facts of the whole run when ``run`` is a view of one attempt.
     """
-    facts = run_facts(run, like)
-    findings, skipped = run_detectors(run, detectors, facts)
+    facts, findings, skipped = detect_all(run, detectors, like=like)
     ev = Evidence.build(run, facts, findings)
     hyps = rules.family_hypotheses(ev)
     for rule in RULES:
