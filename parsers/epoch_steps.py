@@ -50,9 +50,10 @@ def repair(pr: ParseResult) -> ParseResult:
     t = pr.metrics
     if t.num_rows == 0:
         return pr
-    epoch_axis = ((pr.meta.get("step_axis") or {}).get("kind") == "epoch"
-                  or pr.meta.get("step_unit") == "epoch")  # a text log's ``epoch: 0 loss: ...`` lines
-    if not epoch_axis and (pc.max(t.column("segment")).as_py() or 0) < 1:
+    epoch_axis = (pr.meta.get("step_axis") or {}).get("kind") == "epoch"
+    text_epochs = pr.meta.get("step_unit") == "epoch"  # a text log's ``epoch: 0 loss: ...`` lines
+    several = (pc.max(t.column("segment")).as_py() or 0) >= 1
+    if not several and not text_epochs:
         return pr  # an epoch-stepped text log holds its records of one epoch in one segment: looked at too
     if not epoch_axis and not _EPOCH_TAGS & _tag_names(t.column("tag")):
         return pr  # no epoch logged: nothing to recompose (and no copy of a 20M-row file's columns)
@@ -62,12 +63,13 @@ def repair(pr: ParseResult) -> ParseResult:
     if pa.types.is_dictionary(tag.type):
         tag = tag.cast(pa.string())
     value = t.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
-    if epoch_axis:
+    fixed = None
+    if several and epoch_axis:
         fixed = _epoch_axis(seg, step, tag, value)
-        if fixed is None and pr.meta.get("step_unit") == "epoch":  # a text log: one record per line
-            fixed = _epoch_axis(seg, step, tag, value, by_line=True)
-    else:
+    elif several:
         fixed = _restarting_step(seg, step, tag, value, pr.meta.get("step_key") or "step")
+    if fixed is None and text_epochs:  # a text log: one record per line
+        fixed = _epoch_axis(seg, step, tag, value, by_line=True)
     if fixed is None:
         return pr
     new_step, new_seg, spe, counter = fixed
