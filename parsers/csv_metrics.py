@@ -102,6 +102,8 @@ def _table_in_text(path: Path) -> bool:
     delim = _delimiter(first, ".txt")
     header = [h.strip() for h in first.rstrip("\r\n").split(delim)]
     cells = [c.strip() for c in second.rstrip("\r\n").split(delim)]
+    if len(header) > 2 and header[-1] == "" and cells and cells[-1] == "":  # every line ends with the delimiter
+        header, cells = header[:-1], cells[:-1]
     if len(header) < 2 or len(cells) != len(header) or any(to_float(h) is not None for h in header):
         return False
     return all(to_float(c) is not None for c in cells) and step_column(header) is not None
