@@ -132,13 +132,14 @@ def _restarting_step(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray, va
 def _line_records(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray) -> np.ndarray:
     """Record id of each row of a text log whose lines share one step (``epoch: 0 loss: X`` per batch).
 
-    Rows of one step are one group; within it, the k-th row of a tag belongs to the k-th record (each
-    line logs its keys once), so a group of n lines becomes n records, in order.
+    Rows of one (segment, step) are one group, in (segment, step) order; within it, the k-th row of a tag
+    belongs to the k-th record (each line logs its keys once), so a group of n lines becomes n records, in
+    order.
     """
-    grp_start = np.ones(len(seg), bool)
-    grp_start[1:] = (seg[1:] != seg[:-1]) | (step[1:] != step[:-1])
-    grp = np.cumsum(grp_start) - 1
-    codes = pc.dictionary_encode(tag).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # the group of a row is its (segment, step) pair, wherever the row sits (rows may come column by column)
+    grp = np.unique(np.stack([seg, step]), axis=1, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    flat = tag.combine_chunks() if isinstance(tag, pa.ChunkedArray) else tag  # one dictionary for all chunks
+    codes = pc.dictionary_encode(flat).indices.to_numpy(zero_copy_only=False).astype(np.int64)
     key = grp * (int(codes.max()) + 1) + codes
     order = np.argsort(key, kind="stable")
     ks = key[order]
@@ -146,7 +147,7 @@ def _line_records(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray) -> np
     run_start = np.maximum.accumulate(np.where(first, np.arange(len(ks)), 0))
     occ = np.empty(len(ks), np.int64)
     occ[order] = np.arange(len(ks)) - run_start
-    n_grp = int(grp[-1]) + 1
+    n_grp = int(grp.max()) + 1
     per = np.zeros(n_grp, np.int64)
     np.maximum.at(per, grp, occ + 1)
     offset = np.r_[0, np.cumsum(per)[:-1]]
@@ -160,14 +161,15 @@ def _epoch_axis(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray, value: 
     ``by_line``: the file is a text log whose lines of one epoch share one step (records by line,
     :func:`_line_records`), not a table whose records each have a row per metric at their own step.
     """
-    if by_line:
-        rid = np.maximum.accumulate(_line_records(seg, step, tag))  # a key first logged on a later line
-        new_rec = np.r_[True, rid[1:] != rid[:-1]]                    # (``epoch time``) joins that line
+    if by_line:  # rows need not be in line order (the bulk reader writes a block column by column)
+        rid = _line_records(seg, step, tag)
+        epoch = np.zeros(int(rid.max()) + 1, np.int64)
+        epoch[rid] = step  # the epoch of each record (the step axis here)
     else:
         new_rec = np.ones(len(seg), bool)
         new_rec[1:] = (seg[1:] != seg[:-1]) | (step[1:] != step[:-1])
         rid = np.cumsum(new_rec) - 1
-    epoch = step[new_rec]  # the epoch of each record (the step axis here)
+        epoch = step[new_rec]  # the epoch of each record (the step axis here)
     starts = np.flatnonzero(np.r_[True, epoch[1:] != epoch[:-1]])
     if np.median(np.diff(np.r_[starts, len(epoch)])) < 2:
         return None  # about one record per epoch: an epoch-indexed table (a resume re-logging an epoch stays one)
