@@ -171,13 +171,10 @@ def _reader_names(pairs: pl.DataFrame, names: dict[str, Any]) -> None:
 
 
 def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
+    """(metrics, loss rows): a constant-zero ``loss`` (per tag) demoted, a loss logged as interval statistics taken."""
     metrics = _split_co_logged(metrics, names)
     loss = metrics.select("metric", "tag", "value").filter(pl.col("metric") == "loss")  # the columns used only
-    # per tag: a constant-zero placeholder column beside a real loss under another name (an OLMo run's
-    # gradient_provenance.csv ``loss`` = 0.0 on every row beside train.log's ``train/CrossEntropyLoss``)
-    tags = sorted(t for (t,), g in loss.group_by("tag") if _constant_zero(g)) if loss.height else []
-    if tags:
+    if tags := sorted(t for (t,), g in loss.group_by("tag") if _constant_zero(g)) if loss.height else []:
         zero = (pl.col("metric") == "loss") & pl.col("tag").is_in(tags)
         metrics = metrics.with_columns(pl.when(zero).then(pl.lit(ZERO) + pl.col("tag"))
                                        .otherwise(pl.col("metric")).alias("metric"))
