@@ -171,12 +171,12 @@ def _reader_names(pairs: pl.DataFrame, names: dict[str, Any]) -> None:
 
 
 def _direct_loss(metrics: pl.DataFrame, names: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(metrics, loss rows): a constant-zero ``loss`` demoted, a loss logged as interval statistics taken."""
+    """(metrics, loss rows): a constant-zero ``loss`` (per tag) demoted, a loss logged as interval statistics taken."""
     metrics = _split_co_logged(metrics, names)
     loss = metrics.select("metric", "tag", "value").filter(pl.col("metric") == "loss")  # the columns used only
-    if loss.height and _constant_zero(loss):
-        tags = sorted(loss.get_column("tag").unique().to_list())
-        metrics = metrics.with_columns(pl.when(pl.col("metric") == "loss").then(pl.lit(ZERO) + pl.col("tag"))
+    if tags := sorted(t for (t,), g in loss.group_by("tag") if _constant_zero(g)) if loss.height else []:
+        zero = (pl.col("metric") == "loss") & pl.col("tag").is_in(tags)
+        metrics = metrics.with_columns(pl.when(zero).then(pl.lit(ZERO) + pl.col("tag"))
                                        .otherwise(pl.col("metric")).alias("metric"))
         for t in tags:
             names[t] = {"metric": ZERO + t, "why": "constant zero on every row: not the loss (a placeholder)"}

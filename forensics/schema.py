@@ -126,6 +126,7 @@ _ALIASES: dict[str, str] = {
     "grad_norm": "grad_norm", "grad norm": "grad_norm", "grad-norm": "grad_norm", "gnorm": "grad_norm",
     "gradient_norm": "grad_norm", "total_grad_norm": "grad_norm", "total grad norm": "grad_norm",
     "global_grad_norm": "grad_norm", "gn": "grad_norm",  # gn: the short grad-norm name of hand-written loops
+    "grad": "grad_norm",  # a bare number named grad: the norm a loop prints (``Loss: 8.24 | LR: 6e-05 | Grad: 25.4``)
     "loss_scale": "loss_scale", "loss scale": "loss_scale", "loss-scale": "loss_scale",
     "scale": "loss_scale", "grad_scale": "loss_scale",
     "skipped_step": "skipped_step", "skipped_steps": "skipped_step",

@@ -34,7 +34,10 @@ def split_suffix(value: object) -> str | None:
     return None if prefix is None else PREFIX_MARK + prefix
 EPOCH_COLUMNS = ("epoch", "Epoch", "ep", "epochs")
 """Used as the step only when no step column exists (an epoch-indexed table, YOLOv5 ``results.csv``)."""
-SAMPLE_COLUMNS = ("samples", "consumed_samples", "num_samples", "examples")
+SAMPLE_COLUMNS = ("samples", "consumed_samples", "num_samples", "examples", "total_timesteps", "timesteps",
+                  "total_samples", "env_steps", "frames")
+"""Sample (or environment-step) counters: the step only when no step or epoch column exists (an RL run's
+``time/total_timesteps``)."""
 ROW_INDEX = "(row index)"
 """The step of a table with no step, epoch or sample column but a loss column: its row number (0-based)."""
 
@@ -46,7 +49,7 @@ def step_axis(col: str | None) -> str:
     low = _norm(col)
     if low in EPOCH_COLUMNS:
         return "epoch"
-    if low in SAMPLE_COLUMNS:
+    if low in SAMPLE_COLUMNS or _norm(col.rsplit("/", 1)[-1]) in SAMPLE_COLUMNS:
         return "samples"
     if low in ("batch", "micro_step", "micro_batch"):
         return "micro_batch"
@@ -83,6 +86,10 @@ def step_column(header: list[str], *, row_index: bool = True) -> str | None:
         for name in names:
             if _norm(name) in norm:
                 return norm[_norm(name)]
+        last = {_norm(h.rsplit("/", 1)[-1]): h for h in reversed(header) if "/" in h}  # ``time/total timesteps``
+        for name in names:
+            if _norm(name) in last:
+                return last[_norm(name)]
     if row_index and lossy_header(header):
         return ROW_INDEX
     return None

@@ -48,6 +48,7 @@ _MAX_DAMAGED = 20
 _TB = "Traceback (most recent call last)"
 _BAR = re.compile(r"\d%\|")
 _TRACEBACK = object()  # asm.line's answer for a line inside a traceback
+STEP_HEADER = object()  # asm.line's answer for a step header (never bulk-read: each one sets the step)
 _TQDM = re.compile(r"^[^{|]{0,80}\d+%\|[^|]{0,200}\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
@@ -207,6 +208,14 @@ class Assembler:
             self.skip_counts["values another rank already logged"] += len(metrics) - len(out)
         return out
 
+    def header(self, step: int) -> None:
+        """A line that holds only a step (``epoch   1``, ``Step 100/1000``): the step of the lines below it."""
+        ctr = ("generic", "\x00header")
+        if self.went_back(step, ctr) and self.seg_rows:
+            self.brk()
+        self.set_last(step, ctr)
+        self.any_step = step
+
     def went_back(self, step: int, counter: tuple[str, str]) -> bool:
         """True when a counter's step goes back (a restart).
 
@@ -292,6 +301,9 @@ class Assembler:
                 if c is not None:  # checkpoint, resume, configuration and job-end lines are events
                     self.record(c, lineno)
                     return common
+                if not r.metrics:  # a step header: the step-less metric lines below it belong to its step
+                    self.header(r.step)
+                    return STEP_HEADER
                 self.record(r, lineno)
                 return kv
             r = mod.parse_line(line, self.state)

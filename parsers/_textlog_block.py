@@ -169,6 +169,8 @@ class Reader:
         linenos = (np.cumsum(ends) - ends + lineno).tolist()
         lineno += int(ends.sum())
         lines, ranks = _clean_block(raw)
+        if lines.str.contains(kv.CONTINUATION).any():  # indented ``key=value`` lines under a step line
+            lines = pl.Series("t", kv.join_continuations(lines.to_list()), dtype=pl.Utf8)
         n = lines.len()
         code = lines.str.contains(kv.CODE)
         cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
@@ -247,8 +249,10 @@ class Reader:
         """A block too short for the column kernels: every line one by one (the same rules, the same rows)."""
         asm = self.asm
         asm.hint = None
-        for piece, ln in zip(pieces, linenos, strict=True):
-            line, asm.rank = common.clean_rank(piece)
+        cleaned = [common.clean_rank(p) for p in pieces]
+        joined = kv.join_continuations([c[0] for c in cleaned])
+        for (_, rank), line, ln in zip(cleaned, joined, linenos, strict=True):
+            asm.rank = rank
             if asm.tb is None and asm.dump is None and kv.is_code(line) and not kv.is_candidate(line):
                 asm.skip_counts["script source"] += 1
                 continue

@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def sniff(path: Path) -> bool:
         if suffix == ".json" and path.is_file():
             return path.name != "trainer_state.json" and json_array_head(path)
         if suffix in (".log", ".txt", ".out") and path.is_file():
-            return _table_in_text(path)
+            return _table_in_text(path) or _yolo_results_txt(path)
         if suffix in (".csv", ".tsv") and path.is_file():
             with open_text(path) as fh:
                 first = next((ln for ln in (fh.readline() for _ in range(_MAX_COMMENTS)) if not _comment(ln)), "")
@@ -90,6 +91,40 @@ def sniff(path: Path) -> bool:
     return False
 
 
+YOLO_RESULTS_TXT = ("epoch", "gpu_mem", "train/box_loss", "train/obj_loss", "train/cls_loss", "train/total_loss",
+                    "targets", "img_size", "metrics/precision", "metrics/recall", "metrics/mAP_0.5",
+                    "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss")
+"""The columns of a headerless ``results.txt`` of YOLOv5 before v5.0 (and ultralytics YOLOv3: ``GIoU`` for
+``box``, ``F1`` for the second mAP), a trap: no header names them, its ``utils/plots.py`` reads them by
+position (``epoch`` as ``e/E-1``, ``gpu_mem`` as ``3.15G``)."""
+_YOLO_ROW = re.compile(r"^\s*\d+/\d+\s+[0-9.]+[GM]?(?:\s+[-+0-9.eE]+|\s+nan){13}\s*$")
+
+
+def _yolo_results_txt(path: Path) -> bool:
+    """True for a YOLOv5 (< v5.0) ``results.txt``: rows of :data:`YOLO_RESULTS_TXT` without a header."""
+    if path.name != "results.txt":
+        return False
+    with open_text(path) as fh:
+        first = fh.readline()
+    return bool(_YOLO_ROW.match(first))
+
+
+def _yolo_table(lines: list[str], rel: str, skipped: list[Skip]) -> list[tuple[int, list[str]]]:
+    """The rows of a YOLOv5 ``results.txt`` as cells of :data:`YOLO_RESULTS_TXT` (epoch, gpu_mem unwrapped)."""
+    table = []
+    for lineno, ln in enumerate(lines, 1):
+        if not ln.strip():
+            continue
+        if not _YOLO_ROW.match(ln) or not ln.endswith(("\n", "\r")):
+            skipped.append(Skip(f"{rel}:{lineno}", "not a results.txt row (15 fields, the first e/E)"))
+            continue
+        cells = ln.split()
+        cells[0] = cells[0].split("/", 1)[0]
+        cells[1] = cells[1].rstrip("GM")
+        table.append((lineno, cells))
+    return table
+
+
 def _table_in_text(path: Path) -> bool:
     """True for a text log that is a table (a script that prints a header, then its rows).
 
@@ -103,6 +138,8 @@ def _table_in_text(path: Path) -> bool:
     delim = _delimiter(first, ".txt")
     header = [h.strip() for h in first.rstrip("\r\n").split(delim)]
     cells = [c.strip() for c in second.rstrip("\r\n").split(delim)]
+    if len(header) > 2 and header[-1] == "" and cells and cells[-1] == "":  # every line ends with the delimiter
+        header, cells = header[:-1], cells[:-1]
     if len(header) < 2 or len(cells) != len(header) or any(to_float(h) is not None for h in header):
         return False
     return all(to_float(c) is not None for c in cells) and step_column(header) is not None
@@ -192,6 +229,13 @@ def _read_csv(path: Path, rel: str, rows: Rows, meta: dict[str, Any], skipped: l
     if comments:
         meta["comment_lines"] = len(comments)
     first = next((ln for ln in lines if ln.strip()), "")
+    if path.name == "results.txt" and _YOLO_ROW.match(first):  # the trap: no header, columns by position
+        header = list(YOLO_RESULTS_TXT)
+        table = _yolo_table(lines, rel, skipped)
+        meta.update(columns=header, step_column="epoch", step_axis={"column": "epoch", "kind": "epoch"},
+                    kind="yolov5_results_txt")
+        _emit(rows, table, header, "epoch", meta, skipped, rel)
+        return
     delim = _delimiter(first, logical_suffix(path))
     if delim == ";":  # a semicolon table's numbers may use a decimal comma (``0,5``)
         lines = [ln.replace(",", ".") for ln in lines]

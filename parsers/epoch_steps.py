@@ -42,14 +42,19 @@ _WHY = ("the step counter restarts at every epoch while the epoch goes up by one
 def repair(pr: ParseResult) -> ParseResult:
     """``pr`` with an epoch-restarting step made global (see the module docstring), else ``pr`` itself.
 
-    Only a file with more than one local segment is looked at (one ``max`` over the segment column
-    otherwise). ``meta["epoch_steps"]`` records ``steps_per_epoch`` (0: row order), the in-epoch counter
+    Only a file with more than one local segment, or one whose step axis is the epoch (a text log's
+    ``epoch: 0 loss: ...`` lines, several per epoch, in one segment), is looked at (one ``max`` over the
+    segment column otherwise). ``meta["epoch_steps"]`` records ``steps_per_epoch`` (0: row order), the in-epoch counter
     and why; ``meta["step_axis"]`` names the composed axis.
     """
     t = pr.metrics
-    if t.num_rows == 0 or (pc.max(t.column("segment")).as_py() or 0) < 1:
+    if t.num_rows == 0:
         return pr
     epoch_axis = (pr.meta.get("step_axis") or {}).get("kind") == "epoch"
+    text_epochs = pr.meta.get("step_unit") == "epoch"  # a text log's ``epoch: 0 loss: ...`` lines
+    several = (pc.max(t.column("segment")).as_py() or 0) >= 1
+    if not several and not text_epochs:
+        return pr  # an epoch-stepped text log holds its records of one epoch in one segment: looked at too
     if not epoch_axis and not _EPOCH_TAGS & _tag_names(t.column("tag")):
         return pr  # no epoch logged: nothing to recompose (and no copy of a 20M-row file's columns)
     seg = t.column("segment").to_numpy().astype(np.int64)
@@ -58,10 +63,13 @@ def repair(pr: ParseResult) -> ParseResult:
     if pa.types.is_dictionary(tag.type):
         tag = tag.cast(pa.string())
     value = t.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
-    if epoch_axis:
+    fixed = None
+    if several and epoch_axis:
         fixed = _epoch_axis(seg, step, tag, value)
-    else:
+    elif several:
         fixed = _restarting_step(seg, step, tag, value, pr.meta.get("step_key") or "step")
+    if fixed is None and text_epochs:  # a text log: one record per line
+        fixed = _epoch_axis(seg, step, tag, value, by_line=True)
     if fixed is None:
         return pr
     new_step, new_seg, spe, counter = fixed
@@ -121,13 +129,47 @@ def _restarting_step(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray, va
     return step + offset[seg], new_seg[seg], spe, counter
 
 
-def _epoch_axis(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray, value: np.ndarray
+def _line_records(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray) -> np.ndarray:
+    """Record id of each row of a text log whose lines share one step (``epoch: 0 loss: X`` per batch).
+
+    Rows of one (segment, step) are one group, in (segment, step) order; within it, the k-th row of a tag
+    belongs to the k-th record (each line logs its keys once), so a group of n lines becomes n records, in
+    order.
+    """
+    # the group of a row is its (segment, step) pair, wherever the row sits (rows may come column by column)
+    grp = np.unique(np.stack([seg, step]), axis=1, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    flat = tag.combine_chunks() if isinstance(tag, pa.ChunkedArray) else tag  # one dictionary for all chunks
+    codes = pc.dictionary_encode(flat).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    key = grp * (int(codes.max()) + 1) + codes
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    first = np.r_[True, ks[1:] != ks[:-1]]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(ks)), 0))
+    occ = np.empty(len(ks), np.int64)
+    occ[order] = np.arange(len(ks)) - run_start
+    n_grp = int(grp.max()) + 1
+    per = np.zeros(n_grp, np.int64)
+    np.maximum.at(per, grp, occ + 1)
+    offset = np.r_[0, np.cumsum(per)[:-1]]
+    return offset[grp] + occ
+
+
+def _epoch_axis(seg: np.ndarray, step: np.ndarray, tag: pa.ChunkedArray, value: np.ndarray, by_line: bool = False
                 ) -> tuple[np.ndarray, np.ndarray, int, str] | None:
-    """Step and segments of an epoch-stepped file with several records per epoch, or None."""
-    new_rec = np.ones(len(seg), bool)
-    new_rec[1:] = (seg[1:] != seg[:-1]) | (step[1:] != step[:-1])
-    rid = np.cumsum(new_rec) - 1
-    epoch = step[new_rec]  # the epoch of each record (the step axis here)
+    """Step and segments of an epoch-stepped file with several records per epoch, or None.
+
+    ``by_line``: the file is a text log whose lines of one epoch share one step (records by line,
+    :func:`_line_records`), not a table whose records each have a row per metric at their own step.
+    """
+    if by_line:  # rows need not be in line order (the bulk reader writes a block column by column)
+        rid = _line_records(seg, step, tag)
+        epoch = np.zeros(int(rid.max()) + 1, np.int64)
+        epoch[rid] = step  # the epoch of each record (the step axis here)
+    else:
+        new_rec = np.ones(len(seg), bool)
+        new_rec[1:] = (seg[1:] != seg[:-1]) | (step[1:] != step[:-1])
+        rid = np.cumsum(new_rec) - 1
+        epoch = step[new_rec]  # the epoch of each record (the step axis here)
     starts = np.flatnonzero(np.r_[True, epoch[1:] != epoch[:-1]])
     if np.median(np.diff(np.r_[starts, len(epoch)])) < 2:
         return None  # about one record per epoch: an epoch-indexed table (a resume re-logging an epoch stays one)

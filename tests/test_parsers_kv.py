@@ -21,6 +21,8 @@ from parsers.lines import kv, kv_bulk
 def one(line: str):
     """(step, {metric: value}) of one line, or None."""
     r = kv.parse_line(line, {})
+    if r is not None and not r.metrics:  # a step header: read one by one only (it sets the step of the
+        return None                      # lines below it; parsers.textlog never reads its shape in bulk)
     return None if r is None else (r.step, {m: v for m, _, v in r.metrics})
 
 

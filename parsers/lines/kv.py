@@ -61,6 +61,14 @@ PAIR = (rf"['\"]?({_WORD}(?: {_WORD}){{0,3}})['\"]?(?:\s*\([^()]{{0,40}}\))?"
         r"(ms|s|%|GiB|GB|MiB|MB|KiB|KB|K|M|B|G|x|it/s|tok/s)?(?:[\s,|;:\])}'\"]|$)")
 """One pair; groups: key, value, fraction denominator, unit. Valid in Python ``re`` and Rust ``regex``."""
 _PAIR = re.compile(PAIR)
+CONTINUATION = (rf"^[ \t]+['\"]?{_WORD}(?: {_WORD}){{0,3}}['\"]?(?:\s*\([^()]{{0,40}}\))?\s*[:=]\s*['\"]?{_NUM}['\"]?"
+                r"(?:ms|s|%|GiB|GB|MiB|MB|KiB|KB|K|M|B|G|x|it/s|tok/s)?[ \t]*,?$")
+"""An indented line that is one ``key=value`` / ``key: value`` pair and nothing else: the rest of the record
+its step line above began (OLMo's ``[step=10/10000,epoch=0]`` then ``    train/CrossEntropyLoss=9.064``,
+one pair per line). Valid in Python ``re`` and Rust ``regex``; see :func:`join_continuations`."""
+_CONT = re.compile(CONTINUATION)
+_EPOCH_HEADER = re.compile(r"(?i)\b(?:epoch|ep)\s*[:=#]?\s*\[?\s*\d+\s*(?:/\s*\d+)?\s*\]?[^A-Za-z0-9]*$")
+"""A line that ends with its epoch and holds no other pair (``epoch   1``, ``===> Epoch 3/10 ===``)."""
 LEAD = r"^(\s*)\[(\d+)/(\d+)\]"
 """A line that starts with a bare ``[N/M]`` (``[100/200000] Train loss: ...``): N is the step."""
 LEAD_REPL = ("\\1step \\2/\\3 ", "${1}step ${2}/${3} ")  # Python re, Rust regex
@@ -163,7 +171,14 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
             by_epoch = epoch
             state["kv_epoch_steps"] = True
     if not any(n != "epoch" for n, _, _ in out):
-        return None
+        if step is None and epoch is not None and math.isfinite(epoch) and epoch == int(epoch) \
+                and _EPOCH_HEADER.search(line):
+            step = int(epoch)  # ``epoch   3`` alone on its line: the epoch is the step of the lines below
+            state["kv_epoch_steps"] = True
+        if step is None:
+            return None
+        # a step header (no metric): its step is the step of the step-less metric lines below it
+        return LineRecord("generic", step=step, metrics=[], wall_time=wall_time(raw))
     if step is None and not lossy:
         return None
     events = [("nan_detected", nonfinite_message(t, v), step) for n, t, v in out
@@ -244,3 +259,28 @@ def meta_of(state: dict[str, Any]) -> dict[str, Any]:
     if state.get("kv_step_within_epoch"):
         meta["step_unit"] = "batch within epoch, numbered epoch x batches per epoch + batch"
     return meta
+
+
+def join_continuations(lines: list[str]) -> list[str]:
+    """``lines`` with each run of :data:`CONTINUATION` lines appended to the metric line above it.
+
+    The step line (:data:`CANDIDATE`) that heads the run gets `` key=value`` of every line of the run, the
+    run's lines become empty (counted as blank): one record per step, read by the same grammar. A run
+    under any other line (a YAML dump's ``  d_model: 768``) is left as it is.
+
+    Args:
+        lines: Cleaned lines of one block, in order.
+
+    Returns:
+        The lines, the same count, joined where a run of continuation lines follows a step line.
+    """
+    out = list(lines)
+    head = -1
+    for i, line in enumerate(lines):
+        if line and line[0] in " \t" and _CONT.match(line) and not _CODE.search(line):
+            if head >= 0:
+                out[head] = out[head] + "  " + line.strip()
+                out[i] = ""
+            continue
+        head = i if (_CAND.search(line) and not _CODE.search(line)) else -1
+    return out
