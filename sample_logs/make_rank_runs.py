@@ -10,7 +10,7 @@ line by line to one ``train.log``. The faults:
 * ``shard``: from step ``fault_step`` the bad rank reads a corrupted data shard (its labels are noise): its local
   loss and grad norm leave the others', and its gradients still enter the all-reduce;
 * ``sdc``: at ``fault_step`` a silent data corruption on the bad rank's device flips an exponent bit in a block
-  of one weight matrix
+  of the output weight matrix
   (the weights of the ranks are no longer the same, which data parallelism never checks): its loss departs;
 * ``nan``: from ``fault_step`` the bad rank's batches hold a NaN: its loss is NaN; it drops its gradient
   from the all-reduce (a non-finite guard), so the other ranks stay finite;
@@ -69,10 +69,10 @@ IN, HIDDEN, CLASSES, BATCH = 16, 32, 8, 32
 """The model and batch (tiny: a step takes about a millisecond on one CPU thread)."""
 LR_RAMP = 300.0
 """The ``lr`` scenario's final lr factor: AdamW at 300x a working lr diverges within ~100 steps."""
-SDC_BITS = 2.0 ** 16
-"""The ``sdc`` scenario's corruption: weights scaled by 2^16 (an exponent bit flipped)..."""
+SDC_BITS = 2.0 ** 8
+"""The ``sdc`` scenario's corruption: weights scaled by 2^8 (an exponent bit flipped)..."""
 SDC_UNITS = 8
-"""...in the input weights of this many hidden units (a corrupted block of one matrix)."""
+"""...in the output weights of this many hidden units (a corrupted block of the last matrix)."""
 
 
 def _run(sc: Scenario, out: Path, rank: int, group) -> None:  # noqa: ANN001 - a torch process group
@@ -103,7 +103,7 @@ def _run(sc: Scenario, out: Path, rank: int, group) -> None:  # noqa: ANN001 - a
             x[0, 0] = float("nan")
         if bad and sc.fault == "sdc" and step == sc.fault_step:
             with torch.no_grad():
-                model[0].weight[:SDC_UNITS].mul_(SDC_BITS)
+                model[2].weight[:, :SDC_UNITS].mul_(SDC_BITS)
         lr = sc.lr
         if sc.fault == "lr" and step >= sc.fault_step:
             lr = sc.lr * min(LR_RAMP, 1.0 + (LR_RAMP - 1.0) * (step - sc.fault_step) / 50)
@@ -186,6 +186,7 @@ def make(out: Path, scenarios: list[Scenario]) -> list[Scenario]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train :func:`default_set` into OUT_DIR (``--seed`` picks the data shards and the model)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)

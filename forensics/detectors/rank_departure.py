@@ -13,9 +13,9 @@ departs at that step. It is one bad rank only when
 
 * fewer than half the ranks depart (with two ranks: the one that leaves its own level, see below), and
 * the others agree with each other and stay healthy: over ``window`` points before and after the onset their
-  median moves by at most ``others_ratio`` of how far the departing rank moves away from them (for a non-finite rank: by less than
-  ``log(1 + others_rel)``, and they are finite at that step). Ranks that diverge together (an lr too high) fail
-  this test: that is the run's problem, not a rank's.
+  median moves by at most ``others_ratio`` of how far the departing rank moves away from them (for a non-finite
+  rank: by less than ``log(1 + others_rel)``, and they are finite at that step). Ranks that diverge together
+  (an lr too high) fail this test: that is the run's problem, not a rank's.
 
 With two ranks there is no majority; the rank whose own level moves (the other's stays) is named, at a lower
 confidence. Findings carry the rank, the agreeing ranks, the series, the gap and the onset.
@@ -36,6 +36,8 @@ from forensics.stats import MAD_TO_SIGMA
 
 SERIES = ("loss", "grad_norm")
 """The series compared across ranks, in the order they are judged (the objective first)."""
+MAJORITY_RANKS = 3
+"""Fewest ranks with a majority that can outvote one departing rank (with two, neither is the majority)."""
 MEDIAN_EFFICIENCY = float(np.sqrt(np.pi / 2))
 """Noise of a median of k normal points: sigma * sqrt(pi / (2 k)) (the median's asymptotic efficiency)."""
 
@@ -115,7 +117,7 @@ class RankDeparture(Detector):
                 cand[j] = (nf, True)
             elif hit is not None:
                 cand[j] = (hit, False)
-        if not cand or (n >= 3 and len(cand) >= n / 2):
+        if not cand or (n >= MAJORITY_RANKS and len(cand) >= n / 2):
             return []  # nothing departs, or half the ranks or more do: the run, not one rank
         out = []
         for j, (i, nonfinite) in cand.items():
@@ -170,10 +172,11 @@ class RankDeparture(Detector):
 
     # -- the finding -----------------------------------------------------------------------------
     def _finding(self, run: RunData, d: Departure, agree: list[int], n_ranks: int) -> Finding:
-        two = n_ranks < 3
+        two = n_ranks < MAJORITY_RANKS
+        rel = float(np.exp(d.own_move - d.others_move))
         what = (f"its {d.metric} is non-finite at step {d.step} while the other ranks' is finite" if d.nonfinite
-                else f"its {d.metric} leaves the ranks' median at step {d.step} (x{np.exp(d.own_move - d.others_move):.3g} "
-                     f"against the others over the next {self.window} points)")
+                else f"its {d.metric} leaves the ranks' median at step {d.step} (x{rel:.3g} against the others "
+                     f"over the next {self.window} points)")
         others = ", ".join(map(str, agree)) or "none"
         message = (f"rank {d.rank} departs from the other ranks of the job: {what}; rank(s) {others} at the same lr "
                    "agree with each other and stay healthy: one bad rank (its device or its data shard), not the "

@@ -80,6 +80,7 @@ SIGNAL = MappingProxyType({
     RESUME_STATE: "loss at the resume",
     LOSS_SCALE: "loss_scale", ACTIVATION: "activation", UPDATE_RATIO: "update_ratio", PRECURSOR: "precursor",
     ATTENTION_LOGITS: "attn_logit_max", HARDWARE: "throughput", DATA_ORDERING: "loss level",
-    GRAD_SCALING: "loss / eval_loss", RANK: "one rank's series", NO_LEARNING: "loss", NONFINITE_START: "non-finite loss",
+    GRAD_SCALING: "loss / eval_loss", RANK: "one rank's series", NO_LEARNING: "loss",
+    NONFINITE_START: "non-finite loss",
 })
 """Code -> the signal a chain link names."""
