@@ -59,6 +59,7 @@ def _rk(run: RunData) -> list:
 
 @pytest.mark.parametrize("name", ["shard4", "sdc4", "nan4", "shard2", "titan_shard4", "label_nan4"])
 def test_one_bad_rank_is_named_with_its_onset(runs, name):
+    """The bad rank, the agreeing ranks and the onset (the fault step) are named; the cause is one bad rank."""
     sc, path = runs[name]
     a = analyze(path)
     assert (a.cause, a.mechanism) == ("hardware_or_distributed", "bad_rank"), (a.cause, a.mechanism, a.hypotheses)
@@ -79,6 +80,7 @@ def test_one_bad_rank_is_named_with_its_onset(runs, name):
 
 
 def test_the_plan_excludes_the_rank_and_replays_its_shard(runs):
+    """The trial excludes that rank's node and replays its shard, before the onset, judged across ranks."""
     sc, path = runs["shard4"]
     a = analyze(path)
     plan = a.recovery
@@ -104,6 +106,7 @@ def test_ranks_that_diverge_together_are_not_a_bad_rank(runs):
 
 @pytest.mark.parametrize("name", ["healthy4", "healthy2", "label_healthy4"])
 def test_healthy_ranks_with_their_own_shards_stay_healthy(runs, name):
+    """Ranks that differ only by their own shards' noise: no bad rank, a healthy verdict."""
     _, path = runs[name]
     run = load(path)
     assert run.ranks.get_column("rank").n_unique() == runs[name][0].world
@@ -123,6 +126,7 @@ def test_rank_prefixed_lines_keep_every_ranks_values(runs):
 
 
 def test_per_rank_files_keep_every_ranks_values_as_logged(runs):
+    """``RunData.ranks`` holds a rank's own values from its file, NaN as logged."""
     sc, path = runs["nan4"]
     run = load(path)
     own = run.ranks.filter((pl.col("rank") == sc.bad_rank) & (pl.col("metric") == "loss")).sort("step")
