@@ -142,3 +142,31 @@ def test_one_rank_alone_is_not_compared(tmp_path):
     a = analyze(tmp_path)
     assert not [f for f in a.findings if f.code == "RK01"]
     assert any(s.what.startswith("RK01") for s in a.skipped)
+
+
+def _rank_files(folder: Path, n_ranks: int, steps: int, loss, gnorm) -> Path:  # noqa: ANN001 - callables
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in range(n_ranks):
+        rows = [{"step": s, "rank": r, "loss": loss(r, s), "grad_norm": gnorm(r, s)} for s in range(steps)]
+        (folder / f"metrics_rank{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return folder
+
+
+def test_a_grad_norm_alone_names_no_rank(tmp_path):
+    """One rank's grad norm drifts x3 (a partition's norm) or is inf once (an fp16 overflow) while every loss agrees."""
+    rng = np.random.default_rng(11)
+    noise = rng.normal(0, 0.02, (4, 400))
+
+    def loss(r, s):
+        return float(2.5 * np.exp(-s / 300) + 0.5 + noise[r, s])
+
+    def drift(r, s):
+        return float(1.0 + (2.0 * max(0, s - 200) / 200 if r == 1 else 0.0) + noise[r, s])
+
+    def overflow(r, s):
+        return float("inf") if (r == 2 and s == 250) else float(1.0 + noise[r, s])
+
+    for name, g in (("drift", drift), ("overflow", overflow)):
+        run = load(_rank_files(tmp_path / name, 4, 400, loss, g))
+        assert run.ranks.get_column("rank").n_unique() == 4
+        assert _rk(run) == [], name

@@ -17,6 +17,10 @@ departs at that step. It is one bad rank only when
   rank: by less than ``log(1 + others_rel)``, and they are finite at that step). Ranks that diverge together
   (an lr too high) fail this test: that is the run's problem, not a rank's.
 
+The loss decides when every rank logs it; a grad norm alone does not name a rank (a ZeRO partition's norm may
+drift on its own, an fp16 overflow on one rank's shard is routine) but moves the onset of a rank whose loss departs
+up to ``window`` points earlier (the grad norm leads the loss). Without per-rank losses the grad norm decides.
+
 With two ranks there is no majority; the rank whose own level moves (the other's stays) is named, at a lower
 confidence. Findings carry the rank, the agreeing ranks, the series, the gap and the onset.
 
@@ -85,21 +89,33 @@ class RankDeparture(Detector):
         return None
 
     def detect(self, run: RunData) -> list[Finding]:
-        """At most one finding per departing rank (its earliest departure over the compared series)."""
+        """At most one finding per departing rank.
+
+        The loss decides when every rank logs it: a grad norm alone (a partition's norm may drift on its own, an
+        fp16 overflow on one rank's shard is routine) only moves the onset earlier, by at most ``window`` points,
+        for a rank whose loss departs too. Without per-rank losses the grad norm decides.
+        """
         table = _effective(run.ranks)
-        best: dict[int, Departure] = {}
-        n_ranks = 0
-        ranks_all: list[int] = []
+        found: dict[str, dict[int, Departure]] = {}
+        wides: dict[str, tuple[np.ndarray, np.ndarray, list[int]]] = {}
         for metric in SERIES:
             wide = _wide(table, metric)
             if wide is None or wide[1].shape[0] < self.min_points:
                 continue
-            steps, x, ranks = wide
-            n_ranks, ranks_all = max(n_ranks, len(ranks)), ranks
-            for d in self._departures(metric, steps, x, ranks):
-                if d.rank not in best or d.step < best[d.rank].step:
-                    best[d.rank] = d
-        return [self._finding(run, d, [r for r in ranks_all if r not in best], n_ranks) for d in best.values()]
+            wides[metric] = wide
+            found[metric] = {d.rank: d for d in self._departures(metric, *wide)}
+        if not wides:
+            return []
+        lead, rest = (SERIES[0], SERIES[1:]) if SERIES[0] in wides else (next(iter(wides)), ())
+        steps, _, ranks = wides[lead]
+        out = []
+        for rank, d in found[lead].items():
+            for metric in rest:
+                g = found.get(metric, {}).get(rank)
+                if g is not None and g.step < d.step and d.index - np.searchsorted(steps, g.step) <= self.window:
+                    d = g  # the grad norm leads the loss by a few steps (BLOOM tr11 chronicles)
+            out.append(self._finding(run, d, [r for r in ranks if r not in found[lead]], len(ranks)))
+        return out
 
     # -- the comparison ------------------------------------------------------------------------
     def _departures(self, metric: str, steps: np.ndarray, x: np.ndarray, ranks: list[int]) -> list[Departure]:
