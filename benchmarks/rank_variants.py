@@ -6,12 +6,13 @@ seeds other than the one the thresholds were set on, other fault steps and other
 300x; healthy), as per-rank JSONL and as rank-prefixed stdout. Prints one line per run (expected bad rank or none,
 what RK01 and the analysis found, the onset error) and the totals::
 
-    nice -n 10 python benchmarks/rank_variants.py [--seeds 5 6] [--out DIR]
+    nice -n 10 python benchmarks/rank_variants.py [--seeds 5 6] [--out DIR [--reuse]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -50,11 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--reuse", action="store_true", help="analyse the runs already trained under --out")
     a = ap.parse_args(argv)
     out = a.out or Path(tempfile.mkdtemp(prefix="rank_variants_"))
     t0 = time.perf_counter()
-    scenarios = mk.make(out, grid(a.seeds))
-    print(f"trained {len(scenarios)} runs in {time.perf_counter() - t0:.0f} s under {out}")
+    if a.reuse:
+        scenarios = [mk.Scenario(**s) for s in json.loads((out / "scenarios.json").read_text(encoding="utf-8"))]
+    else:
+        scenarios = mk.make(out, grid(a.seeds))
+        print(f"trained {len(scenarios)} runs in {time.perf_counter() - t0:.0f} s under {out}")
     hit = miss = false = clean = 0
     errs = []
     for sc in scenarios:
