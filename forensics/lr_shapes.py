@@ -46,16 +46,18 @@ def extrapolate(prev: pl.DataFrame, step: int) -> float:
     return float(max(v[-1] + slope * (step - st[-1]), 0.0))
 
 
-def replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float = 0.02) -> bool:
-    """True when ``cur``'s first lr values repeat the run's first segment from its beginning.
+def replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float = 0.02) -> tuple[float, float] | None:
+    """(step matched, first step) of the first segment when ``cur``'s first lr values repeat it (None: no replay).
 
     The k-th logged point after the resume is compared with the first segment's lr at the same distance
     from its first step (within ``tol``, 2%); at least 3 of the first ``points`` must be compared and all
     must agree, and the resumed lr must not equal the first segment's lr at the same steps (a resume that
-    simply continues a schedule is not a replay).
+    simply continues a schedule is not a replay). The step returned is the first segment's step matched by
+    the resume's first logged point: its first logged step for a warm-up replayed, later for a schedule
+    restarted at its peak (no warm-up).
     """
     if first.height < MIN_POINTS or cur.height < MIN_POINTS:
-        return False
+        return None
     fs = first.get_column("step").to_numpy()
     fv = first.get_column("value").to_numpy().astype(float)
     cs = cur.get_column("step").to_numpy()[:points]
@@ -64,14 +66,14 @@ def replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float 
     same_step = np.flatnonzero(np.isin(fs, cs))
     continues = same_step.size >= 2 and bool(np.allclose(fv[same_step], cv[np.isin(cs, fs)], rtol=tol))
     if continues:
-        return False
+        return None
     # the resumed process may log its first schedule step or a later one (and another log phase): try
     # offsets that put the resume's first logged point near the first segment's first steps, reading the
     # first segment's lr by linear interpolation between its logged points
     ok_f = np.isfinite(fv)
     fs_f, fv_f = fs[ok_f].astype(float), fv[ok_f]
     if fs_f.size < MIN_POINTS:
-        return False
+        return None
     for cand in range(int(fs_f[0]), int(fs_f[min(REPLAY_STARTS, fs_f.size - 1)]) + 1):
         off = s0 - cand
         if off <= 0:
@@ -82,8 +84,8 @@ def replays(first: pl.DataFrame, cur: pl.DataFrame, points: int = 6, tol: float 
             continue
         ref = np.interp(at[inside], fs_f, fv_f)
         if bool(np.all(np.abs(cv[inside] - ref) <= tol * np.maximum(np.abs(ref), REL_FLOOR))):
-            return True
-    return False
+            return float(s0 - off), float(fs_f[0])
+    return None
 
 
 def constant_scale(prev: pl.DataFrame, cur: pl.DataFrame) -> float | None:

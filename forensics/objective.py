@@ -160,9 +160,9 @@ def resolve(metrics: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, Any] | None,
 def _reader_names(pairs: pl.DataFrame, names: dict[str, Any]) -> None:
     """Record in ``names`` why each raw tag got the canonical name its reader gave it.
 
-    ``pairs``: the frame's distinct (tag, metric) rows.
+    ``pairs``: distinct (tag, metric) rows; a tag under two names keeps the last by (tag, metric): deterministic.
     """
-    for tag, metric in pairs.sort("tag").iter_rows():
+    for tag, metric in pairs.sort("tag", "metric").iter_rows():
         if tag != metric:
             canon, why = explain_metric(tag)
             if canon != metric:

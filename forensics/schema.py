@@ -220,6 +220,23 @@ def scale_or_skip_rule(raw: str) -> tuple[str, str] | None:
     return None
 
 
+_LR_MONITOR = re.compile(r"lr-([a-z][\w.]*?)(-\d+)?(/pg\d+)?", re.IGNORECASE)
+
+
+def lr_monitor_rule(raw: str) -> tuple[str, str] | None:
+    """``lr`` for Lightning's ``LearningRateMonitor`` names (``lr-AdamW``, ``lr-SGD-1``, ``lr-AdamW/pg2``), with why.
+
+    The first optimizer's first parameter group is ``lr``; any other keeps its suffix (``lr/AdamW-1/pg2``);
+    ``lr-SGD-momentum`` (its ``log_momentum``) is no lr. ``None`` for any other name.
+    """
+    m = _LR_MONITOR.fullmatch(raw.strip())
+    if m is None or m.group(1).lower().endswith("momentum"):
+        return None
+    if m.group(2) is None and m.group(3) in (None, "/pg1"):
+        return "lr", "Lightning LearningRateMonitor's name for the first optimizer's lr"
+    return f"lr/{raw.strip()[3:]}", "Lightning LearningRateMonitor's name for another optimizer or parameter group"
+
+
 def _split_suffix(canon: str, raw: str, tail: str) -> str | None:
     """The name of ``<alias>/<split word>`` (``Loss/train``, ``Loss/test``), or ``None`` when the tail is not one.
 
@@ -293,7 +310,7 @@ def explain_metric(raw: str) -> tuple[str, str]:
         return name, "no alias or rule applies: kept as logged"
     if low in _ALIASES:
         return name, f"alias table: {low!r} -> {name!r}"
-    rule = scale_or_skip_rule(raw)
+    rule = scale_or_skip_rule(raw) or lr_monitor_rule(raw)
     if rule is not None and rule[0] == name:
         return name, f"rule: {rule[1]}"
     if "/" not in low and _NORMALIZED.get(normalized(raw)) == name:
@@ -327,7 +344,7 @@ def canonical_metric(raw: str) -> str:
     for prefix in _PREFIXES:
         if low.startswith(prefix) and low[len(prefix):] in _ALIASES:
             return _ALIASES[low[len(prefix):]]
-    rule = scale_or_skip_rule(name)
+    rule = scale_or_skip_rule(name) or lr_monitor_rule(name)
     if rule is not None:
         return rule[0]
     if "/" not in low and normalized(name) in _NORMALIZED:  # ``GradNorm``, ``Skipped Steps``, ``learning.rate``

@@ -202,7 +202,8 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
           else metrics_frame(METRICS_SCHEMA.empty_table(), run))
     et = pl.concat(events, how="vertical") if events else pl.from_arrow(EVENTS_SCHEMA.empty_table())
     tensors, updates = _read_checkpoints(root, run, meta, skipped)
-    return RunData(run=str(run_dir), metrics=mt, events=et, meta=meta,
+    named = str(run_dir) if Path(run_dir).name not in ("", ".", "..") else str(root)  # `analyze .`: its path
+    return RunData(run=named, metrics=mt, events=et, meta=meta,
                    sources=sources, skipped=skipped, tensors=tensors, updates=updates,
                    ranks=pl.from_arrow(pa.concat_tables(ranks)) if ranks else pl.DataFrame())
 

@@ -130,6 +130,8 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
             try:
                 if e.is_symlink():  # the file-access policy: never out of the run, never /proc, /sys, /dev
                     why = file_policy.why_not(e.path, root, folder=True)
+                    if why and _writer_debug_link(Path(e.path)):
+                        continue  # wandb's own debug log, linked into ~/.cache: no metrics, nothing lost
                     if why:
                         skipped.append(Skip(rel_path(Path(e.path), root), why))
                         continue
@@ -147,6 +149,19 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
         subdirs.sort(key=os.path.islink)  # real folders first: a link (wandb/latest-run) must not hide its target
         stack.extend(reversed(subdirs))
     return files
+
+
+_WANDB_DEBUG_LOGS = frozenset({"debug.log", "debug-internal.log", "debug-core.log"})
+
+
+def _writer_debug_link(path: Path) -> bool:
+    """A symlink wandb itself puts in every run (``wandb/<run>/logs/debug-core.log`` -> ``~/.cache/wandb``).
+
+    The W&B client's debug logs hold no metrics (:mod:`parsers.wandb_run` never reads them), so a link of
+    one that leads out of the run folder is left out without a ``skipped`` entry: listing it would lower the
+    confidence of every wandb run for a file nobody wants read.
+    """
+    return path.name in _WANDB_DEBUG_LOGS and path.parent.name in ("logs", "wandb")
 
 
 def rel_path(path: Path, root: Path) -> str:

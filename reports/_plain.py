@@ -45,7 +45,7 @@ CAUSE_WORDS: dict[str, str] = {
 """Cause family (DESIGN.md section 4) -> what it means, in one line."""
 
 MECHANISM_WORDS: dict[str, str] = {
-    "reset_to_initial": "the schedule started again from its warm-up",
+    "reset_to_initial": "the schedule started again from its beginning: its warm-up or its peak",
     "offset": "the schedule runs a number of steps behind or ahead of where it should be",
     "horizon_change": "the total number of steps changed on resume, so the decay changed",
     "missing_warmup": "training started at full learning rate without a warm-up",
@@ -73,7 +73,7 @@ VERDICT_WORDS: dict[str, str] = {
 }
 
 _WHAT: dict[tuple[str, str | None], str] = {
-    (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL): "the learning-rate schedule restarted from its warm-up",
+    (Cause.LR_SCHEDULE_RESET, Mechanism.RESET_TO_INITIAL): "the learning-rate schedule restarted from the beginning",
     (Cause.LR_SCHEDULE_RESET, Mechanism.OFFSET): "the learning-rate schedule was shifted by a number of steps",
     (Cause.LR_SCHEDULE_RESET, Mechanism.HORIZON_CHANGE): "the learning-rate schedule changed its length",
     (Cause.LR_SCHEDULE_RESET, Mechanism.MISSING_WARMUP): "training ran at full learning rate without a warm-up",
@@ -137,7 +137,7 @@ def _resumed_at(analysis: Analysis, run: RunData | None) -> bool:
 def headline(analysis: Analysis, run: RunData | None = None) -> str:
     """One plain sentence: what happened and when.
 
-    Example: ``"The learning-rate schedule restarted from its warm-up when the job resumed at step 301."``
+    Example: ``"The learning-rate schedule restarted from the beginning when the job resumed at step 301."``
 
     Args:
         analysis: The engine's result.

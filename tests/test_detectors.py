@@ -298,6 +298,19 @@ def ck03_optimizer_restart(_: Path) -> RunData:
     return table_run({"loss": np.full(500, 2.0)}, steps, seg, meta={"checkpoints": cks}, tensors=t)
 
 
+def ck03_restart_beside_a_later_record(_: Path) -> RunData:
+    """HF layout (user test U2): the onset belongs to the resumed attempt.
+
+    trainer_state.json's sparse loss (segment 0, steps 10-500) runs past the resume at 300 that the stdout
+    logs as segment 1.
+    """
+    t = _tensors({"l.0.mlp.weight": [1, 1.01]}, [300, 400])
+    cks = [{"step": 300, "path": "c300", "step_source": "trainer_state", "optimizer": {"step": 300}},
+           {"step": 400, "path": "c400", "step_source": "trainer_state", "optimizer": {"step": 100}}]
+    return table_run({"samples_per_second": np.full(20, 9.0), "loss": np.full(50, 2.0)}, np.arange(301, 321),
+                     np.ones(20), meta={"checkpoints": cks}, tensors=t, col_steps={"loss": np.arange(10, 510, 10)})
+
+
 def healthy(_: Path) -> RunData:
     """A healthy run: warm-up + cosine lr, falling loss, steady grad norm."""
     s = np.arange(400)
@@ -352,6 +365,8 @@ CASES = (
     Case("ck01_nan_checkpoint", "CK01", ck01_nan_checkpoint, must=(("CK01", 200, 0, "nonfinite_state"),)),
     Case("ck02_qk_growth", "CK02", ck02_qk_growth, must=(("CK02", 300, 0, "attention_logit_growth"),)),
     Case("ck03_optimizer_restart", "CK03", ck03_optimizer_restart, must=(("CK03", 201, 1, "optimizer_state"),)),
+    Case("ck03_restart_beside_a_later_record", "CK03", ck03_restart_beside_a_later_record,
+         must=(("CK03", 301, 1, "optimizer_state"),)),
     # must-not: a healthy run gives no finding of the fault detectors
     *(Case(f"healthy_{c.lower()}", c, healthy, must_not=(c,))
       for c in ("SP01", "GN01", "DV01", "ST01", "LR01", "WU01", "DB01", "PR01", "HW01", "NF01")),
@@ -427,3 +442,20 @@ def test_missing_metric_is_a_listed_skip() -> None:
     assert findings == []
     assert [(s.what, s.reason) for s in skipped] == [("ZZ99 test.needs_eval",
                                                       "not evaluated: needs one of the metrics eval_loss")]
+
+
+def test_lr01_says_where_the_replayed_schedule_starts() -> None:
+    """LR01 names where a replayed schedule starts: its first step, or (user test U3) its peak.
+
+    A warm-up replayed is "from its first step"; a cosine restarted at its peak (no warm-up) names the old
+    step it replays from and says it is past the warm-up.
+    """
+    (warm,) = [f for f in BY_CODE["LR01"].detect(lr01_reset(Path())) if f.step == 150]
+    assert "from its first step" in warm.message, warm.message
+    sched = lambda s: np.where(s < 30, 3e-3 * (s + 5) / 35, 3e-3 * 0.5 * (1 + np.cos(np.pi * (s - 30) / 570)))  # noqa: E731
+    s0, s1 = np.arange(5, 305, 5), np.arange(305, 605, 5)
+    lr = np.concatenate([sched(s0), sched(s1 - 300 + 30 - 5)])  # job 2: the cosine again from its peak
+    run = table_run({"lr": lr, "loss": _loss(120)}, np.concatenate([s0, s1]), np.r_[np.zeros(60), np.ones(60)])
+    (peak,) = [f for f in BY_CODE["LR01"].detect(run) if f.step == 305]
+    assert peak.mechanism == "reset_to_initial"
+    assert "from its step 30 (its peak, past the warm-up)" in peak.message, peak.message

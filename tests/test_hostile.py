@@ -187,6 +187,27 @@ def test_follow_symlinks_reads_outside_only_when_asked(tmp_path: Path) -> None:
     assert file_policy.why_not("/proc/self/environ") == "leads into /proc: not read"
 
 
+def test_wandb_debug_log_links_out_of_the_run_are_not_skipped_inputs(tmp_path: Path) -> None:
+    """The ``logs/debug-core.log`` link wandb makes into ``~/.cache/wandb`` is no skipped input; other links out are.
+
+    wandb makes that link in every run, so listing it would lower every wandb run's confidence.
+    """
+    from parsers.discover import load_run
+
+    run, outside = tmp_path / "run", tmp_path / "cache"
+    logs = run / "wandb" / "offline-run-20261202_003507-ueer3v0w" / "logs"
+    logs.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "core-debug.log").write_text("wandb-core debug\n")
+    (outside / "other.log").write_text("step 1 loss 2.0\n")
+    (logs / "debug-core.log").symlink_to(outside / "core-debug.log")
+    (run / "other.log").symlink_to(outside / "other.log")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {2.0 - s / 100}}}\n' for s in range(50)))
+    listed = {s.what for s in load_run(run).skipped}
+    assert "other.log" in listed
+    assert not any("debug-core" in w for w in listed)
+
+
 def test_audit_of_hostile_runs_completes_with_error_rows(tmp_path: Path) -> None:
     """An audit over hostile runs (some with nothing readable, one named with a non-UTF-8 byte) completes."""
     root = tmp_path / "runs"
@@ -385,3 +406,13 @@ def test_compare_and_sweep_reports_escape_hostile_names(command: str, tmp_path: 
     assert hg.problems(out) == []
     report = json.loads((out / "r.json").read_text(encoding="utf-8"))  # valid UTF-8 JSON, names escaped
     assert "\\xff" in json.dumps(report) or "\\udcff" in json.dumps(report)
+
+
+def test_a_run_given_as_dot_is_named_by_its_path(tmp_path: Path, monkeypatch) -> None:
+    """``forensics analyze .`` names the run by its folder's path, not ``.`` (user test)."""
+    from parsers.discover import load_run
+
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {2.0 - s / 100}}}\n' for s in range(20)))
+    monkeypatch.chdir(tmp_path)
+    assert load_run(".").run == str(tmp_path.resolve())
+    assert load_run(str(tmp_path)).run == str(tmp_path)

@@ -27,6 +27,9 @@ from forensics.schema import canonical_metric, explain_metric
     ("skipped_batches", "skipped_batches"), ("overflow_rate", "overflow_rate"),
     ("GradNorm", "grad_norm"), ("learning.rate", "lr"), ("Train Loss (avg)", "loss"),
     ("grad_norm/layer0", "grad_norm/layer0"), ("box_loss", "loss/box"), ("lr/group0", "lr/group0"),
+    # Lightning's LearningRateMonitor (user test U7): the first optimizer's first group is the lr
+    ("lr-AdamW", "lr"), ("lr-SGD", "lr"), ("lr-AdamW/pg1", "lr"), ("lr-AdamW/pg2", "lr/AdamW/pg2"),
+    ("lr-Adam-1", "lr/Adam-1"), ("lr-SGD-momentum", "lr-SGD-momentum"), ("lr-0.001", "lr-0.001"),
 ])
 def test_names_by_rule(raw: str, canon: str) -> None:
     """Each family maps by its rule; a name outside the family keeps its raw or per-layer form."""

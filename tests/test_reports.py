@@ -283,6 +283,19 @@ def test_html_sections_and_self_contained(kind: str, run: RunData) -> None:
     assert len(ids) == len(set(ids)), "duplicate element ids"
 
 
+def test_html_resume_without_a_checkpoint_names_a_step_to_look_for(run: RunData) -> None:
+    """No checkpoint in the folder: the first step says which checkpoint to look for, not "start again, step N"."""
+    from dataclasses import replace
+
+    a = anomaly()
+    a = replace(a, recovery=replace(a.recovery, resume_from={"checkpoint": None, "step": 46,
+                                                            "why": "no checkpoint found in the folder"}))
+    html = render_html(a, run)
+    assert "start again" not in html
+    assert "your newest checkpoint at or before step <strong>46</strong>" in html
+    assert "Why this step: no checkpoint found" in html
+
+
 def test_html_content(run: RunData) -> None:
     """Verdict banner, onset, evidence, trials, do-not, sources, skips and config all appear."""
     html = render_html(anomaly(), run)
@@ -520,7 +533,7 @@ def test_headline_names_a_resume() -> None:
     f = Finding("LR01", "lr.schedule_reset", "lr_schedule_reset", "reset_to_initial", 300, 1, 0.9, "high", "m")
     a = _with(anomaly(), cause="lr_schedule_reset", mechanism="reset_to_initial", findings=(f,),
               onset={"step": 300, "segment": 1})
-    assert headline(a, make_run()) == ("The learning-rate schedule restarted from its warm-up when the job resumed "
+    assert headline(a, make_run()) == ("The learning-rate schedule restarted from the beginning when the job resumed "
                                        "at step 300.")
 
 

@@ -103,7 +103,7 @@ class CheckpointStateMismatch(Detector):
         conf = self.confidence if hit["restart_logged_at"] is not None else self.confidence_restart_not_logged
         also = f"; the scheduler's last_epoch is off too ({sch['value']})" if opt and sch else ""
         return [self.finding(
-            cause=cause, mechanism=mech, step=step, segment=checkpoint_segment(run, step), confidence=conf,
+            cause=cause, mechanism=mech, step=step, segment=_segment(run, step, hit), confidence=conf,
             severity=Severity.HIGH,
             message=f"checkpoint {hit['checkpoint']} (step {hit['step']}) saved {what} {hit['value']}: the state was "
             f"rebuilt at step {hit['rebuilt_at_step']}"
@@ -111,3 +111,13 @@ class CheckpointStateMismatch(Detector):
                else "") + f", not restored on resume{also}.",
             evidence={"optimizer": opt, "scheduler": sch},
         )]
+
+
+def _segment(run: RunData, step: int, hit: dict[str, Any]) -> int:
+    """The segment of the onset: the one the logged restart began (the resumed attempt), else the logged step's."""
+    restart = hit["restart_logged_at"]
+    if restart is not None:
+        for seg, start in run.segment_starts().items():
+            if seg > 0 and start == restart:
+                return seg
+    return checkpoint_segment(run, step)

@@ -244,7 +244,8 @@ class LRScheduleReset(Detector):
 
     def _judge(
         self, run: RunData, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, how: str,
-        lr_initial: float, lr_peak: float, segment: int, replay: bool = False, within: bool = False,
+        lr_initial: float, lr_peak: float, segment: int, replay: tuple[float, float] | None = None,
+        within: bool = False,
     ) -> Finding | None:
         """The finding for the lr ``obs`` at step ``s0`` where the schedule gives ``exp`` (None: it continues)."""
         if not (np.isfinite(obs) and np.isfinite(exp)):
@@ -254,8 +255,9 @@ class LRScheduleReset(Detector):
             "step": s0, "observed_lr": obs, "expected_lr": exp, "expected_from": how,
             "relative_difference": round(rel, 4), "initial_lr": lr_initial, "peak_lr_before": lr_peak,
         }
-        if replay:
+        if replay is not None:
             ev["replays_schedule_from_start"] = True
+            ev["replays_from_step"] = round(replay[0])
         if rel <= self.rel_tol:
             return self._same_value(run, cur, prev, s0, segment, ev)
         scale = constant_scale(prev, cur)
@@ -300,7 +302,7 @@ class LRScheduleReset(Detector):
         return None
 
     def _mechanism(self, cur: pl.DataFrame, prev: pl.DataFrame, s0: int, obs: float, exp: float, lr_initial: float,
-                   lr_peak: float, replay: bool, ev: dict[str, object],
+                   lr_peak: float, replay: tuple[float, float] | None, ev: dict[str, object],
                    within: bool = False) -> tuple[Mechanism | None, float, str]:
         """(mechanism, confidence, why) of a discontinuity; fills ``ev`` with what it measured.
 
@@ -313,9 +315,13 @@ class LRScheduleReset(Detector):
         near_initial = abs(obs - lr_initial) <= self.rel_tol * max(lr_initial, LR_FLOOR) or (
             lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak and obs > exp
         )
-        if replay and obs != exp:
-            return (Mechanism.RESET_TO_INITIAL, self.reset_confidence,
-                    "the resumed lr replays the old schedule from its first step")
+        if replay is not None and obs != exp:
+            at, first = replay
+            at_peak = lr_peak > 0 and abs(obs - lr_peak) <= self.rel_tol * lr_peak
+            where = ("its first step" if at <= first + 1 else
+                     f"its step {round(at)}" + (" (its peak, past the warm-up)" if at_peak else ""))
+            why = f"the resumed lr replays the old schedule from {where}"
+            return Mechanism.RESET_TO_INITIAL, self.reset_confidence, why
         if rewarm or near_initial:
             return (Mechanism.RESET_TO_INITIAL, self.reset_confidence,
                     "warm-up restarts" if rewarm else "lr is back at the schedule's initial/peak value")
