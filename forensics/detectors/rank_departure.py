@@ -95,6 +95,8 @@ class RankDeparture(Detector):
         fp16 overflow on one rank's shard is routine) only moves the onset earlier, by at most ``window`` points,
         for a rank whose loss departs too. Without per-rank losses the grad norm decides.
         """
+        if run.ranks.height == 0:
+            return []
         table = _effective(run.ranks)
         found: dict[str, dict[int, Departure]] = {}
         wides: dict[str, tuple[np.ndarray, np.ndarray, list[int]]] = {}
