@@ -83,6 +83,7 @@ class Mechanism(StrEnum):
     DEVICE_FAULT = "device_fault"
     COLLECTIVE_BUG = "collective_bug"
     SLOW_DEVICE = "slow_device"
+    BAD_RANK = "bad_rank"
 
 
 class Severity(StrEnum):
@@ -128,6 +129,9 @@ class ParseResult:
         meta: Configuration found in the file (hyper-parameters, precision, framework, ...).
         skipped: Damage found while reading: truncated tails, corrupt records, bad lines.
         precision: How precise the logged values are: ``"float64"``, ``"float32"``, ``"%.6E"``...
+        ranks: Each rank's own values of the series compared across ranks
+            (:data:`parsers.rank_files.RANK_SCHEMA`), when the file holds (or is one of) several ranks' logs;
+            None otherwise.
     """
 
     format: str
@@ -137,6 +141,7 @@ class ParseResult:
     meta: Mapping[str, Any] = field(default_factory=dict)
     skipped: tuple[Skip, ...] = ()
     precision: str = "float64"
+    ranks: pa.Table | None = None
 
 
 @dataclass(frozen=True)

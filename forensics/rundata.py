@@ -118,6 +118,9 @@ class RunData:
         skipped: Files or records not read, and why.
         tensors: Per-checkpoint tensor statistics (:data:`forensics.schema.TENSORS_SCHEMA`), may be empty.
         updates: Update ratios between consecutive checkpoints (:data:`forensics.schema.UPDATES_SCHEMA`).
+        ranks: Each rank's own values of the series compared across ranks (columns ``rank``, ``segment``,
+            ``step``, ``metric``, ``value``; :data:`parsers.rank_files.RANK_SCHEMA`), when the run's logs come
+            from several ranks (per-rank files, rank-prefixed lines); empty otherwise.
     """
 
     run: str
@@ -128,6 +131,7 @@ class RunData:
     skipped: list[Skip]
     tensors: pl.DataFrame = field(default_factory=pl.DataFrame)
     updates: pl.DataFrame = field(default_factory=pl.DataFrame)
+    ranks: pl.DataFrame = field(default_factory=pl.DataFrame)
     _cache: dict[str, Series | None] = field(default_factory=dict, repr=False)
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
 
@@ -299,6 +303,7 @@ class RunData:
             tensors=self.tensors.filter(pl.col("step") <= self.metrics.filter(keep).get_column("step").max())
             if self.tensors.height and self.metrics.height else self.tensors,
             updates=self.updates,
+            ranks=self.ranks.filter(keep) if self.ranks.height else self.ranks,
         )
 
     def segment_spans(self) -> pl.DataFrame:

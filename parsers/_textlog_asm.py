@@ -37,6 +37,7 @@ from parsers.lines import (
 )
 from parsers.lines.kv_bulk import SIG_SEP
 from parsers.lines.pyrepr import flatten
+from parsers.rank_files import RankValues
 
 MODULES = (megatron, deepspeed, fairseq, hf_stdout, torchtitan, nemo, tqdm_bar, nanogpt, generic, json_inline,
            kv)
@@ -85,6 +86,7 @@ class Assembler:
         self.hint: tuple[bool, bool] | None = None  # (may be a general metric line, may be an event line)
         self.ranks: Counter[int] = Counter()
         self.rank_seen: set[tuple[int, int, str]] = set()
+        self.rank_values = RankValues()  # each rank's own values of the compared series (RK01)
 
     # -- segments and events -------------------------------------------------------------------
     def brk(self) -> None:
@@ -199,6 +201,7 @@ class Assembler:
             return metrics
         self.ranks[self.rank] += 1
         out = []
+        self.rank_values.add(self.rank, self.segment, step, metrics)
         for m in metrics:
             key = (self.segment, step, m[0])
             if key not in self.rank_seen:

@@ -167,6 +167,7 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
     run = file_policy.display(root.name)  # a folder name that is not UTF-8 is kept, escaped
     metrics: list[pl.DataFrame] = []
     events: list[pl.DataFrame] = []
+    ranks: list[pa.Table] = []  # each rank's own values of the compared series (parsers.rank_files)
     sources: list[SourceInfo] = []
     meta: dict[str, Any] = {"run": run, "formats": sorted({pr.format for _, pr, _ in results}),
                             "config_files": {}, "by_source": {}, "source_groups": {}, "precision": {},
@@ -183,6 +184,9 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
             skipped.append(Skip(rel, f"the {pr.format} parser returned a malformed table: {exc}"))
             continue
         fmt = pr.format
+        if pr.ranks is not None and pr.ranks.num_rows:
+            seg = pr.ranks.column("segment").to_numpy() + np.int32(offsets[rel])
+            ranks.append(pr.ranks.set_column(1, "segment", pa.array(seg.astype(np.int32))))
         _source_meta(meta, rel, pr, groups[rel])
         del pr
         m = metrics_frame(m, run, offsets[rel])  # compact: categorical text, run held once
@@ -200,7 +204,8 @@ def _assemble(root: Path, run_dir: str | Path, results: list[tuple[str, ParseRes
     tensors, updates = _read_checkpoints(root, run, meta, skipped)
     named = str(run_dir) if Path(run_dir).name not in ("", ".", "..") else str(root)  # `analyze .`: its path
     return RunData(run=named, metrics=mt, events=et, meta=meta,
-                   sources=sources, skipped=skipped, tensors=tensors, updates=updates)
+                   sources=sources, skipped=skipped, tensors=tensors, updates=updates,
+                   ranks=pl.from_arrow(pa.concat_tables(ranks)) if ranks else pl.DataFrame())
 
 
 def _source_meta(meta: dict[str, Any], rel: str, pr: ParseResult, group: str) -> None:

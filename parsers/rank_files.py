@@ -11,12 +11,16 @@ rank's (a departing rank's first); a step only another rank logged is kept; the 
 itself is no metric. Each file's meta gets ``ranks``: its rank, the rank files and why. A rank
 whose loss (or grad norm) ends far from the other ranks' (:data:`DEPART_RATIO`) is named in the
 meta and in the skipped list, and its values are the run's series (the one a post-mortem needs),
-the others' at the same steps being left out.
+the others' at the same steps being left out. Every rank's own values of the series compared across ranks
+(:data:`COMPARED`) are kept beside the rows, in :attr:`forensics.model.ParseResult.ranks`
+(:data:`RANK_SCHEMA`; :func:`own_values`), for RK01 (``forensics/detectors/rank_departure.py``); the text
+reader keeps those of interleaved rank-prefixed lines the same way (:func:`values_table`).
 """
 
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +31,8 @@ import pyarrow.compute as pc
 
 from forensics.model import ParseResult, Skip
 
-__all__ = ["DEPART_RATIO", "RANK_KEYS", "RANKS", "merge"]
+__all__ = ["COMPARED", "DEPART_RATIO", "RANK_KEYS", "RANKS", "RANK_SCHEMA", "RankValues", "merge", "own_values",
+           "values_table"]
 
 RANKS = "ranks:"
 """Group-key prefix of the per-rank files of one run (all in one segment)."""
@@ -39,6 +44,12 @@ the median of the ranks' (or below its inverse); ranks of one data-parallel job 
 their losses stay close (our choice, well above the shard-to-shard noise of a healthy run)."""
 TAIL_SHARE = 0.1
 """Share of a rank's last steps compared with the other ranks (our choice)."""
+COMPARED = ("loss", "grad_norm")
+"""Canonical metrics whose per-rank values are kept for the comparison of ranks (the objective and the grad norm:
+the series one bad rank shows in; docs/detectors.md#rk01)."""
+RANK_SCHEMA = pa.schema([("rank", pa.int32()), ("segment", pa.int32()), ("step", pa.int64()),
+                         ("metric", pa.string()), ("value", pa.float64())])
+"""Columns of each rank's own values (``segment`` local to the file, as in the metrics table)."""
 _NAME_TOKEN = re.compile(r"(?i)(?<![a-z])((?:local_|global_)?rank)[_-]?(\d+)")
 _WHY = ("per-rank files of one run: a value several ranks log at one step is kept once (the lowest rank's), "
         "a rank's step never reads as a restart of another's")
@@ -111,11 +122,12 @@ def merge(items: list[Item], bounds_of: Any) -> tuple[list[Item], dict[str, str]
         seen: pl.DataFrame | None = None
         for rank, i in sorted(members, key=lambda m: (m[0] not in departs, m[0])):  # a departing rank first
             rel, pr, _ = items[i]
+            own = own_values(pr.metrics, rank)
             t, seen = _unseen(pr.metrics, seen)
             info = {"rank": rank, "files": files, "why": _WHY}
             if rank in departs:
                 info["departs"] = departs[rank]
-            pr = replace(pr, metrics=t, meta={**pr.meta, "ranks": info})
+            pr = replace(pr, metrics=t, meta={**pr.meta, "ranks": info}, ranks=own)
             items[i] = (rel, pr, bounds_of(pr))
             groups[rel] = key
         if departs:
@@ -167,3 +179,51 @@ def _departing(tails: dict[int, dict[str, float]]) -> dict[int, str]:
             for r, v in far.items():
                 out.setdefault(r, f"{name} {v:.4g} at its end vs the ranks' median {med:.4g}")
     return out
+
+
+def own_values(t: pa.Table, rank: int) -> pa.Table:
+    """One rank's rows of the :data:`COMPARED` metrics of its metrics table ``t``, as :data:`RANK_SCHEMA`."""
+    metric = t.column("metric")
+    if pa.types.is_dictionary(metric.type):
+        metric = metric.cast(pa.string())
+    mask = pc.is_in(metric, pa.array(COMPARED, pa.string()))
+    sub = t.select(["segment", "step", "value"]).append_column("metric", metric).filter(mask)
+    return pa.table({"rank": pa.array(np.full(sub.num_rows, rank, np.int32)),
+                     "segment": sub.column("segment").cast(pa.int32()), "step": sub.column("step").cast(pa.int64()),
+                     "metric": sub.column("metric"), "value": sub.column("value").cast(pa.float64())},
+                    schema=RANK_SCHEMA)
+
+
+class RankValues:
+    """Each rank's own values of the :data:`COMPARED` metrics, as the text reader meets them.
+
+    Compact arrays: 25 bytes a value, not a Python tuple's ~100.
+    """
+
+    def __init__(self) -> None:
+        self.rank, self.segment, self.metric = array("i"), array("i"), array("b")
+        self.step, self.value = array("q"), array("d")
+
+    def add(self, rank: int, segment: int, step: int, metrics: list) -> None:
+        """The compared ``(metric, tag, value)`` items of one rank's line at ``step``."""
+        for m in metrics:
+            if m[0] in _CODE and m[2] is not None:
+                self.rank.append(rank)
+                self.segment.append(segment)
+                self.step.append(step)
+                self.metric.append(_CODE[m[0]])
+                self.value.append(float(m[2]))
+
+
+_CODE = {name: i for i, name in enumerate(COMPARED)}
+
+
+def values_table(rows: RankValues) -> pa.Table | None:
+    """The values of two or more ranks as :data:`RANK_SCHEMA`; None for fewer."""
+    rank = np.frombuffer(rows.rank, np.int32) if len(rows.rank) else np.zeros(0, np.int32)
+    if rank.size == 0 or np.unique(rank).size < 2:
+        return None
+    names = np.array(COMPARED, dtype=object)[np.frombuffer(rows.metric, np.int8)]
+    return pa.table({"rank": pa.array(rank), "segment": pa.array(np.frombuffer(rows.segment, np.int32)),
+                     "step": pa.array(np.frombuffer(rows.step, np.int64)), "metric": pa.array(names, pa.string()),
+                     "value": pa.array(np.frombuffer(rows.value, np.float64))}, schema=RANK_SCHEMA)

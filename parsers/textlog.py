@@ -40,6 +40,7 @@ from parsers._textlog_asm import Assembler as _Assembler
 from parsers._textlog_block import BLOCK as _BLOCK
 from parsers._textlog_block import Reader as _Reader
 from parsers.lines import common, kv
+from parsers.rank_files import values_table
 
 __all__ = ["FORMAT", "read", "sniff"]
 _READ_HINT = 1 << 20  # characters per read: whole lines, memory bounded by the block
@@ -165,8 +166,8 @@ def read(path: Path, root: Path) -> ParseResult:
     skipped[:0] = asm.skipped
     precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
     table = _terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta)
-    return ParseResult(format=FORMAT, path=rel, metrics=table,
-                       events=asm.rows.events_table(), meta=meta, skipped=tuple(skipped), precision=precision)
+    return ParseResult(format=FORMAT, path=rel, metrics=table, events=asm.rows.events_table(), meta=meta,
+                       skipped=tuple(skipped), precision=precision, ranks=values_table(asm.rank_values))
 
 
 _NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",

@@ -255,6 +255,27 @@ def hw01_magic_norm(_: Path) -> RunData:
     return table_run({"loss": loss, "grad_norm": g})
 
 
+def _ranks_run(factor: Callable[[int], np.ndarray], n_ranks: int = 4, n: int = 300) -> RunData:
+    """Per-rank losses (``RunData.ranks``): each rank its own shard's noise, times ``factor(rank)``."""
+    rows = [pl.DataFrame({"rank": r, "segment": 0, "step": np.arange(n), "metric": "loss",
+                          "value": _loss(n, 0.02) * _noise(n, 0.02, seed=r) * factor(r)},
+                         schema_overrides={"rank": pl.Int32, "segment": pl.Int32, "step": pl.Int64})
+            for r in range(n_ranks)]
+    run = table_run({"loss": _loss(n)})
+    run.ranks = pl.concat(rows)
+    return run
+
+
+def rk01_bad_rank(_: Path) -> RunData:
+    """Rank 2's loss is 1.8x the other ranks' from step 150; ranks 0, 1, 3 agree."""
+    return _ranks_run(lambda r: np.where((r == 2) & (np.arange(300) >= 150), 1.8, 1.0))
+
+
+def rk01_ranks_together(_: Path) -> RunData:
+    """Every rank's loss rises 3x from step 150 (the run's problem, not a rank's)."""
+    return _ranks_run(lambda r: np.where(np.arange(300) >= 150, 1.0 + 2.0 * (np.arange(300) - 150) / 150, 1.0))
+
+
 def gs01_constant_factor(_: Path) -> RunData:
     """The train loss is four times the eval loss at every step."""
     ev_steps = np.arange(0, 300, 20)
@@ -360,6 +381,8 @@ CASES = (
     Case("at01_logit_growth", "AT01", at01_logit_growth, must=(("AT01", 134, 0, "attention_logit_growth"),)),
     Case("ol01_output_logits", "OL01", ol01_output_logits, must=(("OL01", 167, 0, "output_logit_divergence"),)),
     Case("hw01_magic_norm", "HW01", hw01_magic_norm, must=(("HW01", 150, 0, "collective_bug"),)),
+    Case("rk01_bad_rank", "RK01", rk01_bad_rank, must=(("RK01", 150, 0, "bad_rank"),)),
+    Case("rk01_ranks_together", "RK01", rk01_ranks_together, must_not=("RK01",)),
     Case("gs01_constant_factor", "GS01", gs01_constant_factor, must=(("GS01", 0, 0),)),
     Case("nt01_notes", "NT01", nt01_notes, must=(("NT01", None, None),)),
     Case("ck01_nan_checkpoint", "CK01", ck01_nan_checkpoint, must=(("CK01", 200, 0, "nonfinite_state"),)),

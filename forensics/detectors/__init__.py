@@ -35,6 +35,7 @@ from forensics.detectors.output_logit_divergence import OutputLogitDivergence
 from forensics.detectors.overflow_activation_range import ActivationOverflow
 from forensics.detectors.overflow_loss_scale_collapse import LossScaleCollapse
 from forensics.detectors.precursor_drift import PrecursorDrift
+from forensics.detectors.rank_departure import RankDeparture
 from forensics.detectors.resume_state import ResumeState
 from forensics.detectors.update_scale_growth import UpdateScaleGrowth
 
@@ -58,6 +59,7 @@ DETECTORS: tuple[Detector, ...] = (
     AttentionLogitGrowth(),
     OutputLogitDivergence(),
     HardwareSignature(),
+    RankDeparture(),
     GradScalingFactor(),
     NotesAttempts(),
     CheckpointNonFinite(),

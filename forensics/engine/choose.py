@@ -8,6 +8,8 @@
 4. :func:`spike_after_growth`: a "bad batch" that growth precedes is the growth's spike.
 5. :func:`growth_after_reset`: growth that starts after an lr reset is its consequence.
 6. :func:`lower_lr_failed`: "lr too high" is not the answer when the notes say lower lrs failed.
+7. :func:`one_bad_rank`: when one rank departs while the other ranks agree (RK01), the run-level growth, overflow,
+   bad-batch or unknown readings are that rank's symptoms: the lr is the same on every rank.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from forensics.engine import codes, keys
+from forensics.engine.chain import demoted
 from forensics.engine.evidence import Evidence
 from forensics.engine.rules import GROWTH_CAUSES
 from forensics.engine.weights import WEIGHTS
@@ -115,8 +118,31 @@ def lower_lr_failed(p: Pick) -> Pick:
     return replace(p, ev=ev, chosen=unknown, hyps=(*[down if h is c else h for h in p.hyps], unknown))
 
 
+RANK_SYMPTOMS = (Cause.UPDATE_SCALE_GROWTH, Cause.OVERFLOW, Cause.DATA_BATCH, Cause.GRAD_SCALING_BUG, Cause.UNKNOWN)
+"""Readings of the run-level series that one departing rank explains (its series is the run's, or its gradients
+entered the average): none of them holds when the other ranks, at the same lr and on the same weights, agree."""
+
+
+def one_bad_rank(p: Pick) -> Pick:
+    """Rule 7: one rank departs while the others agree (RK01): its device or data shard, not the optimisation."""
+    rk = [f for f in p.ev.get(codes.RANK) if f.confidence >= W.min_cause_conf]
+    hw = next((h for h in p.hyps if h.cause == Cause.HARDWARE_OR_DISTRIBUTED and h.confidence >= W.min_cause_conf),
+              None)
+    if not rk or hw is None:
+        return p
+    f = rk[0]
+    agree = ", ".join(map(str, f.evidence.get("agreeing_ranks") or [])) or "the other rank"
+    why = (f"rank {f.evidence.get('rank')} alone departs from step {f.step} while rank(s) {agree}, at the same lr "
+           "and on the same weights, stay healthy: the run-level series show that rank's fault")
+    hyps = tuple(demoted(h, why) if h.cause in RANK_SYMPTOMS and h.confidence >= W.min_cause_conf else h
+                 for h in p.hyps)
+    hw = next(h for h in hyps if h.cause == Cause.HARDWARE_OR_DISTRIBUTED)
+    chosen = hw if p.chosen is None or p.chosen.cause in RANK_SYMPTOMS else p.chosen
+    return replace(p, hyps=hyps, chosen=chosen)
+
+
 CORRECTIONS = (fp16_makes_overflow, collapse_follows_growth, intentional_is_no_fault, spike_after_growth,
-               growth_after_reset, lower_lr_failed)
+               growth_after_reset, lower_lr_failed, one_bad_rank)
 """The corrections, in the order :func:`choose` applies them."""
 
 

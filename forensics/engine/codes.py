@@ -39,10 +39,12 @@ PRECURSOR = "PR01"
 HARDWARE = "HW01"
 DATA_ORDERING = "DO01"
 GRAD_SCALING = "GS01"
+RANK = "RK01"
+"""rank.departure (one rank leaves the other ranks of the job)."""
 
 DETECTOR_CODES = (NONFINITE, LOSS_SPIKE, DIVERGENCE, GRAD_NORM, UPDATE_RATIO, ATTENTION_LOGITS, STALL, NOTES,
                   INTEGRITY, RESUME_STATE, LR_SCHEDULE, BAD_BATCH, RECURRING_BATCH, WARMUP, LOSS_SCALE, ACTIVATION,
-                  PRECURSOR, HARDWARE, DATA_ORDERING, GRAD_SCALING)
+                  PRECURSOR, HARDWARE, DATA_ORDERING, GRAD_SCALING, RANK)
 """Every detector code named here (each must be in :data:`forensics.detectors.DETECTORS`)."""
 
 FAILURE_PRECURSORS = (GRAD_NORM, LOSS_SPIKE, DIVERGENCE, NONFINITE, STALL)
@@ -78,6 +80,7 @@ SIGNAL = MappingProxyType({
     RESUME_STATE: "loss at the resume",
     LOSS_SCALE: "loss_scale", ACTIVATION: "activation", UPDATE_RATIO: "update_ratio", PRECURSOR: "precursor",
     ATTENTION_LOGITS: "attn_logit_max", HARDWARE: "throughput", DATA_ORDERING: "loss level",
-    GRAD_SCALING: "loss / eval_loss", NO_LEARNING: "loss", NONFINITE_START: "non-finite loss",
+    GRAD_SCALING: "loss / eval_loss", RANK: "one rank's series", NO_LEARNING: "loss",
+    NONFINITE_START: "non-finite loss",
 })
 """Code -> the signal a chain link names."""

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from forensics.engine import keys
 from forensics.facts import RunFacts, run_facts
-from forensics.model import Cause, Finding, RecoveryPlan, RunData, Trial
+from forensics.model import Cause, Finding, Mechanism, RecoveryPlan, RunData, Trial
 from forensics.recovery import (
     data_batch,
     grad_scaling_bug,
@@ -33,7 +33,7 @@ from forensics.recovery import (
     update_scale_growth,
 )
 from forensics.recovery._context import CLIP_BITES, CLIP_NORM, Arms, PlanContext, Planner, notes_say_failed
-from forensics.recovery._criteria import criteria, fitting, pre_onset_stats
+from forensics.recovery._criteria import Criterion, criteria, fitting, pre_onset_stats
 from forensics.recovery._launch_args import with_launch_args
 from forensics.recovery._resume import finite_checkpoints, resume_point, trial_length
 
@@ -126,6 +126,10 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
     trials = [with_launch_args(t, facts.framework, ctx.resume) for t in {t.name: t for t in arms.trials}.values()]
     crit = criteria(stats, ctx.length, unit=facts.step_unit, cause=cause,
                     expected_lr=ctx.evidence.get(keys.EXPECTED_LR), onset=onset)
+    if mechanism == Mechanism.BAD_RANK:  # judged across ranks: the run-level series were the bad rank's
+        crit.insert(0, Criterion("", "ranks", f"every rank's {ctx.evidence.get('metric', 'loss')} stays with the "
+                                 "ranks' median through the trial: `forensics analyze` on it finds no rank departing "
+                                 "(RK01)"))
     length = max((t.steps for t in trials[:MAX_TRIALS]), default=0)
     return RecoveryPlan(resume_from=dict(ctx.resume), restore=arms.restore, trials=tuple(trials[:MAX_TRIALS]),
                         success_criteria=fitting(crit, run, onset, length, findings), do_not=arms.do_not)

@@ -80,7 +80,9 @@ def resume_point(run: RunData, facts: RunFacts, cause: str, mechanism: str | Non
         mechanism == Mechanism.NONFINITE_STATE and verified is not None)  # finiteness verified: no margin needed
     hw = cause == Cause.HARDWARE_OR_DISTRIBUTED
     short_margin = False
-    if at_resume or hw:  # the fault is in the resume (or the machine), not in the weights: the checkpoint is fine
+    if mechanism == Mechanism.BAD_RANK:  # the rank's gradients entered the average from the onset on
+        before = [c for c in ckpts if c[0] < onset]
+    elif at_resume or hw:  # the fault is in the resume (or the machine), not in the weights: the checkpoint is fine
         before = [c for c in ckpts if c[0] <= onset]
     else:
         before = [c for c in ckpts if c[0] <= target]
