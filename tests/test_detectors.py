@@ -182,6 +182,44 @@ def wu01_warmup_spike(_: Path) -> RunData:
     return table_run({"loss": loss, "lr": lr})
 
 
+def _warmup_noisy(n: int = 300, seed: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """A per-batch loss (sd 5%) falling to a plateau of ~3.0 while the lr warms up to step 50, then decays."""
+    s = np.arange(n)
+    lr = 3e-3 * np.minimum(1.0, (s + 1) / 50) * np.where(s > 50, np.cos(0.5 * np.pi * (s - 50) / n), 1.0)
+    return lr, (2.8 + 2.2 * np.exp(-s / 25)) * _noise(n, 0.05, seed)
+
+
+def wu01_lucky_low_batch(_: Path) -> RunData:
+    """A healthy noisy warm-up: one lucky low batch at step 70 (2.45), a normal one at 71 (user test U9)."""
+    lr, loss = _warmup_noisy()
+    loss[70], loss[71] = 2.45, 3.47
+    return table_run({"loss": loss, "lr": lr})
+
+
+def wu01_level_shift(_: Path) -> RunData:
+    """The loss level steps up 18% at step 160 and stays there while the lr still ramps (to step 400)."""
+    s = np.arange(450)
+    lr = 0.5 * np.minimum(1.0, (s + 1) / 400)
+    loss = (2.6 + 2.2 * np.exp(-s / 25)) * _noise(450, 0.05) * np.where(s >= 160, 1.18, 1.0)
+    return table_run({"loss": loss, "lr": lr})
+
+
+def wu01_grad_cospike(_: Path) -> RunData:
+    """One loss jump x1.7 at step 70 that the next batch leaves, with the grad norm x6 at the same step."""
+    lr, loss = _warmup_noisy()
+    gn = 0.5 * _noise(300, 0.1, 3)
+    loss[70] *= 1.7
+    gn[70] *= 6.0
+    return table_run({"loss": loss, "lr": lr, "grad_norm": gn})
+
+
+def wu01_lone_jump(_: Path) -> RunData:
+    """The same lone jump without the grad norm moving: one noisy point, not an lr too high."""
+    lr, loss = _warmup_noisy()
+    loss[70] *= 1.7
+    return table_run({"loss": loss, "lr": lr, "grad_norm": 0.5 * _noise(300, 0.1, 3)})
+
+
 def db01_bad_batch(_: Path) -> RunData:
     """A NaN loss at step 210 with a flat grad norm before it (no precursor)."""
     loss = _loss(300)
@@ -350,6 +388,12 @@ CASES = (
     Case("lr01_warmup_plateau", "LR01", lr01_warmup_plateau, must_not=("LR01",)),
     Case("rs01_weights_lost", "RS01", rs01_weights_lost, must=(("RS01", 200, 1, "weights"),)),
     Case("wu01_warmup_spike", "WU01", wu01_warmup_spike, must=(("WU01", 120, 0, "lr_too_high"),)),
+    # a warm-up instability is judged against the loss's trailing level and noise, and must persist or come
+    # with its mechanism (user test U9: a lucky low batch made the next normal one a 'jump')
+    Case("wu01_lucky_low_batch", "WU01", wu01_lucky_low_batch, must_not=("WU01",)),
+    Case("wu01_level_shift", "WU01", wu01_level_shift, must=(("WU01", 160, 0, "lr_too_high"),)),
+    Case("wu01_grad_cospike", "WU01", wu01_grad_cospike, must=(("WU01", 70, 0, "lr_too_high"),)),
+    Case("wu01_lone_jump", "WU01", wu01_lone_jump, must_not=("WU01",)),
     Case("db01_bad_batch", "DB01", db01_bad_batch, must=(("DB01", 210, 0, "bad_batch"),)),
     Case("db02_recurring", "DB02", db02_recurring, must=(("DB02", 30, 0, "bad_batch"),)),
     Case("db02_single_spike", "DB02", db02_single_spike, must_not=("DB02",)),
