@@ -187,7 +187,7 @@ class WarmupInstability(Detector):
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=int(st[i0]),
             segment=int(sg[i0]), severity=Severity.MEDIUM,
             confidence=self.ramp_confidence if how.startswith("while only") else self.confidence,
-            message=(f"the loss level steps up x{how.removeprefix("shift:")} at step {int(st[i0])} (the median of the "
+            message=(f"the loss level steps up x{how.removeprefix('shift:')} at step {int(st[i0])} (the median of the "
                      f"{self.shift_points} points from there against the {self.shift_points} before) and stays up, "
                      if how.startswith("shift:") else
                      f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} (its level before: "
