@@ -220,11 +220,27 @@ def wu01_lone_jump(_: Path) -> RunData:
     return table_run({"loss": loss, "lr": lr, "grad_norm": 0.5 * _noise(300, 0.1, 3)})
 
 
+def sp01_held_shift(_: Path) -> RunData:
+    """The loss is lifted +40% for 18 steps from step 200, below 6 sigmas at any point (user test U10)."""
+    loss = _loss(400, 0.08)
+    loss[200:218] *= 1.4
+    return table_run({"loss": loss})
+
+
 def db01_bad_batch(_: Path) -> RunData:
     """A NaN loss at step 210 with a flat grad norm before it (no precursor)."""
     loss = _loss(300)
     loss[210] = np.nan
     return table_run({"loss": loss, "grad_norm": _noise(300, 0.1)})
+
+
+def db01_co_rise(_: Path) -> RunData:
+    """Loss and grad norm rise together from 210 (grad x1.3/step), NaN at 230 (user test U5: not a bad batch)."""
+    loss, gn = _loss(300), 0.5 * _noise(300, 0.1)
+    loss[210:230] = loss[209] + 0.2 * np.arange(1, 21)
+    gn[210:] = gn[209] * 1.3 ** np.arange(1, 91)
+    loss[230:] = np.nan
+    return table_run({"loss": loss, "grad_norm": gn})
 
 
 def db02_recurring(_: Path) -> RunData:
@@ -394,7 +410,9 @@ CASES = (
     Case("wu01_level_shift", "WU01", wu01_level_shift, must=(("WU01", 160, 0, "lr_too_high"),)),
     Case("wu01_grad_cospike", "WU01", wu01_grad_cospike, must=(("WU01", 70, 0, "lr_too_high"),)),
     Case("wu01_lone_jump", "WU01", wu01_lone_jump, must_not=("WU01",)),
+    Case("sp01_held_shift", "SP01", sp01_held_shift, must=(("SP01", 201, 0),)),
     Case("db01_bad_batch", "DB01", db01_bad_batch, must=(("DB01", 210, 0, "bad_batch"),)),
+    Case("db01_co_rise", "DB01", db01_co_rise, must_not=("DB01",)),
     Case("db02_recurring", "DB02", db02_recurring, must=(("DB02", 30, 0, "bad_batch"),)),
     Case("db02_single_spike", "DB02", db02_single_spike, must_not=("DB02",)),
     Case("db02_healthy", "DB02", lambda _: table_run({"loss": _loss(300)}), must_not=("DB02",)),
