@@ -143,3 +143,23 @@ def test_the_resume_point_claims_loaded_only_when_the_resume_started_right_after
     assert "faulty resume loaded" in _why_checkpoint(301, 300, "step", 100, **kw, loaded=True)
     why = _why_checkpoint(400, 300, "step", 100, **kw, loaded=False)
     assert "loaded" not in why.split("(")[0] and "not among the files read" in why
+
+
+def test_an_lr_set_off_its_schedule_inside_one_process_gets_no_resume_plan(tmp_path: Path) -> None:
+    """Keras CSVLogger epochs, lr x20 from epoch 30, no resume (user test U11): no resume talk, epochs."""
+    from forensics.api import analyze
+
+    rng = np.random.default_rng(0)
+    rows = ["epoch,accuracy,loss,learning_rate,val_accuracy,val_loss"]
+    for e in range(60):
+        lr = 3e-3 * 0.5 * (1 + np.cos(np.pi * e / 60)) * (20 if e >= 30 else 1)
+        loss = 1.2 + 3.0 * np.exp(-e / 6) + (0.8 * (e - 29) if e >= 30 else 0) + 0.01 * rng.standard_normal()
+        rows.append(f"{e},0.5,{loss:.4f},{lr:.6f},0.5,{loss + 0.05:.4f}")
+    (tmp_path / "training.log").write_text("\n".join(rows) + "\n")
+    a = analyze(tmp_path)
+    assert a.cause == "lr_schedule_reset" and a.onset is not None and a.onset["step"] == 30, (a.cause, a.onset)
+    r = a.recovery.to_dict()
+    text = " ".join([str(r["resume_from"]["why"]), *r["restore"], *(t["name"] + " " + t["change"] for t in r["trials"]),
+                     *r["success_criteria"]])
+    assert "faulty resume" not in text and "scheduler restored" not in text and "steps of the start" not in text
+    assert "epoch 29" in r["resume_from"]["why"] and "inside one process" in text
