@@ -36,6 +36,7 @@ from typing import Any
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
+from parsers import file_policy
 from parsers._io import logical_suffix, open_text, read_table_bytes
 from parsers._table_header import (
     EPOCH_COLUMNS,
@@ -311,7 +312,7 @@ def read(path: Path, root: Path) -> ParseResult:
     Raises:
         ParseError: No step column, or an empty file.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     rows = Rows(rel)
     meta: dict[str, Any] = {}
     skipped: list[Skip] = []

@@ -24,6 +24,7 @@ import contextvars
 import io
 import os
 import stat
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -226,8 +227,9 @@ def display(name: str) -> str:
     r"""A file name (or any text from a file) made safe to write anywhere, nothing lost.
 
     Bytes that were not UTF-8 (``surrogateescape``: U+DC80..U+DCFF) become ``\xNN``; other lone
-    surrogates ``\uNNNN``; control characters (newline, ESC, DEL, C1) ``\xNN`` too; a backslash
-    stays as it is. The result is valid UTF-8 on one line.
+    surrogates ``\uNNNN``; control characters (newline, ESC, DEL, C1) ``\xNN`` too; format characters
+    (bidi overrides such as U+202E, zero-width marks) and line separators ``\uNNNN``, so a name shows as
+    it is; a backslash stays as it is. The result is valid UTF-8 on one line.
     """
     if name.isprintable() and not any("\ud800" <= c <= "\udfff" for c in name):
         return name
@@ -240,6 +242,8 @@ def display(name: str) -> str:
             out.append(f"\\u{o:04x}")
         elif o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0:
             out.append(f"\\x{o:02x}")
+        elif unicodedata.category(c) in ("Cf", "Zl", "Zp"):  # bidi overrides, zero-width marks, line separators
+            out.append(f"\\u{o:04x}")
         else:
             out.append(c)
     return "".join(out)

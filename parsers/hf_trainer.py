@@ -161,7 +161,7 @@ def read(path: Path, root: Path) -> ParseResult:
     Raises:
         ParseError: The file is not JSON or has no ``log_history`` list.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     state = _load(path)
     skipped: list[Skip] = []
     if state is None and (found := _salvage(path)) is not None:

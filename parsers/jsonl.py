@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from forensics.model import ParseResult, Skip
+from parsers import file_policy
 from parsers._io import open_binary
 from parsers._jsonl_blocks import MAX_LINE_BYTES, _blocks
 from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, STEP_KEYS, TIME_KEYS
@@ -194,7 +195,7 @@ def read(path: Path, root: Path, *, engine: str = "auto", chunk_bytes: int = CHU
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     st = _State(rel)
     skipped = _read_file(st, path, engine, chunk_bytes)
     meta: dict[str, Any] = {"records": st.main.records, "bad_lines": st.n_bad, "lines_without_step": 0}

@@ -209,7 +209,7 @@ def read(path: Path, root: Path) -> ParseResult:
     Raises:
         ParseError: The file holds no readable metric record.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     try:
         with open(path, "rb") as fh:
             magic = fh.read(16)

@@ -322,7 +322,7 @@ def read(path: Path, root: Path, check_crc: bool | None = None) -> ParseResult:
     Raises:
         ParseError: The file is not empty but holds no TFRecord frame at all.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     st, skipped, frames = State(rel), [], 0
     try:
         size = path.stat().st_size

@@ -32,6 +32,7 @@ import polars as pl
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
+from parsers import file_policy
 from parsers._io import logical_name, logical_suffix, open_binary, open_text
 from parsers._text_damage import drop_nuls, head_text
 from parsers._textlog_asm import MODULES as _MODULES
@@ -127,7 +128,7 @@ def read(path: Path, root: Path) -> ParseResult:
         hardware_error, oom, config, data_skip, job_end), ``meta["framework"]`` and the
         configuration found; an unterminated last line is skipped and reported.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     skipped: list[Skip] = []
     asm = _Assembler(rel)
     reader = _Reader(asm)

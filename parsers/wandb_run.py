@@ -351,7 +351,7 @@ def read(path: Path, root: Path) -> ParseResult:
     Raises:
         ParseError: Empty or unreadable file, no ``:W&B`` header, or no readable record.
     """
-    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    rel = file_policy.rel(path, root)
     if not path.name.endswith(".wandb"):  # a side file (see sniff)
         if path.name in _DEBUG_LOGS:
             return ParseResult(format=FORMAT, path=rel, meta={"side_file": "W&B client debug log; not read"})

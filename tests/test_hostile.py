@@ -416,3 +416,19 @@ def test_a_run_given_as_dot_is_named_by_its_path(tmp_path: Path, monkeypatch) ->
     monkeypatch.chdir(tmp_path)
     assert load_run(".").run == str(tmp_path.resolve())
     assert load_run(str(tmp_path)).run == str(tmp_path)
+
+
+def test_files_with_odd_names_are_read_and_named_escaped(tmp_path: Path) -> None:
+    """A file whose name is not UTF-8, or holds a bidi override, is read; its name is shown escaped (U14)."""
+    from parsers.discover import load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    body = "".join(f'{{"step": {s}, "loss": {2.0 - s / 100}}}\n' for s in range(30))
+    (Path(os.fsdecode(os.fsencode(str(run)) + b"/bad\xffname.jsonl"))).write_text(body)
+    (run / "\u202eevil\u202c.jsonl").write_text(body)
+    loaded = load_run(run)
+    names = {s.path for s in loaded.sources}
+    assert names == {"bad\\xffname.jsonl", "\\u202eevil\\u202c.jsonl"}, names
+    assert not any("failed" in s.reason for s in loaded.skipped), loaded.skipped
+    assert set(loaded.metrics["source"].cast(str).unique().to_list()) == names

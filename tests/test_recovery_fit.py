@@ -163,3 +163,13 @@ def test_an_lr_set_off_its_schedule_inside_one_process_gets_no_resume_plan(tmp_p
                      *r["success_criteria"]])
     assert "faulty resume" not in text and "scheduler restored" not in text and "steps of the start" not in text
     assert "epoch 29" in r["resume_from"]["why"] and "inside one process" in text
+
+
+def test_lower_lr_arms_stay_below_the_lr_at_which_the_run_broke() -> None:
+    """A warm-up to 0.5 over 400 steps that broke at step 110 (lr 0.1375): no arm's peak above it (user test U12)."""
+    steps = np.arange(0, 450)
+    lr = 0.5 * np.minimum(1.0, (steps + 1) / 400)
+    p = plan(_run(steps, {"loss": _flat_loss(steps), "lr": lr}), Cause.UPDATE_SCALE_GROWTH, Mechanism.LR_TOO_HIGH, 110)
+    assert p is not None
+    peaks = [t.settings["peak_lr"] for t in p.trials if "peak_lr" in t.settings]
+    assert peaks and all(0 < x <= lr[110] for x in peaks), peaks
