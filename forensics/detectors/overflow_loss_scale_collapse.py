@@ -66,6 +66,7 @@ class LossScaleCollapse(Detector):
     skip_fraction: float = 0.05
     min_tail_skips: int = 4
     burst_gap_intervals: int = 3
+    descent_gap_intervals: int = 32
     calibration_start_intervals: int = 2
     oscillation_factor: float = 16.0
     oscillation_min_points: int = 8
@@ -95,7 +96,7 @@ class LossScaleCollapse(Detector):
         if "scale_before" in ev:
             msg = (f"fp16 loss scale backed off {ev['back_offs_in_burst']} times in a row from "
                    f"{fmt(float(ev['scale_before'] or float('nan')))} to {fmt(float(ev['scale_min']))} starting at "
-                   f"step {onset}" + ("; the scaler hit its floor" if ev["floor_reached"] else ""))
+                   f"step {onset}" + self._floor_words(ev))
         else:
             msg = f"{ev.get('skipped_steps')} skipped steps from step {onset}"
         if "skipped_steps" in ev and "scale_before" in ev:
@@ -118,8 +119,9 @@ class LossScaleCollapse(Detector):
         gap = max(self.burst_gap_intervals * interval, 1)
         apart = np.flatnonzero(np.diff(backoffs.steps) > gap)  # the last burst starts after the last wide gap
         k = int(apart[-1]) + 1 if apart.size else 0
-        first, n_burst = int(backoffs.steps[k]), n - k
         sc_st, sc_v = scales
+        k = self._descent_start(backoffs, k, interval, scales)
+        first, n_burst = int(backoffs.steps[k]), n - k
         before = sc_v[sc_st < first]
         level = float(before[-1]) if before.size else None
         low = float(np.min(backoffs.scales[k:]))
@@ -142,6 +144,24 @@ class LossScaleCollapse(Detector):
         if floor_msg:
             ev["floor_message"] = floor_msg[:MESSAGE_CHARS]
         return first, int(backoffs.segments[k]), self.floor_confidence if floor_hit else self.halvings_confidence
+
+    def _descent_start(self, backoffs: _Backoffs, k: int, interval: int,
+                       scales: tuple[np.ndarray, np.ndarray]) -> int:
+        """The first back-off of the descent that ends in the burst at ``k``.
+
+        Earlier back-offs belong to it while the scale never grew back between them and each comes within
+        ``descent_gap_intervals`` logging intervals of the next, in the same segment: a scaler backing off step
+        after step for a hundred steps was fighting overflow all along (user test U8: dated at its last stage).
+        """
+        sc_st, sc_v = scales
+        gap = max(self.descent_gap_intervals * interval, 1)
+        while k > 0 and backoffs.segments[k - 1] == backoffs.segments[k] \
+                and backoffs.steps[k] - backoffs.steps[k - 1] <= gap:
+            between = sc_v[(sc_st > backoffs.steps[k - 1]) & (sc_st < backoffs.steps[k])]
+            if between.size and float(np.max(between)) > float(backoffs.scales[k - 1]):
+                break  # the scale grew back in between: a new episode
+            k -= 1
+        return k
 
     def _skips(self, run: RunData, calibration: np.ndarray, ev: dict[str, object],
                want_onset: bool) -> tuple[int, int, float] | None:
@@ -276,6 +296,15 @@ class LossScaleCollapse(Detector):
             return _Backoffs(e_st[down], e_v[down], e_g[down]), interval, (all_st[order], all_v[order])
         down = np.flatnonzero(v[1:] < v[:-1]) + 1
         return _Backoffs(st[down], v[down], g[down]), interval, (st, v)
+
+    def _floor_words(self, ev: dict[str, object]) -> str:
+        """How the end of the collapse is said: a scaler's floor only when the logs name one (torch has none)."""
+        if not ev.get("floor_reached"):
+            return ""
+        if ev.get("floor_message"):
+            return "; the scaler hit its minimum scale"
+        return (f"; the scale fell below {fmt(self.min_scale)}, the floor of Megatron's and DeepSpeed's scalers "
+                "(torch's GradScaler has none): nearly every step overflowed")
 
     @staticmethod
     def _floor_message(run: RunData) -> str | None:
