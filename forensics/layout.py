@@ -24,8 +24,8 @@ folder F is decided by :func:`pick_runs`:
       compared: their configurations differ by design);
    c. F is ROOT, unless all its parts have names that belong inside a run (``version_N``,
       ``checkpoint-N``, ``lightning_logs``, ``logs``, ``train``/``eval``..., :data:`PART_NAME`);
-   d. F holds no file of its own (README/LICENSE and hidden files do not count) and no part has such a
-      name.
+   d. F holds no file of its own (docs, scripts and hidden files do not count: :data:`_NOT_OWN`) and no
+      part has such a name.
 6. Otherwise F is one run: the highest folder that groups its logs (``exp/lightning_logs/version_*`` with
    equal hparams and ``exp/output/checkpoint-*`` give ``exp``; a case folder with ``expected.json`` and
    two output folders without configurations gives the case folder).
@@ -67,7 +67,11 @@ RESUME_KEYS = re.compile(r"(?:^|[._])(?:resume\w*|restart\w*|load\w*|init_from|f
                          r"ckpt\w*|max_steps|total_steps|train_iters|num_training_steps|max_iters|steps|"
                          r"train_steps|max_train_steps|max_epochs|num_train_epochs|epochs)(?:$|[._])", re.I)
 """Keys a resumed attempt of one job may change (ignored by rule 5b): a new horizon is still one run."""
-_NOT_OWN = re.compile(r"^(?:readme|license|licence|changelog|contributing)(?:\.[a-z]+)?$", re.I)
+_NOT_OWN = re.compile(r"^(?:(?:readme|license|licence|changelog|contributing|notice|authors)(?:\.[a-z]+)?"
+                      r"|.+\.(?:py|pyi|sh|bash|zsh|slurm|sbatch|pbs|ipynb|md|rst|toml|cfg|ini|lock)"
+                      r"|makefile|dockerfile|requirements[\w.-]*\.txt|environment\.ya?ml)$", re.I)
+"""Files that do not make a folder a run of its own (rule 5d): docs, and the scripts, notebooks and environment
+files that launch runs (``exp/train.py`` beside ``exp/seed_1/``, ``exp/seed_2/`` is a sweep's folder, user test U13)."""
 
 
 class TreeNode(Protocol):

@@ -69,21 +69,19 @@ CHUNK_BYTES = 16 << 20
 _NOT_METRIC_FILES = {"trainer_state.json", "expected.json"}
 
 
-def _first_line(path: Path, limit: int = 1 << 16) -> str | None:
-    """The first non-empty line (at most ``limit`` bytes read), or None."""
+def _first_lines(path: Path, limit: int = 1 << 16) -> list[str]:
+    """The first two non-empty lines (at most ``limit`` bytes read)."""
     with open_binary(path) as fh:
         head = fh.read(limit)
-    for line in head.splitlines():
-        if line.strip():
-            return line.decode("utf-8", "replace")
-    return None
+    return [line.decode("utf-8", "replace") for line in head.splitlines() if line.strip()][:2]
 
 
 def sniff(path: Path) -> bool:
     """True for a JSON-lines metric log (by name and first line; never raises).
 
     ``*.jsonl``, ``*.jsonl.gz`` and ``*.ndjson`` always; a ``.json`` or ``.log`` file when its first
-    non-empty line is a JSON object with a step key; never ``trainer_state.json`` or ``expected.json``.
+    non-empty line is a JSON object with a step key (in a ``.json`` file a second record must follow: one
+    object on one line is a config or a summary, user test U16); never ``trainer_state.json`` or ``expected.json``.
     """
     name = path.name.lower()
     if name in _NOT_METRIC_FILES:
@@ -93,11 +91,13 @@ def sniff(path: Path) -> bool:
     if not name.endswith((".json", ".log")):
         return False
     try:
-        line = _first_line(path)
-        line = (line or "").lstrip("\ufeff \t")
+        lines = _first_lines(path)
+        line = (lines[0] if lines else "").lstrip("\ufeff \t")
         obj = json.loads(line) if line.startswith("{") else None
     except (OSError, ValueError, EOFError):
         return False
+    if name.endswith(".json") and (len(lines) < 2 or not lines[1].lstrip().startswith("{")):
+        return False  # one JSON object (a config or summary saved with json.dump) is no log of records
     # a step key holding a dict or list is a column-oriented export (pandas ``to_json()``), not a record
     return isinstance(obj, dict) and any(k in obj and not isinstance(obj[k], dict | list) for k in STEP_KEYS)
 

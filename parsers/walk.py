@@ -265,6 +265,9 @@ def claim_files(root: Path) -> tuple[list[tuple[Path, Any]], list[Skip], list[Pa
         if why:
             skipped.append(Skip(rel_path(path, root), why))
             continue
+        if _is_config(path) and path.name.lower().endswith(".json"):  # config.json on one line is no JSONL log
+            configs.append(path)
+            continue
         mod = None
         for m in mods:
             try:

@@ -80,6 +80,13 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _far_from_best(lr: float, best_lr: float | None) -> str:
+    """Why a run that did not diverge is outside the stable band (Wortsman et al. 2023: a loss gap, not instability)."""
+    if best_lr is not None and lr < best_lr:
+        return "no divergence; the final loss is far from the best: too small an lr (under-trained), not unstable"
+    return "no divergence, but the final loss is far from the best (outside the stable band)"
+
+
 def render_text(result: dict[str, Any]) -> str:
     """The terminal summary: one line per group, then one line per run (plain text, no control character)."""
     lines = [f"sweep: {result['root']}"]
@@ -89,8 +96,7 @@ def render_text(result: dict[str, Any]) -> str:
                      f"{len(g['runs'])} runs")
         for r in g["runs"]:
             div = (f"diverged at step {fmt_num(r['divergence_step'])}" if r["diverged"] else "stable"
-                   if r["lr"] in g.get("stable_lrs", ()) else "no divergence, but the final loss is far from "
-                   "the best (not stable)")
+                   if r["lr"] in g.get("stable_lrs", ()) else _far_from_best(r["lr"], g.get("best_lr")))
             lines.append(f"  lr {fmt_num(r['lr'])}: final loss {fmt_num(r['final_loss'])}, {div}")
     for t in result.get("size_trends", []):
         pred = ""

@@ -88,6 +88,21 @@ def test_find_runs_layouts(tmp_path: Path) -> None:
     assert find_runs(tmp_path / "projA/run1") == [str(tmp_path / "projA/run1")]
 
 
+def test_a_launch_script_beside_the_runs_does_not_merge_them(tmp_path: Path) -> None:
+    """``exp/train.py`` (or a notebook, a launch script) beside ``exp/seed_1/``... : each seed is a run (U13)."""
+    line = '{"step": 1, "loss": 2.0}\n'
+    for seed in (1, 2, 3):
+        _touch(tmp_path / f"exp/seed_{seed}/metrics.jsonl", line)
+    for name in ("train.py", "launch.sh", "sweep.ipynb", "requirements.txt", "pyproject.toml"):
+        _touch(tmp_path / "exp" / name, "x\n")
+    _touch(tmp_path / "one/train.py", "x\n")  # a run folder with its script and its logs folder: still one run
+    _touch(tmp_path / "one/logs/metrics.jsonl", line)
+    got = [Path(p).relative_to(tmp_path).as_posix() for p in find_runs(tmp_path)]
+    assert got == ["exp/seed_1", "exp/seed_2", "exp/seed_3", "one"]
+    _touch(tmp_path / "exp/config.yaml", "lr: 1\n")  # a configuration of its own: the folder is one run again
+    assert "exp" in [Path(p).relative_to(tmp_path).as_posix() for p in find_runs(tmp_path)]
+
+
 @pytest.mark.parametrize("folder", [SAMPLES, CASES], ids=["sample_logs", "cases"])
 def test_find_runs_one_per_sample_and_case(folder: Path) -> None:
     """One run per case and per sample run; a folder of several runs (an lr sweep) gives each of its runs."""

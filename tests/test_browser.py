@@ -145,7 +145,7 @@ def test_first_screen_holds_the_plan(open_report: Any, name: str) -> None:
     head = p.locator("#headline").inner_text()
     assert "step" in head and "_" not in head  # plain words, no cause codes
     if name == "lr_schedule_reset":
-        assert "warm-up when the job resumed at step 301" in head
+        assert "from the beginning when the job resumed at step 301" in head
         assert "step 300" in p.locator("#plan-resume").inner_text()
 
 

@@ -530,3 +530,18 @@ def test_lr01_says_where_the_replayed_schedule_starts() -> None:
     (peak,) = [f for f in BY_CODE["LR01"].detect(run) if f.step == 305]
     assert peak.mechanism == "reset_to_initial"
     assert "from its step 30 (its peak, past the warm-up)" in peak.message, peak.message
+
+
+def test_a_chain_link_against_a_schedule_decayed_to_zero_states_both_lrs() -> None:
+    """ENG01 printed "59999999999999993100671909888% off the schedule" for an lr against ~0 (user test U18)."""
+    from forensics.engine.onset import _size
+    from forensics.model import Finding
+
+    def link(observed: float, expected: float) -> Finding:
+        rel = abs(observed - expected) / max(expected, 1e-30)
+        return Finding(code="LR01", name="lr.schedule_reset", cause="lr_schedule_reset", mechanism=None, step=301,
+                       segment=1, confidence=0.9, severity="high", message="",
+                       evidence={"relative_difference": rel, "observed_lr": observed, "expected_lr": expected})
+
+    assert _size(link(6e-4, 1e-32)) == "lr 0.0006 where the schedule gives 1e-32"
+    assert _size(link(1.5e-3, 1e-3)) == "50% off the schedule"

@@ -32,7 +32,8 @@ def _rows(res) -> list[tuple[str, int, float | None, int]]:
 def test_sniff(tmp_path):
     """By extension, or by a JSON first line with a step key; never trainer_state.json."""
     assert jsonl.sniff(_write(tmp_path / "m.jsonl", "garbage\n"))
-    assert jsonl.sniff(_write(tmp_path / "metrics.json", '\n{"step": 1, "loss": 2}\n'))
+    assert jsonl.sniff(_write(tmp_path / "metrics.json", '\n{"step": 1, "loss": 2}\n{"step": 2, "loss": 1}\n'))
+    assert not jsonl.sniff(_write(tmp_path / "final.json", '{"step": 1, "loss": 2}\n'))  # one object: a summary
     assert jsonl.sniff(_write(tmp_path / "train.log", '{"iteration": 1, "loss": 2}\n'))
     assert not jsonl.sniff(_write(tmp_path / "train2.log", "iteration 1 | loss 2\n"))
     assert not jsonl.sniff(_write(tmp_path / "config.json", '{\n  "step": 1\n}\n'))
@@ -614,3 +615,25 @@ def test_deep_lines_counted_one_by_one_or_in_one_pass() -> None:
         assert np.array_equal(_jsonl_scan._deep_lines(buf, starts, ends, idx, work), want[idx])
     fast = _jsonl_scan._deep_lines(buf, starts, ends, np.arange(3000), work)
     assert fast.sum() > 100 and np.array_equal(fast, want)
+
+
+def test_a_one_line_json_config_or_summary_is_no_metric_log(tmp_path: Path) -> None:
+    """``json.dump(cfg, f)`` beside the log (config.json, hparams.json, a one-object summary) gives no rows (U16).
+
+    Its ``"steps": 200`` once became a step and its ``"lr"`` a logged lr: a phantom segment and a false
+    lr-schedule reset at 0.98. Two records in a ``.json`` file are still a JSON-lines log.
+    """
+    from parsers.discover import load_run
+
+    cfg = '{"lr": 0.3, "d_model": 32, "n_layer": 2, "warmup": 20, "steps": 200}\n'
+    (tmp_path / "config.json").write_text(cfg)
+    (tmp_path / "hparams.json").write_text(cfg)
+    (tmp_path / "final.json").write_text('{"step": 199, "loss": 0.5}\n')
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": {2 - s / 100}, "lr": 0.3}}\n'
+                                                     for s in range(200)))
+    run = load_run(tmp_path)
+    assert {s.path for s in run.sources} == {"metrics.jsonl"}
+    assert run.metrics["segment"].unique().to_list() == [0]
+    assert "config.json" in run.meta["config_files"]
+    (tmp_path / "two.json").write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n')
+    assert jsonl.sniff(tmp_path / "two.json") and not jsonl.sniff(tmp_path / "final.json")

@@ -234,7 +234,12 @@ def test_sweep_text_calls_stable_only_the_stable_lrs() -> None:
                                                       "largest_stable_lr": 0.01, "stable_lrs": [0.01],
                                                       "runs": runs}]})
     assert "lr 0.01: final loss 0.25, stable" in text
-    assert "lr 1: final loss 2.27, no divergence, but the final loss is far from the best (not stable)" in text
+    assert "lr 1: final loss 2.27, no divergence, but the final loss is far from the best (outside the stable band)" \
+        in text
+    low = render_text({"root": "sweep", "groups": [{"key": {}, "lr_sensitivity": 1.0, "best_lr": 1.0,
+                                                     "largest_stable_lr": 1.0, "stable_lrs": [1.0],
+                                                     "runs": runs[:1]}]})
+    assert "lr 0.01: final loss 0.25, no divergence; the final loss is far from the best: too small an lr" in low
 
 
 def test_fp16_activation_overflow_onset_is_where_the_growth_starts(tmp_path: Path) -> None:
