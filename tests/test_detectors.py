@@ -132,14 +132,6 @@ def ov01_scale_collapse(_: Path) -> RunData:
     return table_run({"loss": _loss(200), "loss_scale": scale})
 
 
-def ov01_slow_descent(_: Path) -> RunData:
-    """GradScaler halving every 8 steps from 171, then every step from 300 (U8: the collapse starts at 171)."""
-    scale = np.full(340, 65536.0)
-    for k, st in enumerate([*range(171, 300, 8), *range(300, 340)]):
-        scale[st:] = 65536.0 / 2 ** (k + 1)
-    return table_run({"loss": _loss(340), "loss_scale": scale})
-
-
 def ov02_activation_limit(_: Path) -> RunData:
     """An fp16 run whose MLP activation maximum grows into the fp16 limit (65504)."""
     s = np.arange(200)
@@ -405,7 +397,6 @@ CASES = (
     Case("dv01_level_jump", "DV01", dv01_level_jump, must=(("DV01", 600, 0),)),
     Case("st01_flat", "ST01", st01_flat, must=(("ST01", 0, 0),)),
     Case("ov01_scale_collapse", "OV01", ov01_scale_collapse, must=(("OV01", None, 0, "loss_scale_collapse"),)),
-    Case("ov01_slow_descent", "OV01", ov01_slow_descent, must=(("OV01", 171, 0, "loss_scale_collapse"),)),
     Case("ov02_activation_limit", "OV02", ov02_activation_limit, must=(("OV02", 192, 0, "activation_overflow"),)),
     Case("lr01_reset", "LR01", lr01_reset, must=(("LR01", 150, 1, "reset_to_initial"),)),
     # a jump above a plateau counts as one after the peak (the peak is where the plateau began)

@@ -66,7 +66,6 @@ class LossScaleCollapse(Detector):
     skip_fraction: float = 0.05
     min_tail_skips: int = 4
     burst_gap_intervals: int = 3
-    descent_gap_intervals: int = 32
     calibration_start_intervals: int = 2
     oscillation_factor: float = 16.0
     oscillation_min_points: int = 8
@@ -120,7 +119,6 @@ class LossScaleCollapse(Detector):
         apart = np.flatnonzero(np.diff(backoffs.steps) > gap)  # the last burst starts after the last wide gap
         k = int(apart[-1]) + 1 if apart.size else 0
         sc_st, sc_v = scales
-        k = self._descent_start(backoffs, k, interval, scales)
         first, n_burst = int(backoffs.steps[k]), n - k
         before = sc_v[sc_st < first]
         level = float(before[-1]) if before.size else None
@@ -144,24 +142,6 @@ class LossScaleCollapse(Detector):
         if floor_msg:
             ev["floor_message"] = floor_msg[:MESSAGE_CHARS]
         return first, int(backoffs.segments[k]), self.floor_confidence if floor_hit else self.halvings_confidence
-
-    def _descent_start(self, backoffs: _Backoffs, k: int, interval: int,
-                       scales: tuple[np.ndarray, np.ndarray]) -> int:
-        """The first back-off of the descent that ends in the burst at ``k``.
-
-        Earlier back-offs belong to it while the scale never grew back between them and each comes within
-        ``descent_gap_intervals`` logging intervals of the next, in the same segment: a scaler backing off step
-        after step for a hundred steps was fighting overflow all along (user test U8: dated at its last stage).
-        """
-        sc_st, sc_v = scales
-        gap = max(self.descent_gap_intervals * interval, 1)
-        while k > 0 and backoffs.segments[k - 1] == backoffs.segments[k] \
-                and backoffs.steps[k] - backoffs.steps[k - 1] <= gap:
-            between = sc_v[(sc_st > backoffs.steps[k - 1]) & (sc_st < backoffs.steps[k])]
-            if between.size and float(np.max(between)) > float(backoffs.scales[k - 1]):
-                break  # the scale grew back in between: a new episode
-            k -= 1
-        return k
 
     def _skips(self, run: RunData, calibration: np.ndarray, ev: dict[str, object],
                want_onset: bool) -> tuple[int, int, float] | None:
