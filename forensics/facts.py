@@ -265,7 +265,8 @@ def _launches(run: RunData) -> tuple[Launch, ...]:
 
 def _step_unit(run: RunData) -> str:
     """``"epoch"`` when the logs are numbered by epoch (e.g. ImageNet scripts), else ``"step"``."""
-    units = {str(v.get("step_unit")) for v in run.meta.get("by_source", {}).values() if isinstance(v, dict)}
+    units = {str(v.get("step_unit") or ("epoch" if (v.get("step_axis") or {}).get("kind") == "epoch" else None))
+             for v in run.meta.get("by_source", {}).values() if isinstance(v, dict)}  # (the table readers' axis, U11)
     return "epoch" if units == {"epoch"} else "step"
 
 

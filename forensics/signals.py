@@ -126,6 +126,33 @@ def _trend_robust_z(lx: np.ndarray, z: np.ndarray, med: np.ndarray, sig: np.ndar
     return out
 
 
+HELD_POINTS = 10
+"""Points a held level shift of the loss spans (our choice: about the steps a changed lr takes to be undone)."""
+HELD_START_Z = 4.0
+"""Robust z the first point of a held shift reaches (our choice: above the 3 of the onset back-tracking)."""
+HELD_Z = 2.0
+"""Median robust z of the HELD_POINTS points from there (our choice: ten i.i.d. points hold a median z >= 2
+about once in a million windows; on the corpus's healthy runs and the user test's healthy seeds none does)."""
+
+
+def _held(z: np.ndarray) -> np.ndarray:
+    """Points whose z is >= HELD_START_Z and whose next HELD_POINTS z (with it) have a median >= HELD_Z."""
+    out = np.zeros(z.shape[0], dtype=bool)
+    if z.shape[0] < HELD_POINTS:
+        return out
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    zz = np.where(np.isfinite(z), z, np.nan)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            held = np.nanmedian(sliding_window_view(zz, HELD_POINTS), axis=1)
+        out[:held.size] = (zz[:held.size] >= HELD_START_Z) & (held >= HELD_Z)
+    return out
+
+
 def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
     """Departures of ``metric`` in step order (at most ``limit``); [] if the metric is absent."""
     zs = zscores(run, metric)
@@ -137,6 +164,8 @@ def departures(run: RunData, metric: str, limit: int = 20) -> list[Departure]:
     with np.errstate(all="ignore"):
         nonfinite = ~np.isfinite(vals) if scaler is None else ~np.isfinite(vals) & ~scaler
         big = np.isfinite(z) & (z >= SPIKE_Z) & np.isfinite(med) & (vals > med * (1 + MIN_REL_JUMP))
+        if metric == "loss":  # a level shift held for HELD_POINTS points is a departure too (user test U10)
+            big |= _held(z) & np.isfinite(med) & (vals > med * (1 + MIN_REL_JUMP))
     cands = np.flatnonzero(nonfinite | big)
     out: list[Departure] = []
     i = 0

@@ -182,11 +182,65 @@ def wu01_warmup_spike(_: Path) -> RunData:
     return table_run({"loss": loss, "lr": lr})
 
 
+def _warmup_noisy(n: int = 300, seed: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """A per-batch loss (sd 5%) falling to a plateau of ~3.0 while the lr warms up to step 50, then decays."""
+    s = np.arange(n)
+    lr = 3e-3 * np.minimum(1.0, (s + 1) / 50) * np.where(s > 50, np.cos(0.5 * np.pi * (s - 50) / n), 1.0)
+    return lr, (2.8 + 2.2 * np.exp(-s / 25)) * _noise(n, 0.05, seed)
+
+
+def wu01_lucky_low_batch(_: Path) -> RunData:
+    """A healthy noisy warm-up: one lucky low batch at step 70 (2.45), a normal one at 71 (user test U9)."""
+    lr, loss = _warmup_noisy()
+    loss[70], loss[71] = 2.45, 3.47
+    return table_run({"loss": loss, "lr": lr})
+
+
+def wu01_level_shift(_: Path) -> RunData:
+    """The loss level steps up 18% at step 160 and stays there while the lr still ramps (to step 400)."""
+    s = np.arange(450)
+    lr = 0.5 * np.minimum(1.0, (s + 1) / 400)
+    loss = (2.6 + 2.2 * np.exp(-s / 25)) * _noise(450, 0.05) * np.where(s >= 160, 1.18, 1.0)
+    return table_run({"loss": loss, "lr": lr})
+
+
+def wu01_grad_cospike(_: Path) -> RunData:
+    """One loss jump x1.7 at step 70 that the next batch leaves, with the grad norm x6 at the same step."""
+    lr, loss = _warmup_noisy()
+    gn = 0.5 * _noise(300, 0.1, 3)
+    loss[70] *= 1.7
+    gn[70] *= 6.0
+    return table_run({"loss": loss, "lr": lr, "grad_norm": gn})
+
+
+def wu01_lone_jump(_: Path) -> RunData:
+    """The same lone jump without the grad norm moving: one noisy point, not an lr too high."""
+    lr, loss = _warmup_noisy()
+    loss[70] *= 1.7
+    return table_run({"loss": loss, "lr": lr, "grad_norm": 0.5 * _noise(300, 0.1, 3)})
+
+
+def sp01_held_shift(_: Path) -> RunData:
+    """The loss is lifted +40% for 18 steps from step 200, below 6 sigmas at any point (user test U10)."""
+    loss = _loss(400, 0.08)
+    loss[200:218] *= 1.4
+    return table_run({"loss": loss})
+
+
 def db01_bad_batch(_: Path) -> RunData:
     """A NaN loss at step 210 with a flat grad norm before it (no precursor)."""
     loss = _loss(300)
     loss[210] = np.nan
     return table_run({"loss": loss, "grad_norm": _noise(300, 0.1)})
+
+
+def db01_co_rise(_: Path) -> RunData:
+    """Loss and grad norm rise together from 210 (grad x1.3/step), NaN at 230 (user test U5: not a bad batch)."""
+    loss, gn = _loss(300), 0.5 * _noise(300, 0.1)
+    loss[210:230] = loss[209] + 0.2 * np.arange(1, 21)
+    gn[210:] = gn[209] * 1.3 ** np.arange(1, 91)
+    loss[230:] = np.nan
+    return table_run({"loss": loss, "grad_norm": gn})
 
 
 def db02_recurring(_: Path) -> RunData:
@@ -371,7 +425,15 @@ CASES = (
     Case("lr01_warmup_plateau", "LR01", lr01_warmup_plateau, must_not=("LR01",)),
     Case("rs01_weights_lost", "RS01", rs01_weights_lost, must=(("RS01", 200, 1, "weights"),)),
     Case("wu01_warmup_spike", "WU01", wu01_warmup_spike, must=(("WU01", 120, 0, "lr_too_high"),)),
+    # a warm-up instability is judged against the loss's trailing level and noise, and must persist or come
+    # with its mechanism (user test U9: a lucky low batch made the next normal one a 'jump')
+    Case("wu01_lucky_low_batch", "WU01", wu01_lucky_low_batch, must_not=("WU01",)),
+    Case("wu01_level_shift", "WU01", wu01_level_shift, must=(("WU01", 160, 0, "lr_too_high"),)),
+    Case("wu01_grad_cospike", "WU01", wu01_grad_cospike, must=(("WU01", 70, 0, "lr_too_high"),)),
+    Case("wu01_lone_jump", "WU01", wu01_lone_jump, must_not=("WU01",)),
+    Case("sp01_held_shift", "SP01", sp01_held_shift, must=(("SP01", 201, 0),)),
     Case("db01_bad_batch", "DB01", db01_bad_batch, must=(("DB01", 210, 0, "bad_batch"),)),
+    Case("db01_co_rise", "DB01", db01_co_rise, must_not=("DB01",)),
     Case("db02_recurring", "DB02", db02_recurring, must=(("DB02", 30, 0, "bad_batch"),)),
     Case("db02_single_spike", "DB02", db02_single_spike, must_not=("DB02",)),
     Case("db02_healthy", "DB02", lambda _: table_run({"loss": _loss(300)}), must_not=("DB02",)),

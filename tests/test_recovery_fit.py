@@ -143,3 +143,33 @@ def test_the_resume_point_claims_loaded_only_when_the_resume_started_right_after
     assert "faulty resume loaded" in _why_checkpoint(301, 300, "step", 100, **kw, loaded=True)
     why = _why_checkpoint(400, 300, "step", 100, **kw, loaded=False)
     assert "loaded" not in why.split("(")[0] and "not among the files read" in why
+
+
+def test_an_lr_set_off_its_schedule_inside_one_process_gets_no_resume_plan(tmp_path: Path) -> None:
+    """Keras CSVLogger epochs, lr x20 from epoch 30, no resume (user test U11): no resume talk, epochs."""
+    from forensics.api import analyze
+
+    rng = np.random.default_rng(0)
+    rows = ["epoch,accuracy,loss,learning_rate,val_accuracy,val_loss"]
+    for e in range(60):
+        lr = 3e-3 * 0.5 * (1 + np.cos(np.pi * e / 60)) * (20 if e >= 30 else 1)
+        loss = 1.2 + 3.0 * np.exp(-e / 6) + (0.8 * (e - 29) if e >= 30 else 0) + 0.01 * rng.standard_normal()
+        rows.append(f"{e},0.5,{loss:.4f},{lr:.6f},0.5,{loss + 0.05:.4f}")
+    (tmp_path / "training.log").write_text("\n".join(rows) + "\n")
+    a = analyze(tmp_path)
+    assert a.cause == "lr_schedule_reset" and a.onset is not None and a.onset["step"] == 30, (a.cause, a.onset)
+    r = a.recovery.to_dict()
+    text = " ".join([str(r["resume_from"]["why"]), *r["restore"], *(t["name"] + " " + t["change"] for t in r["trials"]),
+                     *r["success_criteria"]])
+    assert "faulty resume" not in text and "scheduler restored" not in text and "steps of the start" not in text
+    assert "epoch 29" in r["resume_from"]["why"] and "inside one process" in text
+
+
+def test_lower_lr_arms_stay_below_the_lr_at_which_the_run_broke() -> None:
+    """A warm-up to 0.5 over 400 steps that broke at step 110 (lr 0.1375): no arm's peak above it (user test U12)."""
+    steps = np.arange(0, 450)
+    lr = 0.5 * np.minimum(1.0, (steps + 1) / 400)
+    p = plan(_run(steps, {"loss": _flat_loss(steps), "lr": lr}), Cause.UPDATE_SCALE_GROWTH, Mechanism.LR_TOO_HIGH, 110)
+    assert p is not None
+    peaks = [t.settings["peak_lr"] for t in p.trials if "peak_lr" in t.settings]
+    assert peaks and all(0 < x <= lr[110] for x in peaks), peaks

@@ -45,6 +45,8 @@ class BadBatch(Detector):
     warmup_min_points: int = 4
     warmup_peak_frac: float = 0.95
     warmup_start_frac: float = 0.5
+    corise_points: int = 6
+    corise_frac: float = 0.8
 
     def detect(self, run: RunData, facts: RunFacts | None = None) -> list[Finding]:
         """One finding per precursor-free loss departure (at most ``max_findings``, of ``max_departures``)."""
@@ -67,6 +69,8 @@ class BadBatch(Detector):
                     continue  # a non-finite loss in an fp16 run is an overflow first (OV01/OV02 judge it)
             if against:
                 continue
+            if self._co_rise(run, s, d.onset_step):
+                continue  # loss (and grad norm) rising step after step: an optimisation divergence, not one batch
             in_warmup = self._in_warmup(run, d.onset_step)
             if in_warmup and d.recovered_step is None and not d.nonfinite:
                 # a finite blow-up that never recovers while the lr still ramps up: the step size, not a batch
@@ -102,6 +106,19 @@ class BadBatch(Detector):
             if len(out) >= self.max_findings:
                 break
         return out
+
+    def _co_rise(self, run: RunData, s, onset: int) -> bool:  # noqa: ANN001
+        """True when the loss keeps rising for ``corise_points`` logged points from ``onset``.
+
+        At least ``corise_frac`` of the steps up, all finite, and so does the grad norm where it is logged (user
+        test U5: a bad batch is a one-step event; a monotone multi-step co-rise is the optimiser's).
+        """
+        def rising(series) -> bool:  # noqa: ANN001
+            v = series.values[series.steps >= onset][:self.corise_points]
+            return bool(v.size == self.corise_points and np.all(np.isfinite(v))
+                        and np.mean(np.diff(v) > 0) >= self.corise_frac)
+        gn = run.series("grad_norm")
+        return rising(s) and (gn is None or rising(gn))
 
     def _checked(self, run: RunData, g: tuple | None) -> str:
         """The series the precursor check read, in words."""

@@ -271,6 +271,8 @@ class LRScheduleReset(Detector):
                 evidence=ev, against=("a constant factor over every overlapping step is a configuration change",),
             )
         mech, conf, why = self._mechanism(cur, prev, s0, obs, exp, lr_initial, lr_peak, replay, ev, within)
+        if within and mech is None:
+            ev["inside_process"] = True  # no resume set it: the planner must not talk of one (user test U11)
         return self._finding(run, s0, segment, mech, conf, ev,
                              f"lr {fmt(obs)} at step {s0} where the schedule gives {fmt(exp)} ({how}): {why}")
 

@@ -2,27 +2,28 @@
 
 Rule (docs/detectors.md#wu01, warm-up-end / peak-LR instability; BigScience tr8 and tr1-13B glitches
 near the ramp end; Wortsman et al. 2023, arXiv 2309.14322: too-high lr shows first as
-instability early in training): during the warm-up (the lr rising, up to ``after_peak`` (1.5x)
-times the step where it peaks), a logged loss at least ``min_jump`` (1.3x) above the lowest loss
-seen so far, after the loss had already fallen by ``min_fall`` (25%) from its first value. The
-trailing-window spike test cannot judge these points (too little history); the running minimum
-can, because the early loss falls monotonically in a healthy run. The jump must also exceed
-``noise_k`` (6) robust sigmas of the loss's own point-to-point noise, and a single point that the next
-logged points leave at once is reported with low confidence (one noisy point is not an lr too
-high). A peak lr too high for the model is the usual reason; the trial is a lower peak lr with a longer warm-up.
+instability early in training): during the warm-up (up to ``after_peak`` (1.5x) times the step where
+the lr peaks), once the loss has fallen ``min_fall`` (25%) from its first value, a loss at least
+``min_jump`` (1.3x) and ``noise_k`` (6) noise sigmas above its robust level (the median of the
+``level_points`` losses before it; the noise is the loss's point-to-point noise), that persists (the next
+``hold_points`` stay up) or comes with its mechanism (a grad-norm jump at the same step), or, without a
+grad norm, comes while the lr still rises; or a level shift held ``shift_points`` points. One noisy point
+against a lucky low batch is neither (user test U9). The trial is a lower peak lr with a longer warm-up.
 
 Source: docs/detectors.md#wu01 (the thresholds, where each comes from, the published reports).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from forensics.detectors.base import Detector, fmt
 from forensics.model import Cause, Finding, Mechanism, RunData, Severity
-from forensics.stats import TINY, mad_sigma
+from forensics.stats import mad_sigma
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,24 @@ class WarmupInstability(Detector):
     min_jump: float = 1.3
     min_fall: float = 0.25
     after_peak: float = 1.5
-    min_spikes: int = 1
     noise_k: float = 6.0
+    level_points: int = 4
+    min_level_points: int = 3
+    hold_points: int = 3
+    grad_jump: float = 2.0
+    grad_k: float = 2.0
+    grad_window: int = 2
+    shift_points: int = 20
+    min_shift: float = 1.1
+    shift_k: float = 2.0
     min_loss_points: int = 10
     min_lr_points: int = 5
     min_ramp_points: int = 3
     min_warmup_loss_points: int = 5
     min_noise_points: int = 8
-    isolated_points: int = 3
     blow_ups_checked: int = 3
     confidence: float = 0.6
-    isolated_confidence: float = 0.35
+    ramp_confidence: float = 0.55
     blow_up_confidence: float = 0.65
     max_listed: int = 20
 
@@ -81,8 +89,68 @@ class WarmupInstability(Detector):
             )]
         return []
 
+    def _level(self, lg: np.ndarray) -> np.ndarray:
+        """The loss's robust level before each point: the median of the ``level_points`` finite points before it."""
+        w = self.level_points
+        win = sliding_window_view(np.concatenate([np.full(w, np.nan), lg]), w)[:lg.size]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m = np.nanmedian(win, axis=1)
+        return np.where(np.isfinite(win).sum(axis=1) >= self.min_level_points, m, np.nan)
+
+    def _grad_jump(self, run: RunData, step: int) -> tuple[int, float] | None:
+        """The grad norm jumping with the loss (within ``grad_window`` steps): the update-scale mechanism."""
+        g = run.series("grad_norm")
+        if g is None or len(g) < self.min_level_points + 1:
+            return None
+        glg = np.log(np.where(np.isfinite(g.values) & (g.values > 0), g.values, np.nan))
+        d = np.diff(glg[np.isfinite(glg)])
+        gthr = max(float(np.log(self.grad_jump)), self.grad_k * mad_sigma(d) / np.sqrt(2) if d.size else 0.0)
+        gm = self._level(glg)
+        for k in np.flatnonzero(np.abs(g.steps - step) <= self.grad_window):
+            if np.isfinite(glg[k]) and np.isfinite(gm[k]) and glg[k] - gm[k] >= gthr:
+                return int(g.steps[k]), float(np.exp(glg[k] - gm[k]))
+        return None
+
+    def _first(self, run: RunData, lg: np.ndarray, st: np.ndarray, sg: np.ndarray, fallen: np.ndarray,
+               noise: float, peak_step: int) -> tuple[int, str, list[int]] | None:
+        """The first confirmed warm-up instability: (index, how it was confirmed, the jump indices)."""
+        m = self._level(lg)
+        thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
+        with np.errstate(all="ignore"):
+            jumps = np.flatnonzero(fallen & (lg - m >= thr))
+        hits: list[tuple[int, str]] = []
+        for i in jumps.tolist():  # a jump must persist or come with its mechanism, never one noisy point
+            nxt = lg[i + 1:i + 1 + self.hold_points]
+            gj = self._grad_jump(run, int(st[i]))
+            if nxt.size >= 2 and np.median(nxt) - m[i] >= 0.5 * thr:
+                hits.append((i, "and stays up"))
+                break
+            if gj is not None:
+                hits.append((i, f"with the grad norm x{gj[1]:.1f} at step {gj[0]}"))
+                break
+            if run.series("grad_norm") is None and int(st[i]) <= peak_step:
+                hits.append((i, "while only the lr changes (no grad norm logged to confirm it)"))
+                break
+        h = self.shift_points  # a level shift held for h points: the median after against the median before
+        if lg.size >= 2 * h:
+            win = sliding_window_view(lg, h)
+            med = np.median(win, axis=1)
+            dlt = med[h:] - med[:-h]
+            same = sg[2 * h - 1:] == sg[:lg.size - 2 * h + 1]
+            shift = np.flatnonzero(same & fallen[h:lg.size - h + 1]
+                                   & (dlt >= max(float(np.log(self.min_shift)), self.shift_k * noise)))
+            if shift.size:  # the change point: the largest step of the median in the first run of hits
+                block = shift[:int(np.argmax(np.diff(np.r_[shift, shift[-1] + 2]) > 1)) + 1]
+                k = int(block[np.argmax(dlt[block])])
+                hits.append((k + h, f"shift:{float(np.exp(dlt[k])):.2f}"))
+        if not hits:
+            return None
+        i, how = min(hits)
+        return i, how, [int(j) for j in jumps if j >= i]
+
     def detect(self, run: RunData) -> list[Finding]:
-        """At most one finding at the first warm-up spike, with all of them as evidence."""
+        """At most one finding at the first confirmed warm-up instability, with the later jumps as evidence."""
         loss, lr = run.series("loss"), run.series("lr")
         if loss is None or lr is None or len(loss) < self.min_loss_points or len(lr) < self.min_lr_points:
             return []
@@ -94,46 +162,42 @@ class WarmupInstability(Detector):
         if i_peak < self.min_ramp_points or lv[0] >= 0.5 * lv[i_peak]:
             return []  # no warm-up in this log (or it starts mid-run)
         end = lr.steps[0] + self.after_peak * (peak_step - lr.steps[0])
-        sel = np.flatnonzero((loss.steps <= end) & np.isfinite(loss.values))
+        fin = np.flatnonzero(np.isfinite(loss.values) & (loss.values > 0))
+        sel = fin[loss.steps[fin] <= end]
         if sel.size < self.min_warmup_loss_points:
             return []
-        v, st = loss.values[sel], loss.steps[sel]
+        # the whole finite log from the start: the shift test looks past the window's end at its last points
+        v, st, sg = loss.values[fin], loss.steps[fin], loss.segments[fin]
+        lg = np.log(v)
         run_min = np.minimum.accumulate(v)
-        fallen = run_min <= v[0] * (1 - self.min_fall)
+        fallen = np.r_[False, run_min[:-1] <= v[0] * (1 - self.min_fall)] & (st <= end)
         # the loss's own point-to-point noise (log scale): a jump must stand out of it, not only be 1.3x
-        lg = np.log(np.clip(loss.values[np.isfinite(loss.values)], TINY, None))
         dl = np.diff(lg)
         noise = mad_sigma(dl) / np.sqrt(2) if dl.size >= self.min_noise_points else 0.0
-        thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
-        with np.errstate(all="ignore"):  # every point against the running minimum before it, whole column
-            spikes = (np.flatnonzero(fallen[:-1] & (np.log(v[1:] / run_min[:-1]) >= thr)) + 1).tolist()
-        if len(spikes) < self.min_spikes:
+        hit = self._first(run, lg, st, sg, fallen, noise, peak_step)
+        if hit is None:
             return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
-        i0 = spikes[0]
-        # one point that returns at once is noise, not an lr too high for the model
-        nxt = v[i0 + 1:i0 + 1 + self.isolated_points]
-        half = run_min[i0 - 1] * np.exp(0.5 * np.log(v[i0] / run_min[i0 - 1]))
-        # (after the peak only: during the ramp a spike is the lr's until shown otherwise)
-        isolated = len(spikes) == 1 and nxt.size >= 2 and bool(np.all(nxt < half)) and int(st[i0]) > peak_step
-        # where the loss is back under half the jump (on the whole series): the spike's own recovery
+        i0, how, jumps = hit
+        level = float(np.exp(self._level(lg)[i0])) if i0 >= self.min_level_points else float(v[max(i0 - 1, 0)])
+        half = level * np.sqrt(float(v[i0]) / level) if v[i0] > level else float(v[i0])
         after = np.flatnonzero((loss.steps > st[i0]) & np.isfinite(loss.values) & (loss.values < half))
         recovered = int(loss.steps[after[0]]) if after.size else None
-        against = (f"one point at step {int(st[i0])} that the next logged points leave at once: noise of a run "
-                   "whose loss keeps falling, not a peak lr too high",) if isolated else ()
+        spikes = sorted({int(st[i0]), *(int(st[j]) for j in jumps)})
         return [self.finding(
             cause=Cause.UPDATE_SCALE_GROWTH, mechanism=Mechanism.LR_TOO_HIGH, step=int(st[i0]),
-            segment=int(loss.segments[sel][i0]),
-            confidence=self.isolated_confidence if isolated else self.confidence,
-            severity=Severity.LOW if isolated else Severity.MEDIUM,
-            against=against,
-            message=f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} "
-            f"(lowest so far {fmt(float(run_min[i0 - 1]))}) "
+            segment=int(sg[i0]), severity=Severity.MEDIUM,
+            confidence=self.ramp_confidence if how.startswith("while only") else self.confidence,
+            message=(f"the loss level steps up x{how.removeprefix('shift:')} at step {int(st[i0])} (the median of the "
+                     f"{self.shift_points} points from there against the {self.shift_points} before) and stays up, "
+                     if how.startswith("shift:") else
+                     f"the loss jumps to {fmt(float(v[i0]))} at step {int(st[i0])} (its level before: "
+                     f"{fmt(level)}) {how}, ")
             + (f"while the lr is still warming up to its peak {fmt(float(lv[i_peak]))} at step {peak_step}"
                if int(st[i0]) <= peak_step else
                f"just after the lr reached its peak {fmt(float(lv[i_peak]))} at the end of the warm-up (step "
                f"{peak_step})")
-            + (f"; {len(spikes)} such spikes" if len(spikes) > 1 else "") + ".",
-            evidence={"spike_steps": [int(st[i]) for i in spikes[:self.max_listed]], "peak_lr": float(lv[i_peak]),
-                      "peak_step": peak_step, "loss_at_spike": float(v[i0]),
-                      "running_min_before": float(run_min[i0 - 1]), "recovered_step": recovered},
+            + (f"; {len(spikes)} such jumps" if len(spikes) > 1 else "") + ".",
+            evidence={"spike_steps": spikes[:self.max_listed], "peak_lr": float(lv[i_peak]),
+                      "peak_step": peak_step, "loss_at_spike": float(v[i0]), "level_before": level,
+                      "noise_sigma": noise, "recovered_step": recovered},
         )]

@@ -95,7 +95,7 @@ class LossScaleCollapse(Detector):
         if "scale_before" in ev:
             msg = (f"fp16 loss scale backed off {ev['back_offs_in_burst']} times in a row from "
                    f"{fmt(float(ev['scale_before'] or float('nan')))} to {fmt(float(ev['scale_min']))} starting at "
-                   f"step {onset}" + ("; the scaler hit its floor" if ev["floor_reached"] else ""))
+                   f"step {onset}" + self._floor_words(ev))
         else:
             msg = f"{ev.get('skipped_steps')} skipped steps from step {onset}"
         if "skipped_steps" in ev and "scale_before" in ev:
@@ -118,8 +118,8 @@ class LossScaleCollapse(Detector):
         gap = max(self.burst_gap_intervals * interval, 1)
         apart = np.flatnonzero(np.diff(backoffs.steps) > gap)  # the last burst starts after the last wide gap
         k = int(apart[-1]) + 1 if apart.size else 0
-        first, n_burst = int(backoffs.steps[k]), n - k
         sc_st, sc_v = scales
+        first, n_burst = int(backoffs.steps[k]), n - k
         before = sc_v[sc_st < first]
         level = float(before[-1]) if before.size else None
         low = float(np.min(backoffs.scales[k:]))
@@ -276,6 +276,15 @@ class LossScaleCollapse(Detector):
             return _Backoffs(e_st[down], e_v[down], e_g[down]), interval, (all_st[order], all_v[order])
         down = np.flatnonzero(v[1:] < v[:-1]) + 1
         return _Backoffs(st[down], v[down], g[down]), interval, (st, v)
+
+    def _floor_words(self, ev: dict[str, object]) -> str:
+        """How the end of the collapse is said: a scaler's floor only when the logs name one (torch has none)."""
+        if not ev.get("floor_reached"):
+            return ""
+        if ev.get("floor_message"):
+            return "; the scaler hit its minimum scale"
+        return (f"; the scale fell below {fmt(self.min_scale)}, the floor of Megatron's and DeepSpeed's scalers "
+                "(torch's GradScaler has none): nearly every step overflowed")
 
     @staticmethod
     def _floor_message(run: RunData) -> str | None:

@@ -26,6 +26,8 @@ SPIKE_STEPS = "spike_steps"
 """WU01: the steps of the spikes seen while the lr ramps up."""
 EXPECTED_LR = "expected_lr"
 """LR01: the lr the schedule gives at the onset."""
+INSIDE_PROCESS = "inside_process"
+"""LR01: the lr left its schedule inside one process (no resume set it): a callback or a manual change."""
 BATCH_INDEX = "batch_index"
 """DB01: the batch logged at the spike, when known."""
 RECURRING_PERIOD = "period"
@@ -41,3 +43,6 @@ SIZE_FORMATS = (("z", "z={:.1f}"), ("relative_difference", "{:.0%} off the sched
                 ("relative_change", "{:+.1%}"), ("train_over_eval_loss", "x{:.2f}"), ("shift", "+{:.3g}"),
                 ("halvings", "{:.0f} halvings"), ("value", "{:.4g}"), ("loss_after", "{:.4g}"))
 """Evidence key -> how a chain link states the size of its departure (the first key present wins)."""
+RATIO_AS_LRS = 10.0
+"""A ``relative_difference`` of at least this (1,000 %) is stated as the two lrs instead (ours: against a schedule
+decayed to ~0 a percentage means nothing, user test U18)."""

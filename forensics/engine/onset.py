@@ -99,7 +99,7 @@ def _size(f: Finding) -> str:
         v = f.evidence.get(key)
         if isinstance(v, (int, float)) and np.isfinite(v):
             obs, exp = f.evidence.get("observed_lr"), f.evidence.get("expected_lr")
-            if key == "relative_difference" and v >= 10 and isinstance(obs, (int, float)) and \
+            if key == "relative_difference" and v >= keys.RATIO_AS_LRS and isinstance(obs, (int, float)) and \
                     isinstance(exp, (int, float)):  # against a schedule decayed to ~0 a percentage means nothing
                 return f"lr {obs:.3g} where the schedule gives {exp:.3g}"
             return fmt_.format(v)

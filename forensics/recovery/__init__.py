@@ -73,7 +73,8 @@ def _rewarm(warm: int, length: int) -> int:
 
 def _context(run: RunData, facts: RunFacts, cause: str, mechanism: str | None, onset: int,
              evidence: Mapping[str, object], stats: dict[str, float]) -> PlanContext:
-    length, resume = trial_length(facts, onset, resume_point(run, facts, cause, mechanism, onset))
+    length, resume = trial_length(facts, onset, resume_point(run, facts, cause, mechanism, onset,
+                                                             inside_process=bool(evidence.get(keys.INSIDE_PROCESS))))
     warm = int(stats.get("warmup_steps", 0) or 0)
     gmed = stats.get("grad_norm_median")
     clip = CLIP_NORM if gmed is None or gmed < CLIP_BITES else None
@@ -125,7 +126,8 @@ def plan(run: RunData, cause: str | None, mechanism: str | None, onset: int | No
         arms = _from_scratch(arms)
     trials = [with_launch_args(t, facts.framework, ctx.resume) for t in {t.name: t for t in arms.trials}.values()]
     crit = criteria(stats, ctx.length, unit=facts.step_unit, cause=cause,
-                    expected_lr=ctx.evidence.get(keys.EXPECTED_LR), onset=onset)
+                    expected_lr=ctx.evidence.get(keys.EXPECTED_LR), onset=onset,
+                    resumed=not ctx.evidence.get(keys.INSIDE_PROCESS))
     if mechanism == Mechanism.BAD_RANK:  # judged across ranks: the run-level series were the bad rank's
         crit.insert(0, Criterion("", "ranks", f"every rank's {ctx.evidence.get('metric', 'loss')} stays with the "
                                  "ranks' median through the trial: `forensics analyze` on it finds no rank departing "

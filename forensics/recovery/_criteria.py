@@ -87,7 +87,7 @@ def pre_onset_stats(run: RunData, onset: int, window: int = STATS_WINDOW) -> dic
 
 
 def criteria(stats: dict[str, float], length: int, unit: str = "step", cause: str | None = None,
-             expected_lr: object = None, onset: int | None = None) -> list[Criterion]:
+             expected_lr: object = None, onset: int | None = None, resumed: bool = True) -> list[Criterion]:
     """Success criteria on the causal series of ``cause`` (all of them; :func:`fitting` drops the met ones)."""
     series = CAUSAL_SERIES.get(cause, DEFAULT_SERIES) if cause else DEFAULT_SERIES  # type: ignore[call-overload]
     out: list[Criterion] = []
@@ -106,7 +106,9 @@ def criteria(stats: dict[str, float], length: int, unit: str = "step", cause: st
                              "sigmas appears", g))
     if "lr" in series and isinstance(expected_lr, (int, float)) and onset is not None:
         out.append(Criterion("lr", "schedule", f"the lr at {unit} {onset} is the schedule's {_g(float(expected_lr))} "
-                             f"(within {LR_TOLERANCE}), not the value the faulty resume logged", float(expected_lr)))
+                             f"(within {LR_TOLERANCE}), not the value " + ("the faulty resume logged" if resumed else
+                                                                           "the failed run logged there"),
+                             float(expected_lr)))
     if "loss_scale" in series and "loss_scale_median" in stats:
         ls = stats["loss_scale_median"]
         out.append(Criterion("loss_scale", "scale_floor", f"the loss scale stays at or above its pre-onset median "

@@ -70,13 +70,18 @@ def _candidates(run: RunData, facts: RunFacts, onset: int) -> tuple[list[tuple[i
     return [(c.step, c.path) for c in facts.listed_checkpoints if c.complete], None
 
 
-def resume_point(run: RunData, facts: RunFacts, cause: str, mechanism: str | None, onset: int) -> dict[str, object]:
-    """``{"checkpoint", "step", "why"}``: where the trial starts, and why there."""
+def resume_point(run: RunData, facts: RunFacts, cause: str, mechanism: str | None, onset: int, *,
+                 inside_process: bool = False) -> dict[str, object]:
+    """``{"checkpoint", "step", "why"}``: where the trial starts, and why there.
+
+    ``inside_process``: the fault came inside one process (no resume): the checkpoint before it, not one a resume
+    loaded.
+    """
     ckpts, verified = _candidates(run, facts, onset)
     unit = facts.step_unit
     rollback = ROLLBACK_EPOCHS if unit == "epoch" else ROLLBACK_MIN
     target = onset - rollback
-    at_resume = cause in AT_RESUME or (
+    at_resume = (cause in AT_RESUME and not inside_process) or (
         mechanism == Mechanism.NONFINITE_STATE and verified is not None)  # finiteness verified: no margin needed
     hw = cause == Cause.HARDWARE_OR_DISTRIBUTED
     short_margin = False

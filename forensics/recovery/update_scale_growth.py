@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from forensics.engine import keys
 from forensics.model import Mechanism, Trial
 from forensics.recovery._context import LR_FACTORS, Arms, PlanContext, notes_say_failed
@@ -38,12 +40,31 @@ def _lr_arms(ctx: PlanContext) -> list[Trial]:
                          f"({longer} steps instead of {ctx.warmup}) and {ctx.clip_text}", ctx.length,
                          {"warmup_steps": longer, "clip_grad_norm": ctx.clip}))
     first, second = LR_FACTORS
-    out.append(ctx.lr_trial(first, f"peak lr x{first:g} with a re-warm-up of {ctx.rewarm} steps and {ctx.clip_text}"))
-    out.append(ctx.lr_trial(second, f"peak lr x{second:g} with the same re-warm-up and {ctx.clip_text}"))
+    broke = _lr_at_onset(ctx)
+    if broke is not None and ctx.peak_lr and broke < first * ctx.peak_lr:
+        # the run broke while the lr was still below the first arm's peak: bound the arms by that lr (user test U12)
+        scale = broke / ctx.peak_lr
+        for f, lead in ((first, f"with a re-warm-up of {ctx.rewarm} steps"), (second, "with the same re-warm-up")):
+            out.append(ctx.lr_trial(f * scale, f"peak lr {f * broke:.4g} (x{f:g} the lr {broke:.4g} "
+                                    f"at which the run broke at step {ctx.onset}; x{f * scale:.3g} of the logged "
+                                    f"peak {ctx.peak_lr:.4g}) {lead} and {ctx.clip_text}"))
+    else:
+        out.append(ctx.lr_trial(first, f"peak lr x{first:g} with a re-warm-up of {ctx.rewarm} steps and "
+                                f"{ctx.clip_text}"))
+        out.append(ctx.lr_trial(second, f"peak lr x{second:g} with the same re-warm-up and {ctx.clip_text}"))
     if ctx.fp16:
         out.append(Trial("bf16", "train in bf16 instead of fp16: loss-scale swings and 1e5 grad norms stop "
                          "mattering (BigScience's stable 176B run changed to bf16)", ctx.length, {"precision": "bf16"}))
     return out + idea_trials(ctx)
+
+
+def _lr_at_onset(ctx: PlanContext) -> float | None:
+    """The last finite logged lr at or before the onset, or None."""
+    lr = ctx.run.series("lr")
+    if lr is None:
+        return None
+    ok = np.flatnonzero(np.isfinite(lr.values) & (lr.values > 0) & (lr.steps <= ctx.onset))
+    return float(lr.values[ok[-1]]) if ok.size else None
 
 
 def plan(ctx: PlanContext) -> Arms:
