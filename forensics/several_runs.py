@@ -36,9 +36,10 @@ def separate_runs(run_dir: Path, run: RunData) -> list[str]:
     if len({PurePosixPath(src.path).parent for src in run.sources}) < 2:
         return []  # every log in one folder: one run, and no second walk of the folder
     from forensics.layout import find_runs
+    from parsers import file_policy
 
     try:
-        folders = [p.relative_to(run_dir).as_posix() for p in find_runs(run_dir)]
+        folders = [file_policy.display(p.relative_to(run_dir).as_posix()) for p in find_runs(run_dir)]  # as sources
     except (ForensicsError, OSError, ValueError):
         return []
     if len(folders) < 2 or "." in folders:
