@@ -386,6 +386,15 @@ def ck03_restart_beside_a_later_record(_: Path) -> RunData:
                      np.ones(20), meta={"checkpoints": cks}, tensors=t, col_steps={"loss": np.arange(10, 510, 10)})
 
 
+def wu01_ppo_objective(_: Path) -> RunData:
+    """An RLHF actor + critic loss around 0 (often negative) whose swings widen during the warm-up: no WU01."""
+    rng = np.random.default_rng(RNG_SEED)
+    s = np.arange(300)
+    loss = np.where(s < 84, rng.normal(0.1, 0.25, 300), rng.normal(0.6, 1.0, 300))
+    lr = np.where(s < 110, 5e-6 * (s + 1) / 110, 5e-6)
+    return table_run({"loss": loss, "lr": lr}, s)
+
+
 def healthy(_: Path) -> RunData:
     """A healthy run: warm-up + cosine lr, falling loss, steady grad norm."""
     s = np.arange(400)
@@ -423,6 +432,7 @@ CASES = (
     # a jump above a plateau counts as one after the peak (the peak is where the plateau began)
     Case("lr01_plateau_jump", "LR01", lr01_plateau_jump, must=(("LR01", 200, 0, None),)),
     Case("lr01_warmup_plateau", "LR01", lr01_warmup_plateau, must_not=("LR01",)),
+    Case("wu01_ppo_objective", "WU01", wu01_ppo_objective, must_not=("WU01",)),
     Case("rs01_weights_lost", "RS01", rs01_weights_lost, must=(("RS01", 200, 1, "weights"),)),
     Case("wu01_warmup_spike", "WU01", wu01_warmup_spike, must=(("WU01", 120, 0, "lr_too_high"),)),
     # a warm-up instability is judged against the loss's trailing level and noise, and must persist or come

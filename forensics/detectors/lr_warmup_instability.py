@@ -57,6 +57,7 @@ class WarmupInstability(Detector):
     ramp_confidence: float = 0.55
     blow_up_confidence: float = 0.65
     max_listed: int = 20
+    max_nonpositive: float = 0.05
 
     def _blow_up(self, run: RunData, loss, lr, lv: np.ndarray, i_peak: int, peak_step: int,  # noqa: ANN001
                  end: float) -> list[Finding]:
@@ -162,6 +163,9 @@ class WarmupInstability(Detector):
         if i_peak < self.min_ramp_points or lv[0] >= 0.5 * lv[i_peak]:
             return []  # no warm-up in this log (or it starts mid-run)
         end = lr.steps[0] + self.after_peak * (peak_step - lr.steps[0])
+        early = np.isfinite(loss.values) & (loss.steps <= end)
+        if early.any() and float(np.mean(loss.values[early] <= 0)) > self.max_nonpositive:
+            return []  # no positive loss (an RL objective, a sum with a negative part): no log-scale test applies
         fin = np.flatnonzero(np.isfinite(loss.values) & (loss.values > 0))
         sel = fin[loss.steps[fin] <= end]
         if sel.size < self.min_warmup_loss_points:
