@@ -136,20 +136,23 @@ about once in a million windows; on the corpus's healthy runs and the user test'
 
 
 def _held(z: np.ndarray) -> np.ndarray:
-    """Points whose z is >= HELD_START_Z and whose next HELD_POINTS z (with it) have a median >= HELD_Z."""
+    """Points whose z is >= HELD_START_Z and whose next HELD_POINTS z (with it) have a median >= HELD_Z.
+
+    Only the points that reach HELD_START_Z have their window's median taken (few: linear in the points).
+    """
     out = np.zeros(z.shape[0], dtype=bool)
     if z.shape[0] < HELD_POINTS:
         return out
-    from numpy.lib.stride_tricks import sliding_window_view
-
     zz = np.where(np.isfinite(z), z, np.nan)
     with np.errstate(all="ignore"):
+        starts = np.flatnonzero(zz[:z.shape[0] - HELD_POINTS + 1] >= HELD_START_Z)
+    if starts.size:
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            held = np.nanmedian(sliding_window_view(zz, HELD_POINTS), axis=1)
-        out[:held.size] = (zz[:held.size] >= HELD_START_Z) & (held >= HELD_Z)
+            held = np.nanmedian(zz[starts[:, None] + np.arange(HELD_POINTS)], axis=1)
+        out[starts[held >= HELD_Z]] = True
     return out
 
 
