@@ -151,9 +151,6 @@ def _walk(root: Path, skipped: list[Skip]) -> list[Path]:
     return files
 
 
-_WANDB_DEBUG_LOGS = frozenset({"debug.log", "debug-internal.log", "debug-core.log"})
-
-
 def _writer_debug_link(path: Path) -> bool:
     """A symlink wandb itself puts in every run (``wandb/<run>/logs/debug-core.log`` -> ``~/.cache/wandb``).
 
@@ -161,7 +158,9 @@ def _writer_debug_link(path: Path) -> bool:
     one that leads out of the run folder is left out without a ``skipped`` entry: listing it would lower the
     confidence of every wandb run for a file nobody wants read.
     """
-    return path.name in _WANDB_DEBUG_LOGS and path.parent.name in ("logs", "wandb")
+    from parsers.wandb_run import DEBUG_LOGS  # the W&B reader's own list of them
+
+    return path.name in DEBUG_LOGS and path.parent.name in ("logs", "wandb")
 
 
 def rel_path(path: Path, root: Path) -> str:

@@ -51,7 +51,8 @@ TS_SECONDS, TS_NANOS = 1, 2  # google.protobuf.Timestamp
 
 _SPECIAL = ("_step", "_runtime", "_timestamp")
 _SIDE_FILES = {"output.log", "wandb-summary.json"}
-_DEBUG_LOGS = {"debug.log", "debug-internal.log", "debug-core.log"}
+DEBUG_LOGS = frozenset({"debug.log", "debug-internal.log", "debug-core.log"})
+"""The W&B client's own debug logs (no metrics; never read, and their links into ~/.cache are no skipped input)."""
 _MAX_SIDE_BYTES = 16 << 20
 """``files/config.yaml`` / ``wandb-summary.json`` larger than this are not read (real ones: kilobytes)."""
 _MAX_OUTPUT_LOG = 256 << 20
@@ -101,9 +102,9 @@ def sniff(path: Path) -> bool:
         if name.startswith("run-") and name.endswith(".wandb"):
             with open(path, "rb") as fh:
                 return fh.read(4) in (b"", MAGIC[:4])
-        if name in _DEBUG_LOGS and parent == "wandb":
+        if name in DEBUG_LOGS and parent == "wandb":
             return _has_log(path.parent, "*run-*/run-*.wandb") is not None
-        if (name in _SIDE_FILES and parent == "files") or (name in _DEBUG_LOGS and parent == "logs"):
+        if (name in _SIDE_FILES and parent == "files") or (name in DEBUG_LOGS and parent == "logs"):
             return _has_log(path.parent.parent) is not None
     except OSError:
         pass
@@ -353,7 +354,7 @@ def read(path: Path, root: Path) -> ParseResult:
     """
     rel = file_policy.rel(path, root)
     if not path.name.endswith(".wandb"):  # a side file (see sniff)
-        if path.name in _DEBUG_LOGS:
+        if path.name in DEBUG_LOGS:
             return ParseResult(format=FORMAT, path=rel, meta={"side_file": "W&B client debug log; not read"})
         log = _has_log(path.parent.parent)
         return ParseResult(format=FORMAT, path=rel, meta={"side_file": f"read with {log.name if log else '?'}"})
