@@ -87,6 +87,8 @@ class Assembler:
         self.ranks: Counter[int] = Counter()
         self.rank_seen: set[tuple[int, int, str]] = set()
         self.rank_values = RankValues()  # each rank's own values of the compared series (RK01)
+        self.hf_dicts: list[tuple] = []  # HF dict lines: (lineno, epoch, precision, eval, bar n, bar total, seg, rows)
+        self.bars: list[tuple] = []  # tqdm bars after the first HF dict: (lineno, count, total) arrays per block
 
     # -- segments and events -------------------------------------------------------------------
     def brk(self) -> None:
@@ -187,7 +189,12 @@ class Assembler:
                 self.any_step = r.step
         for kind, msg, step in r.events:
             self.event(kind, msg, step)
-        if r.metrics:
+        if r.metrics and r.bar_pos is not None:  # an HF dict: dated by the tqdm bars at the end of the file
+            first = len(self.rows.step)
+            self.metrics(r)
+            e, q, n, t = r.bar_pos
+            self.hf_dicts.append((lineno, e, q, r.eval, n, t, self.segment, first, len(self.rows.step)))
+        elif r.metrics:
             self.metrics(r)
 
     def rank_rows(self, step: int, metrics: list) -> list:
@@ -333,6 +340,8 @@ class Assembler:
     # -- end of file -----------------------------------------------------------------------------
     def finish(self, lineno: int) -> tuple[list[bool] | None, dict[str, Any]]:
         """Close what is open and apply the end-of-file traps; returns ``(rows to keep or None, meta)``."""
+        if self.hf_dicts:  # HF Trainer dicts: their global steps from the tqdm bars around them
+            _textlog_finish.date_hf_dicts(self)
         return _textlog_finish.finish(self, lineno)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from parsers import _textlog_bulk
-from parsers.lines import common, kv, kv_bulk
+from parsers.lines import common, hf_bar, kv, kv_bulk
 
 if TYPE_CHECKING:
     from parsers._textlog_asm import Assembler
@@ -186,6 +186,8 @@ class Reader:
             for i in range(n):
                 self.other(i)
             asm.hint = None
+            if asm.hf_dicts:
+                self._bars(lines, linenos)
             return lineno
         plan = self._candidates(lines, cand_idx, all_shapes, ranks)
         self._ctx = (text, linenos, ranks, plan["walls"], plan["line_df"], plan["met_df"])
@@ -193,7 +195,14 @@ class Reader:
         self._steps: dict[int, int | None] | None = None
         self._walk(n, plan)
         asm.hint = None
+        if asm.hf_dicts:  # HF Trainer dicts seen: the tqdm bars that date them
+            self._bars(lines, linenos)
         return lineno
+
+    def _bars(self, lines: pl.Series, linenos: list[int]) -> None:
+        bars = hf_bar.bars_in(lines, linenos)
+        if bars is not None:
+            self.asm.bars.append(bars)
 
     def _candidates(self, lines: pl.Series, cand_idx: pl.Series, all_shapes: pl.Series, ranks: list) -> dict:
         """The block's candidate lines: read in bulk, their shapes, which of them go one by one."""
@@ -257,6 +266,8 @@ class Reader:
                 asm.skip_counts["script source"] += 1
                 continue
             asm.line(line, ln)
+        if asm.hf_dicts:
+            self._bars(pl.Series("t", joined, dtype=pl.Utf8), linenos)
         return lineno
 
     def other(self, i: int) -> None:

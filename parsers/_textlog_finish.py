@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from forensics.schema import canonical_metric
-from parsers.lines import dedupe_canonical, kv
+from parsers.lines import dedupe_canonical, hf_bar, kv
 
 if TYPE_CHECKING:
     from parsers._textlog_asm import Assembler
@@ -80,3 +82,33 @@ def finish(asm: Assembler, lineno: int) -> tuple[list[bool] | None, dict[str, An
     if asm.skip_counts:
         asm.meta["skipped_lines"] = dict(asm.skip_counts)
     return keep, asm.meta
+
+
+def date_hf_dicts(asm: Assembler) -> None:
+    """HF Trainer dict lines get the global step of the tqdm bar around them (:func:`hf_bar.bar_steps`).
+
+    The line reader numbered them by a running index; the rows are re-stepped and ``meta["step_axis"]``
+    says how. Without a bar the running index stays, named as such.
+    """
+    steps, axis = None, None
+    if asm.bars:
+        bars = tuple(np.concatenate([b[k] for b in asm.bars]) for k in range(3))
+        summary = (asm.meta.get("train_summary") or {}).get("epoch")
+        summary = float(summary) if isinstance(summary, (int, float)) and summary > 0 else None
+        steps, axis = hf_bar.bar_steps([d[:7] for d in asm.hf_dicts], bars, summary)
+        rows = asm.rows.step
+        ends = [d[7] for d in asm.hf_dicts[1:]] + [len(rows)]
+        for d, s, end in zip(asm.hf_dicts, steps, ends, strict=True):
+            if s is None or d[8] == d[7]:
+                continue
+            old = rows[d[7]]
+            rows[d[7]:d[8]] = [s] * (d[8] - d[7])
+            for i in range(d[8], end):  # a step-less line after the dict was put at the dict's old step
+                if rows[i] == old:
+                    rows[i] = s
+    if axis is not None:
+        asm.meta["step_axis"] = axis
+        asm.meta["step_source"] = "tqdm bar"
+    elif str(asm.meta.get("step_source", "")).startswith("index"):
+        asm.meta["step_axis"] = {"column": f"running index of the dict lines ({asm.meta['step_source']})",
+                                 "kind": "row_index" if asm.meta["step_source"] == "index" else "optimizer_step"}

@@ -54,6 +54,9 @@ class LineRecord:
         wall_time: Seconds since epoch parsed from the line's timestamp, if any.
         damaged: The line starts like one of the framework's metric lines but does not parse (cut by an
             interleaved write, garbled): why, for a ``Skip`` naming the line; no row is made of it.
+        bar_pos: For a dict line of HF Trainer stdout: ``(epoch, its printed precision, count, total)`` of the
+            dict's epoch and of a tqdm bar printed before it on its line (``None`` where absent), from which
+            the text reader dates the dict at the end of the file (:func:`parsers.lines.hf_stdout.bar_steps`).
     """
 
     framework: str
@@ -74,6 +77,7 @@ class LineRecord:
     agg_last: bool = False
     wall_time: float | None = None
     damaged: str | None = None
+    bar_pos: tuple[float | None, float | None, int | None, int | None] | None = None
 
 
 def metric(tag: str, value: float | None, name: str | None = None) -> Metric:

@@ -27,6 +27,7 @@ import json
 import re
 
 from parsers.lines import LineRecord, metric
+from parsers.lines.hf_bar import BAR, quantum
 from parsers.lines.pyrepr import parse as parse_repr
 from parsers.lines.pyrepr import to_float
 
@@ -48,6 +49,7 @@ _ARGLINE = re.compile(r"^([A-Za-z_]\w*)=(.*?),?$")
 _DICT_KEYS = ("'loss'", '"loss"', "'eval_", '"eval_', "'learning_rate'", '"learning_rate"',
               "'train_runtime'", '"train_runtime"', "'grad_norm'", '"grad_norm"', "'step'", '"step"')
 _SKIP_KEYS = {"step", "total_flos"}
+_BAR_BEFORE = re.compile(r"^.{0,80}?" + BAR + r"\s*$")
 _NONFINITE = re.compile(r"(:\s*)(-?)(nan|inf)(?=\s*[,}])")
 _JSON_NAMES = {("", "nan"): "NaN", ("-", "nan"): "NaN", ("", "inf"): "Infinity", ("-", "inf"): "-Infinity"}
 
@@ -112,7 +114,12 @@ def _step_for(d: dict, is_eval: bool, state: dict) -> tuple[int | None, str]:
 
 def _dict_line(s: str, state: dict) -> LineRecord | None:
     i = s.find("{")
-    if i != 0 or not s.endswith("}") or not any(k in s for k in _DICT_KEYS):  # after another prefix: json_inline
+    bar = None
+    if i > 0:  # a dict flushed right after a tqdm bar that had no newline: ``  34%|###| 600/1755 [..]{'loss': ..}``
+        bar = _BAR_BEFORE.match(s[:i])
+        if bar is None:
+            return None  # after another prefix: json_inline
+    if i < 0 or not s.endswith("}") or not any(k in s for k in _DICT_KEYS):
         return None
     d = _fast_dict(s[i:])
     if not isinstance(d, dict):
@@ -142,7 +149,9 @@ def _dict_line(s: str, state: dict) -> LineRecord | None:
     meta = {"step_source": source}
     if strings:
         meta["value_format"] = "%.4g"
-    return LineRecord("hf_trainer_stdout", step=step, metrics=out, eval=is_eval, meta=meta)
+    epoch = to_float(d.get("epoch"))
+    pos = (epoch, quantum(d.get("epoch")), int(bar.group(2)) if bar else None, int(bar.group(3)) if bar else None)
+    return LineRecord("hf_trainer_stdout", step=step, metrics=out, eval=is_eval, meta=meta, bar_pos=pos)
 
 
 def parse_line(line: str, state: dict) -> LineRecord | None:
@@ -205,3 +214,4 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
     if sv:
         return LineRecord("hf_trainer_stdout", events=[("checkpoint_saved", s, int(sv.group(2)))])
     return None
+

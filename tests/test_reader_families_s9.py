@@ -1,0 +1,110 @@
+"""Reader families found on real published runs (issue 13, session 9): one test per family.
+
+The HF Trainer stdout files are written the way the Trainer writes them: a real :mod:`tqdm` bar (its
+``ProgressCallback`` updates the bar at every optimizer step and prints each log dict with ``tqdm.write``),
+to one file through the two streams a ``python train.py > log 2>&1`` run has (stdout block-buffered, stderr
+unbuffered), and on the real committed MKGL log (``tests/data/real/hf-trainer/mkgl_stdout``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from forensics.api import load as load_run
+from parsers import textlog
+
+tqdm = pytest.importorskip("tqdm").tqdm
+REAL = Path(__file__).parent / "data" / "real"
+
+
+def _steps(path: Path, metric: str = "loss") -> tuple[list[int], dict]:
+    r = textlog.read(path, path.parent)
+    df = pl.from_arrow(r.metrics).filter(pl.col("metric") == metric)
+    return df["step"].to_list(), r.meta
+
+
+def _logs(step: int, spe: int) -> dict:
+    return {"loss": round(2.5 * math.exp(-step / 80) + 0.4, 4), "grad_norm": 0.5, "learning_rate": 3e-4,
+            "epoch": round(step / spe, 2)}
+
+
+def _train(path: Path, total: int, spe: int, every: int, buffered: bool, summary: bool = True) -> None:
+    """A Trainer's stdout and stderr in one file: the bar on stderr, the dicts on stdout."""
+    raw_err = open(path, "ab", buffering=0)  # noqa: SIM115 (both streams stay open for the whole run)
+    err = io.TextIOWrapper(raw_err, encoding="utf-8", write_through=True)
+    out = open(path, "a", encoding="utf-8", buffering=4096 if buffered else 1)  # noqa: SIM115
+    bar = tqdm(total=total, file=err, mininterval=0, ascii=True)
+    for step in range(1, total + 1):
+        bar.update(1)
+        if step % every == 0:
+            if buffered:
+                print(str(_logs(step, spe)), file=out)  # a print() to a redirected stdout: block-buffered
+            else:
+                bar.write(str(_logs(step, spe)), file=err)  # ProgressCallback.on_log: tqdm.write
+    if summary:
+        print(str({"train_runtime": 12.5, "train_loss": 0.9, "epoch": round(total / spe, 2)}), file=out)
+    out.flush()
+    bar.close()
+    out.close()
+    err.close()
+
+
+def test_hf_dicts_take_the_tqdm_bar_redrawn_after_each(tmp_path: Path) -> None:
+    """U18: every dict is followed by the bar at the trainer's global step: that count is the dict's step."""
+    log = tmp_path / "train.out"
+    _train(log, total=120, spe=40, every=10, buffered=False, summary=False)
+    steps, meta = _steps(log)
+    assert steps == list(range(10, 130, 10))
+    assert meta["step_axis"]["kind"] == "optimizer_step" and "tqdm bar" in meta["step_axis"]["column"]
+
+
+def test_hf_dicts_flushed_in_bursts_are_dated_by_epoch_and_bar_total(tmp_path: Path) -> None:
+    """qwen3/llama SFT (TRL): the dicts come in bursts after the bar moved on; epoch x (TOTAL / final epoch)."""
+    log = tmp_path / "train.out"
+    _train(log, total=300, spe=100, every=10, buffered=True)
+    text = log.read_text()
+    assert "}\n{" in text  # bursts: dicts with no bar between them
+    steps, meta = _steps(log)
+    assert steps == list(range(10, 310, 10))
+    assert "steps per epoch" in meta["step_axis"]["column"]
+
+
+def test_hf_dicts_in_bursts_without_a_summary_use_the_tightest_bar_bound(tmp_path: Path) -> None:
+    """A run killed before its summary: the steps per epoch are bounded by the bar counts after the dicts."""
+    log = tmp_path / "train.out"
+    _train(log, total=300, spe=100, every=10, buffered=True, summary=False)
+    steps, meta = _steps(log)
+    assert len(steps) == 30 and steps == sorted(steps)
+    assert all(abs(s - t) <= 10 for s, t in zip(steps, range(10, 310, 10), strict=True))
+    assert "bound" in meta["step_axis"]["column"]
+
+
+def test_hf_dict_glued_to_a_bar_is_read_by_the_hf_reader(tmp_path: Path) -> None:
+    """qwen3 QLoRA: ``  34%|###| 600/1755 [..]{'loss': ...}`` (stdout flushed while the bar had no newline)."""
+    lines = []
+    for s in range(10, 60, 10):
+        lines.append(f"\r {s}%|#   | {s}/50 [00:0{s // 10}<00:10,  1.00it/s]"
+                     + str(_logs(s, 50)).replace("'epoch'", "'epoch'"))
+    lines.append("\r100%|####| 50/50 [00:50<00:00,  1.00it/s]")
+    (tmp_path / "train.out").write_text("\n".join(lines) + "\n")
+    steps, meta = _steps(tmp_path / "train.out")
+    assert meta["framework"] == "hf_trainer_stdout"
+    assert steps == [10, 20, 30, 40, 50]
+
+
+def test_real_mkgl_stdout_bursts_are_put_on_the_trainer_steps() -> None:
+    """MKGL (real, committed): 133 dicts in bursts, 2-decimal epochs, a 1330-step bar, 5 epochs."""
+    run_dir = REAL / "hf-trainer" / "mkgl_stdout"
+    if not run_dir.is_dir():
+        pytest.skip("tests/data/real/hf-trainer/mkgl_stdout is absent")
+    steps, meta = _steps(run_dir / "train_log.txt")
+    assert steps == list(range(10, 1340, 10))
+    evals, _ = _steps(run_dir / "train_log.txt", "eval_loss")
+    assert set(evals) <= set(steps) and len(evals) == 5
+    run = load_run(run_dir)
+    assert run.meta["step_axis"]["kind"] == "optimizer_step"
