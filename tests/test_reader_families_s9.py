@@ -108,3 +108,45 @@ def test_real_mkgl_stdout_bursts_are_put_on_the_trainer_steps() -> None:
     assert set(evals) <= set(steps) and len(evals) == 5
     run = load_run(run_dir)
     assert run.meta["step_axis"]["kind"] == "optimizer_step"
+
+
+def _names(path: Path) -> set[str]:
+    r = textlog.read(path, path.parent)
+    return set(pl.from_arrow(r.metrics)["tag"].unique().to_list())
+
+
+def test_log_record_prefix_fields_are_not_metrics() -> None:
+    """OLMo (real, committed): ``<time> host-03:0 olmo.train:990 INFO [step=..]`` (tabs): hostname:rank, logger:line."""
+    path = REAL / "olmo" / "olmo150m_tied_emb" / "train.log"
+    if not path.is_file():
+        pytest.skip("tests/data/real/olmo is absent")
+    names = _names(path)
+    assert "olmo.train" not in names and not any(n.startswith("fine-work-echoes") for n in names)
+    assert {"train/CrossEntropyLoss", "optim/total_grad_norm"} <= names
+
+
+def test_loguru_source_location_is_not_a_metric() -> None:
+    """YOLOX (real, committed): loguru's ``| INFO | yolox.core.trainer:after_iter:246 - epoch: 1/300, ...``."""
+    path = REAL / "yolox" / "yolox_s_mlu" / "train_log.txt"
+    if not path.is_file():
+        pytest.skip("tests/data/real/yolox is absent")
+    names = _names(path)
+    assert "after_iter" not in names and "total_loss" in names
+
+
+@pytest.mark.parametrize("n", [3, 200])  # one by one, and in bulk (a shape shared by many lines)
+def test_glued_pairs_in_the_message_stay_pairs_prefix_fields_go(tmp_path: Path, n: int) -> None:
+    """The rule is the position: a glued ``key:N`` before the level word (or an ``a:b:N`` chain) is a prefix field.
+
+    After the level, in the message, a glued pair is a pair (modded-nanogpt ``step:10/100 train_loss:3.2``).
+    """
+    rows = [f"2024-05-01 10:00:{i % 60:02d},123 node-7:3 trainer.loop:88 INFO step:{i}/{n} train_loss:{3 - i / n:.4f} "
+            f"train_time:{i * 10}ms" for i in range(1, n + 1)]
+    rows += [f"2024-05-01 10:01:{i % 60:02d}.5 | WARNING | my.pkg.train:fit_epoch:120 - step: {n + i}, loss: 1.5"
+             for i in range(1, n + 1)]
+    (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
+    r = textlog.read(tmp_path / "train.log", tmp_path)
+    df = pl.from_arrow(r.metrics)
+    assert set(df["tag"].unique().to_list()) == {"train_loss", "train_time", "loss"}
+    assert df.filter(pl.col("tag") == "train_loss")["step"].to_list() == list(range(1, n + 1))
+    assert df.filter(pl.col("tag") == "loss")["step"].to_list() == list(range(n + 1, 2 * n + 1))

@@ -34,6 +34,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import polars as pl
+
 from parsers.lines import LineRecord, metric
 from parsers.lines.common import wall_time
 
@@ -95,6 +97,29 @@ key reads it; wall times are taken from the line as logged). Any digit count: th
 rewritten alike, :mod:`parsers.lines.kv_bulk` reads them by one plan."""
 DURATION_REPL = ("~\\g<0>", "~${0}")  # Python re, Rust regex
 _DURATION = re.compile(DURATION)
+_LEVEL = r"(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL|FATAL|TRACE|SUCCESS|NOTICE)"
+_FIELD = r"[A-Za-z_][A-Za-z0-9_.@<>-]*"
+_SEP = r"[\t |\[\]-]+"
+SOURCE_LOCATION = rf"({_FIELD}:[A-Za-z_<>][A-Za-z0-9_.@<>-]*):([0-9]+)"
+"""A ``module:function:line`` source location (loguru ``yolox.core.trainer:after_iter:246``): a key glued to its
+colons is a place in the code, not a metric pair."""
+SOURCE_LOCATION_REPL = ("\\1:~\\2", "${1}:~${2}")  # Python re, Rust regex
+RECORD_PREFIX = (rf"({_FIELD}):([0-9]+)({_SEP})(?:({_FIELD}:)([0-9]+)({_SEP}))?({_LEVEL}\b)")
+"""One or two ``name:N`` fields glued to their colon (no space) and then the record's level word: the fields of a
+log-record prefix (OLMo ``host-03:0<TAB>olmo.train:990<TAB>INFO``: hostname:rank, logger:lineno), not metric pairs.
+A glued pair after the level, in the message (modded-nanogpt ``step:10/100 train_loss:3.2``), is one."""
+RECORD_PREFIX_REPL = ("\\1:~\\2\\3\\4~\\5\\6\\7", "${1}:~${2}${3}${4}~${5}${6}${7}")  # Python re, Rust regex
+LEVELS = ("INFO", "WARNING", "WARN", "DEBUG", "ERROR", "CRITICAL", "FATAL", "TRACE", "SUCCESS", "NOTICE")
+"""Both rules apply to a log record only: a line that holds one of these level words (a literal test, cheap)."""
+LEVEL_ANY = "|".join(LEVELS)
+PREFIX_ANY = rf"{SOURCE_LOCATION}|{_FIELD}:[0-9]+{_SEP}(?:{_FIELD}:[0-9]+{_SEP})?{_LEVEL}\b"
+"""Either of the two (a match test without capture groups: which lines to rewrite)."""
+PREFIX_SHAPE = PREFIX_ANY.replace("0-9", "0-9#")
+""":data:`PREFIX_ANY` over a line's shape (digit runs as ``#``, :data:`parsers.lines.kv_bulk.SHAPE`): it matches
+the shape of every line :data:`PREFIX_ANY` matches, so the bulk reader tests each shape once."""
+_SOURCE_LOCATION = re.compile(SOURCE_LOCATION)
+_RECORD_PREFIX = re.compile(RECORD_PREFIX)
+_PREFIX_ANY = re.compile(PREFIX_ANY)
 CANDIDATE = (r"(?i)(?:(?:^|[^A-Za-z0-9])(?:step|steps|iter|iters|iteration|it|updates?|epoch|ep|batch|s)|globalstep)"
              r"['\"]?(?:[ \t]*\([^()]{0,40}\))?[ \t]*[:=#]?[ \t]*['\"]?\[?[ \t]*[0-9]"
              r"|(?:loss|ppl|perplexity)[A-Za-z0-9_./@-]*['\"]?(?:[ \t]*\([^()]{0,40}\))?(?:[ \t]*[:=][ \t]*|[ \t]+)"
@@ -157,6 +182,8 @@ def parse_line(line: str, state: dict) -> LineRecord | None:
         line = _EPOCH_THEN_ITER.sub(EPOCH_THEN_ITER_REPL[0], line, count=1)
     if ":" in line:  # ``eta: 4:59:11`` is a duration, not eta = 4
         line = _DURATION.sub(DURATION_REPL[0], line)
+        if any(w in line for w in LEVELS) and _PREFIX_ANY.search(line):  # ``olmo.train:990<TAB>INFO``: no pairs
+            line = _RECORD_PREFIX.sub(RECORD_PREFIX_REPL[0], _SOURCE_LOCATION.sub(SOURCE_LOCATION_REPL[0], line))
     if line.lstrip().startswith("["):
         line = _LEAD.sub(LEAD_REPL[0], line, count=1)
     step, step_frac, epoch, epoch_frac, out, lossy = _pairs(line, state)
@@ -284,3 +311,28 @@ def join_continuations(lines: list[str]) -> list[str]:
             continue
         head = i if (_CAND.search(line) and not _CODE.search(line)) else -1
     return out
+
+
+def mark_prefix_fields(text: pl.Series, code: pl.Series, uniq: pl.Series) -> pl.Series:
+    """:data:`RECORD_PREFIX` and :data:`SOURCE_LOCATION` marked in many lines so that no pair reads them.
+
+    What :func:`parse_line` does line by line, for :mod:`parsers.lines.kv_bulk`: tested once per shape (``uniq``;
+    ``code``: each line's shape index), rewritten on the lines of the shapes that match.
+
+    Args:
+        text: The lines (Utf8).
+        code: Each line's index into ``uniq`` (UInt32).
+        uniq: The distinct shapes (:data:`parsers.lines.kv_bulk.SHAPE`).
+
+    Returns:
+        ``text``, or a copy with those lines rewritten.
+    """
+    hit = (uniq.str.contains(LEVEL_ANY) & uniq.str.contains(PREFIX_SHAPE)).arg_true()
+    if hit.len() == 0:
+        return text
+    idx = code.is_in(hit.cast(pl.UInt32).implode()).arg_true()
+    if idx.len() == 0:
+        return text
+    part = (text.gather(idx).str.replace_all(SOURCE_LOCATION, SOURCE_LOCATION_REPL[1])
+            .str.replace_all(RECORD_PREFIX, RECORD_PREFIX_REPL[1]))
+    return text.clone().scatter(idx, part)

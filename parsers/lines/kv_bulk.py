@@ -37,6 +37,7 @@ from parsers.lines.kv import (
     NESTED_REPL,
     PAIR,
     classify,
+    mark_prefix_fields,
 )
 
 SHAPE = r"(?-u:\b)[0-9]+"
@@ -354,6 +355,7 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
     text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     uniq = shapes.unique(maintain_order=True)
     code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
+    text = mark_prefix_fields(text, code, uniq)  # ``olmo.train:990<TAB>INFO``: no pairs (as in parse_line)
     df = pl.DataFrame({"text": text, "code": code}).with_row_index("line")
     counts = df.group_by("code").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
     uniq_l = uniq.to_list()
