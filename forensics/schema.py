@@ -167,6 +167,8 @@ _WRAP = frozenset({"train", "training", "sft", "trainer", "metrics", "metric", "
                    "loss", "with", "at", "of", "is", "the", "a", "an", "in", "on", "for", "and", "mean_of"})
 _SPLIT = frozenset({"train", "training"}) | _EVAL
 _AGGREGATE = frozenset({"epoch", "ema", "min", "max", "std", "sum", "count", "best"})
+_XENT = frozenset({"xent", "crossentropy"})
+"""Words that name the cross-entropy itself, without the word loss: a loss (OpenNMT-py ``xent``, TF ``xent``)."""
 _SHORT = {"trl": ("loss", "abbreviation of train loss"), "tl": ("loss", "abbreviation of train loss"),
           "tel": ("eval_loss", "abbreviation of test/eval loss"), "vl": ("eval_loss", "abbreviation of val loss")}
 
@@ -259,9 +261,9 @@ def name_rule(raw: str) -> tuple[str, str] | None:
     """The canonical name of a loss- or perplexity-like raw name, by rule, with why; ``None`` if no rule applies.
 
     Rules (DESIGN.md section 2): the name is split into words at any punctuation or space and camel case
-    (``CrossEntropyLoss``); an eval word (``val``, ``eval``, ``test``, ...) makes it ``eval_loss``; an
-    aggregate word (``epoch``, ``ema``, ``min``...) leaves it under its raw name (a per-epoch mean is not the
-    per-step objective); wrapper words (``train``, ``sft``, ``total``, ``avg``, ``global``, ``step``...) are
+    (``CrossEntropyLoss``); ``xent`` (the cross-entropy) is a loss word; an eval word (``val``, ``test``...) makes
+    it ``eval_loss``; an aggregate word (``epoch``, ``ema``, ``min``...) leaves it under its raw name (a per-epoch
+    mean is not the per-step objective); wrapper words (``train``, ``sft``, ``total``, ``avg``, ``step``...) are
     dropped; any other word is a part: ``box_loss`` -> ``loss/box``; perplexity -> ``ppl`` (``eval_ppl``).
 
     Args:
@@ -278,8 +280,8 @@ def name_rule(raw: str) -> tuple[str, str] | None:
     words = words_of(raw)
     if any(a == "loss" and b.startswith("scal") for a, b in zip(words, words[1:], strict=False)):
         return None  # ``loss_scale_window``, ``min_loss_scale``: a loss-scale setting, not a part of the loss
-    words = ["loss" if w.endswith("loss") and w != "loss" and w[:-4] in ("crossentropy", "ce", "nll", "lm")
-             else w for w in words]
+    words = ["loss" if (w.endswith("loss") and w != "loss" and w[:-4] in ("crossentropy", "ce", "nll", "lm"))
+             or w in _XENT else w for w in words]
     if "loss" in words or low.endswith("loss"):
         kind = "loss"
     elif any(w in ("ppl", "perplexity") for w in words):

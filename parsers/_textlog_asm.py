@@ -87,6 +87,7 @@ class Assembler:
         self.ranks: Counter[int] = Counter()
         self.rank_seen: set[tuple[int, int, str]] = set()
         self.rank_values = RankValues()  # each rank's own values of the compared series (RK01)
+        self.index_steps: int | None = None  # a running index for step-less lines (parsers.textlog: no step at all)
         self.hf_dicts: list[tuple] = []  # HF dict lines: (lineno, epoch, precision, eval, bar n, bar total, seg, rows)
         self.bars: list[tuple] = []  # tqdm bars after the first HF dict: (lineno, count, total) arrays per block
 
@@ -245,6 +246,11 @@ class Assembler:
         elif r.step is not None and not (r.framework == "generic" and r.epoch is not None):
             self.finer = True
         step = r.step if r.step is not None else self.any_step
+        if r.step is None and self.index_steps is not None:  # no step in the whole file: the running index
+            self.index_steps += 1
+            step = self.index_steps
+            self.meta["step_axis"] = {"column": "running index of the step-less metric lines (none has a step)",
+                                      "kind": "row_index"}
         if step is None:
             self.skip_counts["metric line before any step"] += 1
             return

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 
 from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
@@ -130,9 +131,31 @@ def read(path: Path, root: Path) -> ParseResult:
         configuration found; an unterminated last line is skipped and reported.
     """
     rel = file_policy.rel(path, root)
+    asm, skipped, lineno = _read_lines(path, rel, index_steps=False)
+    if not len(asm.rows) and asm.skip_counts.get("metric line before any step"):
+        asm, skipped, lineno = _read_lines(path, rel, index_steps=True)  # no step anywhere: a running index
+    lines = lineno - 1
+    keep, meta = asm.finish(lines)
+    skipped[:0] = asm.skipped
+    precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
+    table = _episodes(_terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta), meta)
+    return ParseResult(format=FORMAT, path=rel, metrics=table, events=asm.rows.events_table(), meta=meta,
+                       skipped=tuple(skipped), precision=precision, ranks=values_table(asm.rank_values))
+
+
+def _read_lines(path: Path, rel: str, index_steps: bool) -> tuple[_Assembler, list[Skip], int]:
+    """One pass over the file: ``(assembler, skipped, next line number)``.
+
+    With ``index_steps`` (a file whose loss lines carry no step anywhere: ``batch loss: 0.41``), every line is
+    read one by one and each step-less metric line gets the next number of a running index (1, 2, ...),
+    named in ``meta["step_axis"]`` as row numbers.
+    """
     skipped: list[Skip] = []
     asm = _Assembler(rel)
     reader = _Reader(asm)
+    if index_steps:
+        asm.index_steps = 0
+        reader.SMALL = 1 << 62  # one by one: the running index is the assembler's
     lineno = 1
     buf: list[str] = []
     try:
@@ -161,13 +184,7 @@ def read(path: Path, root: Path) -> ParseResult:
                                                    "not parsed"))
     else:
         lineno = reader.block(buf, lineno)
-    lines = lineno - 1
-    keep, meta = asm.finish(lines)
-    skipped[:0] = asm.skipped
-    precision = meta.get("value_format") or _PRECISION.get(meta["framework"], "text")
-    table = _terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta)
-    return ParseResult(format=FORMAT, path=rel, metrics=table, events=asm.rows.events_table(), meta=meta,
-                       skipped=tuple(skipped), precision=precision, ranks=values_table(asm.rank_values))
+    return asm, skipped, lineno
 
 
 _NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",
@@ -193,4 +210,22 @@ def _terms_of_a_loss_log(table: Any, path: Path, meta: dict[str, Any]) -> Any:
                                   for t in sorted(terms)}
     df = df.with_columns(pl.when(pl.col("metric").is_in(terms)).then(pl.lit("loss/") + pl.col("metric"))
                          .otherwise(pl.col("metric")).alias("metric"))
+    return df.to_arrow().cast(METRICS_SCHEMA)
+
+
+def _episodes(table: Any, meta: dict[str, Any]) -> Any:
+    """An RL script's ``Episode N`` (read as an outer counter, like an epoch) is named ``episode``, not epoch.
+
+    When the lines are stepped by it (no other step), ``meta["step_axis"]`` says so.
+    """
+    if table.num_rows == 0 or not pc.any(pc.equal(table.column("metric"), "epoch")).as_py():
+        return table
+    df = pl.from_arrow(table)
+    ep = (pl.col("metric") == "epoch") & (pl.col("tag").cast(pl.Utf8).str.strip_chars().str.to_lowercase() == "episode")
+    if not df.select(ep.any()).item():
+        return table
+    if meta.get("step_unit") == "epoch" and not df.filter((pl.col("metric") == "epoch") & ~ep).height:
+        meta["step_unit"] = "episode"
+        meta["step_axis"] = {"column": df.filter(ep).get_column("tag")[0], "kind": "episode"}
+    df = df.with_columns(pl.when(ep).then(pl.lit("episode")).otherwise(pl.col("metric")).alias("metric"))
     return df.to_arrow().cast(METRICS_SCHEMA)

@@ -150,3 +150,43 @@ def test_glued_pairs_in_the_message_stay_pairs_prefix_fields_go(tmp_path: Path, 
     assert set(df["tag"].unique().to_list()) == {"train_loss", "train_time", "loss"}
     assert df.filter(pl.col("tag") == "train_loss")["step"].to_list() == list(range(1, n + 1))
     assert df.filter(pl.col("tag") == "loss")["step"].to_list() == list(range(n + 1, 2 * n + 1))
+
+
+def test_opennmt_xent_is_the_training_loss(tmp_path: Path) -> None:
+    """OpenNMT-py ``onmt/utils/statistics.py`` prints ``Step N/M; acc: ..; ppl: ..; xent: ..; lr: ..``."""
+    from forensics.schema import canonical_metric, explain_metric
+
+    assert canonical_metric("xent") == "loss" and canonical_metric("valid_xent") == "eval_loss"
+    assert "rule" in explain_metric("xent")[1]
+    rows = [f"[2024-03-01 10:{i // 60:02d}:{i % 60:02d},000 INFO] Step {i * 50}/5000; acc: {20 + i / 3:.2f}; "
+            f"ppl: {math.exp(6 - i / 40):.2f}; xent: {6 - i / 40:.2f}; lr: 0.00070; 9000/9100 tok/s;     {i * 9} sec"
+            for i in range(1, 101)]
+    (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
+    run = load_run(tmp_path)
+    assert run.meta["objective"]["metric"] == "loss" and "xent" in run.meta["objective"]["tags"]
+    assert run.series("loss").steps.tolist()[:2] == [50, 100]
+
+
+def test_step_less_loss_lines_take_a_running_index_only_when_nothing_else_steps(tmp_path: Path) -> None:
+    """A script that prints ``batch loss:X`` and never a step: row numbers, named as such; with a step: not."""
+    rows = ["Namespace(lr=0.01, epochs=3)"] + [f"batch loss:{2 * math.exp(-i / 50) + 0.3:.4f}" for i in range(300)]
+    (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
+    steps, meta = _steps(tmp_path / "train.log")
+    assert steps == list(range(1, 301)) and meta["step_axis"]["kind"] == "row_index"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.log").write_text("\n".join(["step 5 lr 0.1", *rows[1:]]) + "\n")
+    steps, meta = _steps(other / "train.log")
+    assert set(steps) == {5} and "step_axis" not in meta  # the step seen wins: the lines belong to it
+
+
+def test_episode_n_of_m_steps_an_rl_script(tmp_path: Path) -> None:
+    """``Episode 3/500 | Reward: .. | Loss: ..``: the episode is the step, named episode (not epoch)."""
+    rows = [f"Episode {e}/120 | Reward: {e % 7:.2f} | Loss: {2 / (1 + e / 20):.4f} | Epsilon: {1 - e / 200:.3f}"
+            for e in range(1, 121)]
+    (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
+    steps, meta = _steps(tmp_path / "train.log")
+    assert steps == list(range(1, 121))
+    assert meta["step_axis"] == {"column": "Episode", "kind": "episode"}
+    eps, _ = _steps(tmp_path / "train.log", "episode")
+    assert len(eps) == 120 and not _steps(tmp_path / "train.log", "epoch")[0]

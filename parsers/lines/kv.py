@@ -45,7 +45,8 @@ STEP_KEYS = frozenset({
     "trainer/global_step", "batch", "optimizer_step",
 })
 """Keys that name the step. ``epoch`` is a step only when nothing else is (see :data:`EPOCH_KEYS`)."""
-EPOCH_KEYS = frozenset({"epoch", "ep"})
+EPOCH_KEYS = frozenset({"epoch", "ep", "episode"})
+"""An outer-loop counter: the step of a line that has no other (an RL script's ``Episode 3/500 | Loss: 1.7``)."""
 NOT_METRICS = frozenset({"rank", "local_rank", "global_rank", "pid", "gpu", "device", "node", "worker", "tid",
                          "line", "port", "seed"})
 """Keys dropped from a metric line: identifiers, not measurements."""
