@@ -190,3 +190,20 @@ def test_episode_n_of_m_steps_an_rl_script(tmp_path: Path) -> None:
     assert meta["step_axis"] == {"column": "Episode", "kind": "episode"}
     eps, _ = _steps(tmp_path / "train.log", "episode")
     assert len(eps) == 120 and not _steps(tmp_path / "train.log", "epoch")[0]
+
+
+@pytest.mark.parametrize(("name", "steps", "evals"), [
+    ("unbuffered.log", list(range(10, 260, 10)), [50, 100, 150, 200, 250]),
+    ("resumed/train_1.out", list(range(10, 110, 10)), [50, 100]),
+    ("resumed/train_2.out", list(range(110, 260, 10)), [150, 200, 250]),
+])
+def test_real_trainer_stdout_dicts_are_on_the_trainer_steps(name: str, steps: list[int], evals: list[int]) -> None:
+    """A real HF Trainer (transformers 4.46.3, ``tests/data/make_hf_tqdm_logs.py``): dicts at 10, 20, ...
+
+    A resumed launch continues at 110 (the running index said 1, 2, ...).
+    """
+    path = Path(__file__).parent / "data" / "hf_tqdm_real" / name
+    got, meta = _steps(path)
+    assert got == steps
+    assert _steps(path, "eval_loss")[0] == evals
+    assert meta["step_axis"]["kind"] == "optimizer_step"

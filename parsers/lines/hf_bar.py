@@ -98,7 +98,8 @@ def _segment_steps(ds: list[tuple], bars: tuple, summary: float | None) -> tuple
         k = int(np.searchsorted(s_ln, d[0], side="right"))
         after = (int(s_cnt[k]), int(s_ln[k])) if k < len(s_ln) else (None, None)
         nb.append((d[4], None) if d[5] == total and d[4] is not None else after)
-    alone = sum(1 for j in range(len(ds) - 1) if nb[j][1] is not None and nb[j][1] < ds[j + 1][0])
+    # a bar on the next dict's line came before it (a dict ends its line: ``\r bar\r bar\r{dict}\n``)
+    alone = sum(1 for j in range(len(ds) - 1) if nb[j][1] is not None and nb[j][1] <= ds[j + 1][0])
     if len(ds) == 1 or alone >= ISOLATED * (len(ds) - 1):
         steps: list[int | None] = [c for c, _ in nb]
         how = "the tqdm bar count N/TOTAL redrawn after each dict"
