@@ -190,7 +190,8 @@ class Assembler:
                 self.any_step = r.step
         for kind, msg, step in r.events:
             self.event(kind, msg, step)
-        if r.metrics and r.bar_pos is not None:  # an HF dict: dated by the tqdm bars at the end of the file
+        if r.metrics and r.bar_pos is not None and r.meta.get("step_source") not in ("logged", "epoch"):
+            # an HF dict numbered by a running index: dated by the tqdm bars at the end of the file
             first = len(self.rows.step)
             self.metrics(r)
             e, q, n, t = r.bar_pos

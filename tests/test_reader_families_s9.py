@@ -207,3 +207,15 @@ def test_real_trainer_stdout_dicts_are_on_the_trainer_steps(name: str, steps: li
     assert got == steps
     assert _steps(path, "eval_loss")[0] == evals
     assert meta["step_axis"]["kind"] == "optimizer_step"
+
+
+def test_dicts_dated_by_the_training_block_keep_that_step(tmp_path: Path) -> None:
+    """``Total optimization steps`` and ``Num Epochs`` printed: epoch x N / E is exact; a later bar does not move it."""
+    lines = ["***** Running training *****", "  Num examples = 4000", "  Num Epochs = 2",
+             "  Total optimization steps = 500"]
+    for s in range(10, 510, 10):
+        lines.append(str({"loss": round(3 * math.exp(-s / 200), 4), "learning_rate": 1e-3, "epoch": round(s / 250, 2)}))
+        lines.append(f"\r {s // 5}%|###| {s + 3}/500 [00:01<00:30,  9.8it/s]")  # a bar drawn 3 steps later
+    (tmp_path / "train.out").write_text("\n".join(lines) + "\n")
+    steps, meta = _steps(tmp_path / "train.out")
+    assert steps == list(range(10, 510, 10)) and meta["step_source"] == "epoch"
