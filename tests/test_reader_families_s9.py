@@ -134,7 +134,7 @@ def test_loguru_source_location_is_not_a_metric() -> None:
     assert "after_iter" not in names and "total_loss" in names
 
 
-@pytest.mark.parametrize("n", [3, 200])  # one by one, and in bulk (a shape shared by many lines)
+@pytest.mark.parametrize("n", [3, 1500])  # one by one, and in bulk (a block of >= 2,000 lines, shapes shared)
 def test_glued_pairs_in_the_message_stay_pairs_prefix_fields_go(tmp_path: Path, n: int) -> None:
     """The rule is the position: a glued ``key:N`` before the level word (or an ``a:b:N`` chain) is a prefix field.
 
@@ -169,10 +169,10 @@ def test_opennmt_xent_is_the_training_loss(tmp_path: Path) -> None:
 
 def test_step_less_loss_lines_take_a_running_index_only_when_nothing_else_steps(tmp_path: Path) -> None:
     """A script that prints ``batch loss:X`` and never a step: row numbers, named as such; with a step: not."""
-    rows = ["Namespace(lr=0.01, epochs=3)"] + [f"batch loss:{2 * math.exp(-i / 50) + 0.3:.4f}" for i in range(300)]
+    rows = ["Namespace(lr=0.01, epochs=3)"] + [f"batch loss:{2 * math.exp(-i / 500) + 0.3:.4f}" for i in range(3000)]
     (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
     steps, meta = _steps(tmp_path / "train.log")
-    assert steps == list(range(1, 301)) and meta["step_axis"]["kind"] == "row_index"
+    assert steps == list(range(1, 3001)) and meta["step_axis"]["kind"] == "row_index"
     other = tmp_path / "other"
     other.mkdir()
     (other / "train.log").write_text("\n".join(["step 5 lr 0.1", *rows[1:]]) + "\n")
@@ -180,16 +180,17 @@ def test_step_less_loss_lines_take_a_running_index_only_when_nothing_else_steps(
     assert set(steps) == {5} and "step_axis" not in meta  # the step seen wins: the lines belong to it
 
 
-def test_episode_n_of_m_steps_an_rl_script(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n", [120, 3000])  # one by one, and in bulk
+def test_episode_n_of_m_steps_an_rl_script(tmp_path: Path, n: int) -> None:
     """``Episode 3/500 | Reward: .. | Loss: ..``: the episode is the step, named episode (not epoch)."""
-    rows = [f"Episode {e}/120 | Reward: {e % 7:.2f} | Loss: {2 / (1 + e / 20):.4f} | Epsilon: {1 - e / 200:.3f}"
-            for e in range(1, 121)]
+    rows = [f"Episode {e}/{n} | Reward: {e % 7:.2f} | Loss: {2 / (1 + e / 20):.4f} | Epsilon: {1 - e / (2 * n):.3f}"
+            for e in range(1, n + 1)]
     (tmp_path / "train.log").write_text("\n".join(rows) + "\n")
     steps, meta = _steps(tmp_path / "train.log")
-    assert steps == list(range(1, 121))
+    assert steps == list(range(1, n + 1))
     assert meta["step_axis"] == {"column": "Episode", "kind": "episode"}
     eps, _ = _steps(tmp_path / "train.log", "episode")
-    assert len(eps) == 120 and not _steps(tmp_path / "train.log", "epoch")[0]
+    assert len(eps) == n and not _steps(tmp_path / "train.log", "epoch")[0]
 
 
 @pytest.mark.parametrize(("name", "steps", "evals"), [
