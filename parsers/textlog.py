@@ -39,6 +39,7 @@ from parsers._textlog_asm import MODULES as _MODULES
 from parsers._textlog_asm import Assembler as _Assembler
 from parsers._textlog_block import BLOCK as _BLOCK
 from parsers._textlog_block import Reader as _Reader
+from parsers._textlog_prep import Pipeline
 from parsers.lines import common, kv
 from parsers.rank_files import values_table
 
@@ -133,34 +134,18 @@ def read(path: Path, root: Path) -> ParseResult:
     skipped: list[Skip] = []
     asm = _Assembler(rel)
     reader = _Reader(asm)
-    lineno = 1
+    pipe = Pipeline(reader.prepare, reader.consume, 1)
     buf: list[str] = []
     try:
-        with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
-            while True:
-                got = fh.readlines(_READ_HINT)  # whole lines, split in C
-                if not got:
-                    break
-                if any("\0" in g for g in got):  # a crashed node's NUL blocks: listed, the lines around read
-                    got = drop_nuls(got, lineno + len(buf), rel, skipped)
-                buf += got
-                while len(buf) > _BLOCK:
-                    rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line
-                    lineno = reader.block(buf[:_BLOCK], lineno)
-                    buf = rest
-    except (OSError, EOFError) as exc:
-        if lineno == 1 and not buf:
-            raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
-        why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
-        skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
-    if buf and not buf[-1].endswith(("\n", "\r")):
-        last = buf.pop()
-        lineno = reader.block(buf, lineno)
-        if last.strip():
+        _read_lines(path, rel, pipe, buf, skipped)
+        last = buf.pop() if buf and not buf[-1].endswith(("\n", "\r")) else None
+        pipe.submit(buf)  # the last block too: its column half overlaps the block before
+        lineno = pipe.drain()
+        if last is not None and last.strip():
             skipped.append(Skip(f"{rel}:{lineno}", "unterminated last line (the writer was killed mid-line); "
                                                    "not parsed"))
-    else:
-        lineno = reader.block(buf, lineno)
+    finally:
+        pipe.close()
     lines = lineno - 1
     keep, meta = asm.finish(lines)
     skipped[:0] = asm.skipped
@@ -168,6 +153,35 @@ def read(path: Path, root: Path) -> ParseResult:
     table = _terms_of_a_loss_log(asm.rows.metrics_table(keep), path, meta)
     return ParseResult(format=FORMAT, path=rel, metrics=table, events=asm.rows.events_table(), meta=meta,
                        skipped=tuple(skipped), precision=precision, ranks=values_table(asm.rank_values))
+
+
+def _read_lines(path: Path, rel: str, pipe: Pipeline, buf: list[str], skipped: list[Skip]) -> None:
+    """Queue every full block of ``path`` on ``pipe``; the rest stays in ``buf`` (a read error is listed).
+
+    Raises:
+        ParseError: the file cannot be read at all.
+    """
+    seen = 0  # pieces read so far (numbering the NUL lines)
+    try:
+        with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
+            while True:
+                got = fh.readlines(_READ_HINT)  # whole lines, split in C
+                if not got:
+                    break
+                if any("\0" in g for g in got):  # a crashed node's NUL blocks: listed, the lines around read
+                    got = drop_nuls(got, seen + 1, rel, skipped)
+                seen += len(got)
+                buf += got
+                while len(buf) > _BLOCK:
+                    rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line
+                    pipe.submit(buf[:_BLOCK])
+                    buf[:] = rest
+    except (OSError, EOFError) as exc:
+        lineno = pipe.drain()
+        if lineno == 1 and not buf:
+            raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
+        why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
+        skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
 
 
 _NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",

@@ -230,7 +230,7 @@ class _Tokens:
         for c, p in zip(codes, plans, strict=True):
             first[c], count[c] = at, len(p.rows)
             at += len(p.rows)
-        toks = df.get_column("text").str.extract_all(_NUM)
+        toks = df.get_column("toks") if "toks" in df.columns else df.get_column("text").str.extract_all(_NUM)
         n_tok = toks.list.len().to_numpy().astype(np.int64)
         start = np.concatenate([[0], np.cumsum(n_tok)[:-1]])
         flat = toks.explode().cast(pl.Float64, strict=False)  # reads nan, inf, infinity in any case
@@ -325,24 +325,13 @@ def _rewrite(text: pl.Series, pattern: str, repl: str, *, every: bool) -> pl.Ser
     return text.clone().scatter(idx, part)  # scatter writes in place: never into the caller's lines
 
 
-def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
-               cache: dict[str, Plan | None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Read many lines at once with the grammar of :func:`parsers.lines.kv.parse_line`.
-
-    Args:
-        lines: Cleaned candidate lines (Utf8), in file order; position ``i`` is line ``i``.
-        shapes: The lines with :data:`SHAPE` replaced by ``#`` (computed when ``None``).
-        state: Per-file state, as in ``parse_line`` (``kv_units``, ``kv_total_steps``, ... are set).
-        cache: Plans by shape, kept by the caller from block to block (``None``: a new one).
+def prepare_block(lines: pl.Series, shapes: pl.Series | None) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
+    """The part of :func:`read_block` that needs no state (a worker thread may make it ahead).
 
     Returns:
-        ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null:
-        the last step seen, ``dup`` bool: two of its metrics share a canonical name, ``sig``: its keys, ``ep``:
-        the step is its epoch), in line order;
-        ``metrics`` one row per metric of those lines (``line``, ``metric``, ``tag``, ``value``), by line,
-        then by position in the line.
+        ``(text, unique shapes, each line's shape code (u32), its number tokens (list[str]))``; ``text``: the
+        lines with nested counters, durations and a leading ``[N/M]`` rewritten as in ``parse_line``.
     """
-    cache = {} if cache is None else cache
     if shapes is None:
         shapes = lines.str.replace_all(SHAPE, "#")
     text = lines
@@ -354,7 +343,32 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
     text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
     uniq = shapes.unique(maintain_order=True)
     code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
-    df = pl.DataFrame({"text": text, "code": code}).with_row_index("line")
+    return text, uniq, code, text.str.extract_all(_NUM)
+
+
+def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
+               cache: dict[str, Plan | None] | None = None,
+               pre: tuple[pl.Series, pl.Series, pl.Series, pl.Series] | None = None,
+               ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Read many lines at once with the grammar of :func:`parsers.lines.kv.parse_line`.
+
+    Args:
+        lines: Cleaned candidate lines (Utf8), in file order; position ``i`` is line ``i``.
+        shapes: The lines with :data:`SHAPE` replaced by ``#`` (computed when ``None``).
+        state: Per-file state, as in ``parse_line`` (``kv_units``, ``kv_total_steps``, ... are set).
+        cache: Plans by shape, kept by the caller from block to block (``None``: a new one).
+        pre: :func:`prepare_block` of ``lines`` and ``shapes``, made ahead (``None``: made here).
+
+    Returns:
+        ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null:
+        the last step seen, ``dup`` bool: two of its metrics share a canonical name, ``sig``: its keys, ``ep``:
+        the step is its epoch), in line order;
+        ``metrics`` one row per metric of those lines (``line``, ``metric``, ``tag``, ``value``), by line,
+        then by position in the line.
+    """
+    cache = {} if cache is None else cache
+    text, uniq, code, toks = prepare_block(lines, shapes) if pre is None else pre
+    df = pl.DataFrame({"text": text, "code": code, "toks": toks}).with_row_index("line")
     counts = df.group_by("code").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
     uniq_l = uniq.to_list()
     planned: list[int] = []
