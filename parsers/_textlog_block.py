@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from parsers import _textlog_bulk
+from parsers._textlog_prep import SMALL, Prepared, prepare
 from parsers.lines import common, hf_bar, kv, kv_bulk
 
 if TYPE_CHECKING:
@@ -119,13 +120,11 @@ class _Eventish:
     (most of them are read in bulk and never asked) is scanned when asked.
     """
 
-    def __init__(self, lines: pl.Series, cand: pl.Series, text: _Text) -> None:
+    def __init__(self, lines: pl.Series, cand: pl.Series, text: _Text, rest_eventish: np.ndarray) -> None:
         self.text = text
         self.cand = cand.to_numpy()
-        rest = (~cand).arg_true()
         self.known = np.zeros(lines.len(), dtype=bool)
-        if rest.len():
-            self.known[rest.to_numpy()] = lines.gather(rest).str.strip_chars().str.contains(common.EVENT_ANY).to_numpy()
+        self.known[~self.cand] = rest_eventish  # the scan of the other lines, made with the block's column half
 
     def __getitem__(self, i: int) -> bool:
         if self.cand[i]:
@@ -146,7 +145,7 @@ class Reader:
     """
 
     LONG_RUN = 48
-    SMALL = 2000
+    SMALL = SMALL
 
     def __init__(self, asm: Assembler) -> None:
         self.asm = asm
@@ -156,46 +155,46 @@ class Reader:
 
     def block(self, pieces: list[str], lineno: int) -> int:
         """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
-        if not pieces:
+        return self.consume(self.prepare(pieces), lineno)
+
+    @staticmethod
+    def prepare(pieces: list[str]) -> Prepared:
+        """The block's column half (:func:`parsers._textlog_prep.prepare`: no state; any thread)."""
+        return prepare(pieces, _clean_block, _wall_times)
+
+    def consume(self, prep: Prepared, lineno: int) -> int:
+        """Read a prepared block in file order, from line number ``lineno``; returns the line number after it."""
+        if not prep.pieces:
             return lineno
-        if len(pieces) < self.SMALL:  # a short file: per line is faster than setting up the column kernels
+        if prep.small:  # a short file: per line is faster than setting up the column kernels
             linenos = []
-            for p in pieces:
+            for p in prep.pieces:
                 linenos.append(lineno)
                 lineno += p.endswith("\n")
-            return self.small(pieces, linenos, lineno)
-        raw = pl.Series("t", pieces, dtype=pl.Utf8)
-        ends = raw.str.ends_with("\n").cast(pl.Int64).to_numpy()
-        linenos = (np.cumsum(ends) - ends + lineno).tolist()
-        lineno += int(ends.sum())
-        lines, ranks = _clean_block(raw)
-        if lines.str.contains(kv.CONTINUATION).any():  # indented ``key=value`` lines under a step line
-            lines = pl.Series("t", kv.join_continuations(lines.to_list()), dtype=pl.Utf8)
+            return self.small(prep.pieces, linenos, lineno)
+        linenos = (prep.rel_linenos + lineno).tolist()
+        lineno += prep.n_ends
+        lines, ranks, cand_mask, rest = prep.lines, prep.ranks, prep.cand_mask, prep.rest
         n = lines.len()
-        code = lines.str.contains(kv.CODE)
-        cand_mask = lines.str.contains(kv.CANDIDATE) & ~code
-        cand_idx = cand_mask.arg_true()
         asm = self.asm
-        rest = (~cand_mask).arg_true()
         text = _Text(lines, rest)
-        eventish = _Eventish(lines, cand_mask, text)
-        skip_code = (code & ~cand_mask).to_numpy()
-        all_shapes = lines.str.replace_all(_DIGITS, "#")
-        self._other = (text, linenos, ranks, eventish, skip_code, _Text(all_shapes, rest))
-        if cand_idx.len() == 0:
+        eventish = _Eventish(lines, cand_mask, text, prep.eventish_rest)
+        skip_code = (prep.code & ~cand_mask).to_numpy()
+        self._other = (text, linenos, ranks, eventish, skip_code, _Text(prep.all_shapes, rest))
+        if prep.cand is None:
             for i in range(n):
                 self.other(i)
             asm.hint = None
-            if asm.hf_dicts:
+            if asm.hf_dicts:  # HF Trainer dicts seen: the tqdm bars that date them
                 self._bars(lines, linenos)
             return lineno
-        plan = self._candidates(lines, cand_idx, all_shapes, ranks)
+        plan = self._candidates(n, prep.cand_idx, prep.cand, ranks)
         self._ctx = (text, linenos, ranks, plan["walls"], plan["line_df"], plan["met_df"])
         self._eventish = eventish
         self._steps: dict[int, int | None] | None = None
         self._walk(n, plan)
         asm.hint = None
-        if asm.hf_dicts:  # HF Trainer dicts seen: the tqdm bars that date them
+        if asm.hf_dicts:
             self._bars(lines, linenos)
         return lineno
 
@@ -204,14 +203,9 @@ class Reader:
         if bars is not None:
             self.asm.bars.append(bars)
 
-    def _candidates(self, lines: pl.Series, cand_idx: pl.Series, all_shapes: pl.Series, ranks: list) -> dict:
+    def _candidates(self, n: int, cand_idx: pl.Series, cand: dict, ranks: list) -> dict:
         """The block's candidate lines: read in bulk, their shapes, which of them go one by one."""
-        n = lines.len()
-        cl = lines.gather(cand_idx)
-        shape_s = all_shapes.gather(cand_idx)
-        uniq = shape_s.unique(maintain_order=True)
-        codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
-        uniq_list = uniq.to_list()
+        codes, uniq_list = cand["codes"], cand["uniq"].to_list()
         owned = self.owned
         own = np.array([(1 if owned[u] else 0) if u in owned else -1 for u in uniq_list], dtype=np.int8)
         cand_np = cand_idx.to_numpy().astype(np.int64)
@@ -222,12 +216,12 @@ class Reader:
         per_line = np.ones(n, dtype=bool)
         per_line[cand_np] = False
         per_line[cand_np[first_pos]] = True
-        line_df, met_df = kv_bulk.read_block(cl, shape_s, self.asm.state, self.plans)
+        line_df, met_df = kv_bulk.read_block(cand["cl"], cand["shape_s"], self.asm.state, self.plans, pre=cand["pre"])
         gl = pl.Series(cand_np, dtype=pl.UInt32)  # positions in ``cl`` -> indices in the block
         line_df = line_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
         met_df = met_df.with_columns(pl.col("line").map_batches(lambda c: gl.gather(c), return_dtype=pl.UInt32))
         walls = np.full(n, np.nan)
-        walls[cand_np] = np.array(_wall_times(cl), dtype=np.float64)
+        walls[cand_np] = cand["walls"]
         return {"codes": codes, "uniq": uniq_list, "own": own, "pos": pos_arr, "walls": walls,
                 "per_idx": np.flatnonzero(per_line).tolist(), "line_df": line_df, "met_df": met_df}
 

@@ -16,7 +16,7 @@ Two engines give the same table:
   of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
   :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
   The first block of a plain file is small (:data:`FIRST_BYTES`: the worker starts sooner), and the GIL
-  turns are short while both threads run (:data:`SWITCH_INTERVAL`).
+  turns are short while both threads run (:data:`parsers._gil.SWITCH_INTERVAL`).
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
   (polars rejects them), ``null`` (polars cannot tell it from a missing key), lone-surrogate escapes,
   invalid UTF-8, anything that does not start with ``{`` and end with ``}`` (garbage, a BOM, the cut
@@ -40,18 +40,16 @@ applied once, on arrays, to the records of both engines.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
 from forensics.model import ParseResult, Skip
 from parsers import file_policy
+from parsers._gil import short_gil_turns
 from parsers._io import open_binary
 from parsers._jsonl_blocks import MAX_LINE_BYTES, _blocks
 from parsers._jsonl_fields import NAME_KEYS, RUNTIME_KEYS, STEP_KEYS, TIME_KEYS
@@ -160,7 +158,7 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
             buf, tail, err = first
             finish(buf, tail, err, lambda line, cut: _auto_block(st, buf, stage(buf), line, cut))
         return error
-    with _short_gil_turns(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
+    with short_gil_turns(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
         ahead: tuple[Future, bytes, bytes, str | None] | None = None
         for buf, tail, err in itertools.chain([first, second], blocks):
             staged = pool.submit(stage.read, buf, stage.scan(buf))  # the scan here, polars there
@@ -171,31 +169,6 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
         fut, b, t, e = ahead
         finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
     return error
-
-
-SWITCH_INTERVAL = 0.0005
-"""Seconds a thread holds the GIL before another that waits for it gets its turn, while a file is read in two
-threads (Python's default is 0.005). The worker thread's Python between two polars reads waits for each turn;
-with the default, polars' cores idle while the converting thread runs on."""
-_turns = threading.Lock()
-_readers = [0, 0.0]  # reads in two threads now, and the switch interval before the first of them
-
-
-@contextlib.contextmanager
-def _short_gil_turns() -> Iterator[None]:
-    """Set :data:`SWITCH_INTERVAL` while a read runs in two threads; the interval before comes back after the last."""
-    with _turns:
-        if not _readers[0]:
-            _readers[1] = sys.getswitchinterval()
-            sys.setswitchinterval(min(SWITCH_INTERVAL, _readers[1]))
-        _readers[0] += 1
-    try:
-        yield
-    finally:
-        with _turns:
-            _readers[0] -= 1
-            if not _readers[0]:
-                sys.setswitchinterval(_readers[1])
 
 
 # -- entry point -------------------------------------------------------------------------------------

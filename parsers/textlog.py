@@ -40,6 +40,7 @@ from parsers._textlog_asm import MODULES as _MODULES
 from parsers._textlog_asm import Assembler as _Assembler
 from parsers._textlog_block import BLOCK as _BLOCK
 from parsers._textlog_block import Reader as _Reader
+from parsers._textlog_prep import Pipeline, Prepared
 from parsers.lines import common, kv
 from parsers.rank_files import values_table
 
@@ -131,9 +132,9 @@ def read(path: Path, root: Path) -> ParseResult:
         configuration found; an unterminated last line is skipped and reported.
     """
     rel = file_policy.rel(path, root)
-    asm, skipped, lineno = _read_lines(path, rel, index_steps=False)
+    asm, skipped, lineno = _one_pass(path, rel, index_steps=False)
     if not len(asm.rows) and asm.skip_counts.get("metric line before any step"):
-        asm, skipped, lineno = _read_lines(path, rel, index_steps=True)  # no step anywhere: a running index
+        asm, skipped, lineno = _one_pass(path, rel, index_steps=True)  # no step anywhere: a running index
     lines = lineno - 1
     keep, meta = asm.finish(lines)
     skipped[:0] = asm.skipped
@@ -143,7 +144,7 @@ def read(path: Path, root: Path) -> ParseResult:
                        skipped=tuple(skipped), precision=precision, ranks=values_table(asm.rank_values))
 
 
-def _read_lines(path: Path, rel: str, index_steps: bool) -> tuple[_Assembler, list[Skip], int]:
+def _one_pass(path: Path, rel: str, index_steps: bool) -> tuple[_Assembler, list[Skip], int]:
     """One pass over the file: ``(assembler, skipped, next line number)``.
 
     With ``index_steps`` (a file whose loss lines carry no step anywhere: ``batch loss: 0.41``), every line is
@@ -155,9 +156,33 @@ def _read_lines(path: Path, rel: str, index_steps: bool) -> tuple[_Assembler, li
     reader = _Reader(asm)
     if index_steps:
         asm.index_steps = 0
-        reader.SMALL = 1 << 62  # one by one: the running index is the assembler's
-    lineno = 1
+    pipe = Pipeline(_one_by_one if index_steps else reader.prepare, reader.consume, 1)
     buf: list[str] = []
+    try:
+        _read_lines(path, rel, pipe, buf, skipped)
+        last = buf.pop() if buf and not buf[-1].endswith(("\n", "\r")) else None
+        pipe.submit(buf)  # the last block too: its column half overlaps the block before
+        lineno = pipe.drain()
+        if last is not None and last.strip():
+            skipped.append(Skip(f"{rel}:{lineno}", "unterminated last line (the writer was killed mid-line); "
+                                                   "not parsed"))
+    finally:
+        pipe.close()
+    return asm, skipped, lineno
+
+
+def _one_by_one(pieces: list[str]) -> Prepared:
+    """A block prepared to be read line by line (the running index of step-less lines is the assembler's)."""
+    return Prepared(pieces, small=True, n_ends=sum(p.endswith("\n") for p in pieces))
+
+
+def _read_lines(path: Path, rel: str, pipe: Pipeline, buf: list[str], skipped: list[Skip]) -> None:
+    """Queue every full block of ``path`` on ``pipe``; the rest stays in ``buf`` (a read error is listed).
+
+    Raises:
+        ParseError: the file cannot be read at all.
+    """
+    seen = 0  # pieces read so far (numbering the NUL lines)
     try:
         with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
             while True:
@@ -165,26 +190,19 @@ def _read_lines(path: Path, rel: str, index_steps: bool) -> tuple[_Assembler, li
                 if not got:
                     break
                 if any("\0" in g for g in got):  # a crashed node's NUL blocks: listed, the lines around read
-                    got = drop_nuls(got, lineno + len(buf), rel, skipped)
+                    got = drop_nuls(got, seen + 1, rel, skipped)
+                seen += len(got)
                 buf += got
                 while len(buf) > _BLOCK:
                     rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line
-                    lineno = reader.block(buf[:_BLOCK], lineno)
-                    buf = rest
+                    pipe.submit(buf[:_BLOCK])
+                    buf[:] = rest
     except (OSError, EOFError) as exc:
+        lineno = pipe.drain()
         if lineno == 1 and not buf:
             raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
         why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
         skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
-    if buf and not buf[-1].endswith(("\n", "\r")):
-        last = buf.pop()
-        lineno = reader.block(buf, lineno)
-        if last.strip():
-            skipped.append(Skip(f"{rel}:{lineno}", "unterminated last line (the writer was killed mid-line); "
-                                                   "not parsed"))
-    else:
-        lineno = reader.block(buf, lineno)
-    return asm, skipped, lineno
 
 
 _NOT_TERMS = frozenset({"epoch", "iters", "iter", "time", "data", "eta", "lr", "memory", "mem", "it", "step",

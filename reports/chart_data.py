@@ -168,27 +168,40 @@ def superseded(run: RunData, series: Series) -> Superseded | None:
 
     if run.raw(series.metric, ["step"]).height <= len(series):
         return None
-    raw = run.raw(series.metric, ["source", "step", "segment", "value"]).filter(pl.col("value").is_not_null())
+    raw = run.raw(series.metric, ["source", "step", "segment", "value"])
+    if raw.get_column("value").null_count():
+        raw = raw.filter(pl.col("value").is_not_null())
     total = raw.height
     groups = run.meta.get("source_groups") or {}
     mine = groups.get(series.source, series.source)
-    src = raw.get_column("source").cast(pl.String)
-    if src.n_unique() > 1:
-        raw = raw.filter((src.replace(groups) if groups else src) == mine)
+    names = raw.get_column("source").unique().cast(pl.String).to_list()  # a few names, not one string per row
+    if len(names) > 1:
+        raw = raw.filter(pl.col("source").is_in([n for n in names if groups.get(n, n) == mine]))
     if raw.height <= len(series):
         return None if raw.height == total else Superseded(np.empty(0), np.empty(0), np.empty(0, np.int64),
                                                            raw.height, total - raw.height)
+    # a 10M-row metric: each temporary goes as soon as it is used (the report's peak memory, tests/test_hostile.py)
     steps = raw.get_column("step").to_numpy()
-    segs = raw.get_column("segment").to_numpy().astype(np.int64)
-    vals = raw.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy()
-    at = np.clip(np.searchsorted(series.steps, steps), 0, max(0, len(series) - 1))
-    on = (series.steps[at] == steps) & (series.segments[at] == segs) if len(series) else np.zeros(steps.size, bool)
+    segs = raw.get_column("segment").to_numpy()
+    if len(series):
+        at = np.searchsorted(series.steps, steps)
+        np.clip(at, 0, len(series) - 1, out=at)
+        on = series.steps[at] == steps
+        on &= series.segments[at] == segs
+        del at
+    else:
+        on = np.zeros(steps.size, bool)
     rows = np.flatnonzero(on)
+    del on
     _, last = np.unique(steps[rows][::-1], return_index=True)  # a repeated step: its last row is the one kept
-    keep = np.zeros(steps.size, dtype=bool)
-    keep[rows[rows.size - 1 - last]] = True
-    gone = ~keep
-    return Superseded(steps[gone].astype(np.float64), vals[gone], segs[gone], raw.height, total - raw.height)
+    gone = np.ones(steps.size, dtype=bool)
+    gone[rows[rows.size - 1 - last]] = False
+    del rows, last
+    idx = np.flatnonzero(gone)
+    del gone
+    vals = raw.get_column("value").gather(idx).cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    return Superseded(steps[idx].astype(np.float64), vals, segs[idx].astype(np.int64), raw.height,
+                      total - raw.height)
 
 
 def superseded_display(rows: Superseded, buckets: int = BUCKETS) -> dict[str, np.ndarray]:

@@ -101,25 +101,47 @@ class WarmupInstability(Detector):
 
     def _grad_jump(self, run: RunData, step: int) -> tuple[int, float] | None:
         """The grad norm jumping with the loss (within ``grad_window`` steps): the update-scale mechanism."""
+        prep = self._grad_prep(run)
+        if prep is None:
+            return None
+        g, glg, gthr = prep
+        near = np.flatnonzero(np.abs(g.steps - step) <= self.grad_window)
+        if not near.size:
+            return None
+        lo = max(int(near[0]) - self.level_points, 0)  # the levels of these points need only the points before
+        gm = self._level(glg[lo:int(near[-1]) + 1])
+        for k in near:
+            if np.isfinite(glg[k]) and np.isfinite(gm[k - lo]) and glg[k] - gm[k - lo] >= gthr:
+                return int(g.steps[k]), float(np.exp(glg[k] - gm[k - lo]))
+        return None
+
+    def _grad_prep(self, run: RunData) -> tuple | None:
+        """The grad norm, its log and its jump threshold (made once per run: :meth:`_grad_jump` asks per jump)."""
         g = run.series("grad_norm")
         if g is None or len(g) < self.min_level_points + 1:
             return None
+        return run.cached("WU01.grad_log", lambda: self._grad_log(g))
+
+    def _grad_log(self, g) -> tuple:  # noqa: ANN001
+        """``(series, log grad norm (NaN where not finite or <= 0), the jump threshold in log units)``."""
         glg = np.log(np.where(np.isfinite(g.values) & (g.values > 0), g.values, np.nan))
         d = np.diff(glg[np.isfinite(glg)])
         gthr = max(float(np.log(self.grad_jump)), self.grad_k * mad_sigma(d) / np.sqrt(2) if d.size else 0.0)
-        gm = self._level(glg)
-        for k in np.flatnonzero(np.abs(g.steps - step) <= self.grad_window):
-            if np.isfinite(glg[k]) and np.isfinite(gm[k]) and glg[k] - gm[k] >= gthr:
-                return int(g.steps[k]), float(np.exp(glg[k] - gm[k]))
-        return None
+        return g, glg, gthr
 
     def _first(self, run: RunData, lg: np.ndarray, st: np.ndarray, sg: np.ndarray, fallen: np.ndarray,
                noise: float, peak_step: int) -> tuple[int, str, list[int]] | None:
         """The first confirmed warm-up instability: (index, how it was confirmed, the jump indices)."""
-        m = self._level(lg)
+        fell = np.flatnonzero(fallen)
+        if not fell.size:
+            return None  # every test below asks for a fallen point within the warm-up window
+        # nothing after the last fallen point (+ one shift window) can change a result: the medians stop there
+        cut = min(lg.size, int(fell[-1]) + self.shift_points + 1)
+        lg, sg, fallen = lg[:cut], sg[:cut], fallen[:cut]
+        m = self._level(lg[:int(fell[-1]) + 1])
         thr = max(float(np.log(self.min_jump)), self.noise_k * noise)
         with np.errstate(all="ignore"):
-            jumps = np.flatnonzero(fallen & (lg - m >= thr))
+            jumps = np.flatnonzero(fallen[:m.size] & (lg[:m.size] - m >= thr))
         hits: list[tuple[int, str]] = []
         for i in jumps.tolist():  # a jump must persist or come with its mechanism, never one noisy point
             nxt = lg[i + 1:i + 1 + self.hold_points]
@@ -182,7 +204,8 @@ class WarmupInstability(Detector):
         if hit is None:
             return self._blow_up(run, loss, lr, lv, i_peak, peak_step, end)
         i0, how, jumps = hit
-        level = float(np.exp(self._level(lg)[i0])) if i0 >= self.min_level_points else float(v[max(i0 - 1, 0)])
+        level = (float(np.exp(self._level(lg[:i0 + 1])[i0])) if i0 >= self.min_level_points
+                 else float(v[max(i0 - 1, 0)]))
         half = level * np.sqrt(float(v[i0]) / level) if v[i0] > level else float(v[i0])
         after = np.flatnonzero((loss.steps > st[i0]) & np.isfinite(loss.values) & (loss.values < half))
         recovered = int(loss.steps[after[0]]) if after.size else None

@@ -314,6 +314,15 @@ def join_continuations(lines: list[str]) -> list[str]:
     return out
 
 
+def late_rewrites(text: pl.Series, code: pl.Series, uniq: pl.Series) -> pl.Series:
+    """The rewrites of :func:`parse_line` that :mod:`parsers.lines.kv_bulk` makes once the shapes are known.
+
+    A leading ``[N/M]`` becomes ``step N/M`` (:data:`LEAD`), and the log-record prefix fields are marked
+    (:func:`mark_prefix_fields`); arguments as there.
+    """
+    return mark_prefix_fields(text.str.replace(LEAD, LEAD_REPL[1]), code, uniq)
+
+
 def mark_prefix_fields(text: pl.Series, code: pl.Series, uniq: pl.Series) -> pl.Series:
     """:data:`RECORD_PREFIX` and :data:`SOURCE_LOCATION` marked in many lines so that no pair reads them.
 

@@ -31,13 +31,11 @@ from parsers.lines.kv import (
     EPOCH_ITER_REPL,
     EPOCH_THEN_ITER,
     EPOCH_THEN_ITER_REPL,
-    LEAD,
-    LEAD_REPL,
     NESTED,
     NESTED_REPL,
     PAIR,
     classify,
-    mark_prefix_fields,
+    late_rewrites,
 )
 
 SHAPE = r"(?-u:\b)[0-9]+"
@@ -231,7 +229,7 @@ class _Tokens:
         for c, p in zip(codes, plans, strict=True):
             first[c], count[c] = at, len(p.rows)
             at += len(p.rows)
-        toks = df.get_column("text").str.extract_all(_NUM)
+        toks = df.get_column("toks") if "toks" in df.columns else df.get_column("text").str.extract_all(_NUM)
         n_tok = toks.list.len().to_numpy().astype(np.int64)
         start = np.concatenate([[0], np.cumsum(n_tok)[:-1]])
         flat = toks.explode().cast(pl.Float64, strict=False)  # reads nan, inf, infinity in any case
@@ -326,8 +324,31 @@ def _rewrite(text: pl.Series, pattern: str, repl: str, *, every: bool) -> pl.Ser
     return text.clone().scatter(idx, part)  # scatter writes in place: never into the caller's lines
 
 
+def prepare_block(lines: pl.Series, shapes: pl.Series | None) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
+    """The part of :func:`read_block` that needs no state (a worker thread may make it ahead).
+
+    Returns:
+        ``(text, unique shapes, each line's shape code (u32), its number tokens (list[str]))``; ``text``: the
+        lines with nested counters, durations and a leading ``[N/M]`` rewritten as in ``parse_line``.
+    """
+    if shapes is None:
+        shapes = lines.str.replace_all(SHAPE, "#")
+    text = lines
+    if text.str.contains("]", literal=True).any():  # nested counters, as in parse_line
+        text = text.str.replace(NESTED, NESTED_REPL[1]).str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])
+    # ``epoch 3 - iter 50/500`` is iteration 50 of epoch 3; ``eta: 4:59:11`` is no number (as in parse_line)
+    text = _rewrite(text, EPOCH_THEN_ITER, EPOCH_THEN_ITER_REPL[1], every=False)
+    text = _rewrite(text, DURATION, DURATION_REPL[1], every=True)
+    uniq = shapes.unique(maintain_order=True)
+    code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
+    text = late_rewrites(text, code, uniq)  # ``[N/M] loss: X``: N is the step; ``olmo.train:990 INFO``: no pairs
+    return text, uniq, code, text.str.extract_all(_NUM)
+
+
 def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any],
-               cache: dict[str, Plan | None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+               cache: dict[str, Plan | None] | None = None,
+               pre: tuple[pl.Series, pl.Series, pl.Series, pl.Series] | None = None,
+               ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Read many lines at once with the grammar of :func:`parsers.lines.kv.parse_line`.
 
     Args:
@@ -335,6 +356,7 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
         shapes: The lines with :data:`SHAPE` replaced by ``#`` (computed when ``None``).
         state: Per-file state, as in ``parse_line`` (``kv_units``, ``kv_total_steps``, ... are set).
         cache: Plans by shape, kept by the caller from block to block (``None``: a new one).
+        pre: :func:`prepare_block` of ``lines`` and ``shapes``, made ahead (``None``: made here).
 
     Returns:
         ``(lines, metrics)``: ``lines`` has one row per metric line (``line`` u32, ``step`` i64 or null:
@@ -344,19 +366,8 @@ def read_block(lines: pl.Series, shapes: pl.Series | None, state: dict[str, Any]
         then by position in the line.
     """
     cache = {} if cache is None else cache
-    if shapes is None:
-        shapes = lines.str.replace_all(SHAPE, "#")
-    text = lines
-    if text.str.contains("]", literal=True).any():  # nested counters, as in parse_line
-        text = text.str.replace(NESTED, NESTED_REPL[1]).str.replace(EPOCH_ITER, EPOCH_ITER_REPL[1])
-    # ``epoch 3 - iter 50/500`` is iteration 50 of epoch 3; ``eta: 4:59:11`` is no number (as in parse_line)
-    text = _rewrite(text, EPOCH_THEN_ITER, EPOCH_THEN_ITER_REPL[1], every=False)
-    text = _rewrite(text, DURATION, DURATION_REPL[1], every=True)
-    text = text.str.replace(LEAD, LEAD_REPL[1])  # ``[N/M] loss: X``: N is the step (as in parse_line)
-    uniq = shapes.unique(maintain_order=True)
-    code = shapes.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.UInt32), return_dtype=pl.UInt32)
-    text = mark_prefix_fields(text, code, uniq)  # ``olmo.train:990<TAB>INFO``: no pairs (as in parse_line)
-    df = pl.DataFrame({"text": text, "code": code}).with_row_index("line")
+    text, uniq, code, toks = prepare_block(lines, shapes) if pre is None else pre
+    df = pl.DataFrame({"text": text, "code": code, "toks": toks}).with_row_index("line")
     counts = df.group_by("code").agg(pl.len().alias("n"), pl.col("text").first().alias("example"))
     uniq_l = uniq.to_list()
     planned: list[int] = []
