@@ -236,7 +236,13 @@ def _episodes(table: Any, meta: dict[str, Any]) -> Any:
 
     When the lines are stepped by it (no other step), ``meta["step_axis"]`` says so.
     """
-    if table.num_rows == 0 or not pc.any(pc.equal(table.column("metric"), "epoch")).as_py():
+    if table.num_rows == 0:
+        return table
+    at_epoch = pc.equal(table.column("metric"), "epoch")
+    if not pc.any(at_epoch).as_py():
+        return table
+    tags = pc.unique(pc.filter(table.column("tag"), at_epoch)).to_pylist()  # a few names: the rows stay in C
+    if not any(str(t).strip().lower() == "episode" for t in tags):
         return table
     df = pl.from_arrow(table)
     ep = (pl.col("metric") == "epoch") & (pl.col("tag").cast(pl.Utf8).str.strip_chars().str.to_lowercase() == "episode")
