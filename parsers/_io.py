@@ -11,6 +11,7 @@ import contextvars
 import gzip
 import io
 import stat
+import zlib
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,9 +70,13 @@ class BoundedLines(io.RawIOBase):
 
     _CHUNK = 1 << 20
 
-    def __init__(self, raw: IO[bytes], max_line: int = MAX_LINE_BYTES, path: str = "") -> None:
+    def __init__(self, raw: IO[bytes], max_line: int = MAX_LINE_BYTES, path: str = "", *,
+                 keep_error: bool = False) -> None:
         super().__init__()
         self.raw, self.max_line, self.path = raw, max_line, path
+        self.keep_error = keep_error  # a read error ends the stream and is kept in ``error`` instead of raised
+        self._read = getattr(raw, "read1", raw.read)
+        self.error: str | None = None
         self._sink = DROPPED.get()
         self.pending = bytearray()  # the current line, not yet known to end within max_line
         self.out = bytearray()  # bytes ready to hand out
@@ -110,7 +115,12 @@ class BoundedLines(io.RawIOBase):
             self._sink.append((self.path, line, n))
 
     def _fill(self) -> None:
-        chunk = self.raw.read(self._CHUNK)
+        try:
+            chunk = self._read(self._CHUNK)  # read1: a read that fails returns no bytes, so none are lost
+        except (EOFError, OSError, zlib.error) as exc:  # a gzip stream cut short, a bad block
+            if not self.keep_error:
+                raise
+            self.error, chunk = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__, b""
         if not chunk:
             self.eof = True
             if self.dropping:
@@ -141,13 +151,15 @@ class BoundedLines(io.RawIOBase):
         self.pending += chunk[last + 1:]
 
 
-def open_binary(path: Path, *, bounded: bool = True) -> IO[bytes]:
+def open_binary(path: Path, *, bounded: bool = True, keep_error: bool = False) -> IO[bytes]:
     """Open for reading bytes, decompressing ``.gz`` files, through the file-access policy.
 
     Args:
         path: The file.
         bounded: Drop lines longer than :data:`MAX_LINE_BYTES` as they stream (:class:`BoundedLines`);
             a reader with its own line budget (``parsers.jsonl``) passes False.
+        keep_error: (bounded only) a read error (a gzip stream cut short) ends the stream after every byte
+            before it, and is kept for :func:`stream_error` instead of raised mid-read.
 
     Raises:
         OSError: :class:`parsers.file_policy.Refused` when the policy does not allow the file.
@@ -161,7 +173,13 @@ def open_binary(path: Path, *, bounded: bool = True) -> IO[bytes]:
         fh = gz  # type: ignore[assignment]
     if not bounded:
         return fh
-    return io.BufferedReader(BoundedLines(fh, path=str(path)))  # type: ignore[return-value]
+    return io.BufferedReader(BoundedLines(fh, path=str(path), keep_error=keep_error))  # type: ignore[return-value]
+
+
+def stream_error(fh: IO[Any]) -> str | None:
+    """The read error that ended a stream of :func:`open_text` / :func:`open_binary` with ``keep_error``, or None."""
+    raw = getattr(getattr(fh, "buffer", fh), "raw", None)
+    return getattr(raw, "error", None)
 
 
 MAX_TABLE_BYTES = 256 << 20
@@ -187,13 +205,13 @@ def read_table_bytes(path: Path, limit: int = MAX_TABLE_BYTES) -> tuple[bytes, s
     return data[:cut], f"more than {limit >> 20} MiB of table text: only the first {cut} bytes (whole lines) read"
 
 
-def open_text(path: Path) -> IO[str]:
+def open_text(path: Path, *, keep_error: bool = False) -> IO[str]:
     """Open for reading text as the parsers do, decompressing ``.gz`` files, lines bounded (:func:`open_binary`).
 
     UTF-8 with the BOM stripped, bad bytes replaced, no newline translation; UTF-16 when the file starts with its
     byte-order mark (Windows PowerShell 5's ``python train.py > train.log``).
     """
-    fh = open_binary(path)
+    fh = open_binary(path, keep_error=keep_error)
     bom = fh.peek(2)[:2] if hasattr(fh, "peek") else b""
     encoding = "utf-16" if bom in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
     return io.TextIOWrapper(fh, encoding=encoding, errors="replace", newline="")

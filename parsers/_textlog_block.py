@@ -157,10 +157,9 @@ class Reader:
         """Read one block of raw pieces (lines with their ends) starting at line number ``lineno``."""
         return self.consume(self.prepare(pieces), lineno)
 
-    @staticmethod
-    def prepare(pieces: list[str]) -> Prepared:
-        """The block's column half (:func:`parsers._textlog_prep.prepare`: no state; any thread)."""
-        return prepare(pieces, _clean_block, _wall_times)
+    def prepare(self, pieces: list[str]) -> Prepared:
+        """The block's column half (:func:`parsers._textlog_prep.prepare`: reads no state; any thread)."""
+        return prepare(pieces, _clean_block, _wall_times, small=self.SMALL)
 
     def consume(self, prep: Prepared, lineno: int) -> int:
         """Read a prepared block in file order, from line number ``lineno``; returns the line number after it."""

@@ -43,12 +43,13 @@ class Prepared:
     cand: dict[str, Any] | None = None
 
 
-def prepare(pieces: list[str], clean: Callable, walls: Callable) -> Prepared:
+def prepare(pieces: list[str], clean: Callable, walls: Callable, small: int = SMALL) -> Prepared:
     """The column half of a block of raw pieces (lines with their ends); no reader state is read or written.
 
-    ``clean`` and ``walls`` are :func:`parsers._textlog_block._clean_block` and ``_wall_times``.
+    ``clean`` and ``walls`` are :func:`parsers._textlog_block._clean_block` and ``_wall_times``; a block of
+    fewer than ``small`` pieces is left to the line-by-line path.
     """
-    if len(pieces) < SMALL:
+    if len(pieces) < small:
         return Prepared(pieces, small=True, n_ends=sum(p.endswith("\n") for p in pieces))
     raw = pl.Series("t", pieces, dtype=pl.Utf8)
     ends = raw.str.ends_with("\n").cast(pl.Int64).to_numpy()

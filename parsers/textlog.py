@@ -34,7 +34,7 @@ from forensics.errors import ParseError
 from forensics.model import ParseResult, Skip
 from forensics.schema import METRICS_SCHEMA, canonical_metric
 from parsers import file_policy
-from parsers._io import logical_name, logical_suffix, open_binary, open_text
+from parsers._io import logical_name, logical_suffix, open_binary, open_text, stream_error
 from parsers._text_damage import drop_nuls, head_text
 from parsers._textlog_asm import MODULES as _MODULES
 from parsers._textlog_asm import Assembler as _Assembler
@@ -184,7 +184,7 @@ def _read_lines(path: Path, rel: str, pipe: Pipeline, buf: list[str], skipped: l
     """
     seen = 0  # pieces read so far (numbering the NUL lines)
     try:
-        with open_text(path) as fh:  # splits on \n, \r\n, \r; .gz read transparently
+        with open_text(path, keep_error=True) as fh:  # splits on \n, \r\n, \r; .gz read transparently
             while True:
                 got = fh.readlines(_READ_HINT)  # whole lines, split in C
                 if not got:
@@ -197,11 +197,15 @@ def _read_lines(path: Path, rel: str, pipe: Pipeline, buf: list[str], skipped: l
                     rest = buf[_BLOCK:]  # the newest piece waits: it may be the unterminated last line
                     pipe.submit(buf[:_BLOCK])
                     buf[:] = rest
+            cut = stream_error(fh)  # a gzip stream cut short: every line before the cut was read
+            if cut is not None:
+                raise EOFError(cut)
     except (OSError, EOFError) as exc:
         lineno = pipe.drain()
+        said = getattr(exc, "strerror", None) or exc  # an EOFError has no strerror
         if lineno == 1 and not buf:
-            raise ParseError(rel, f"unreadable: {exc.strerror or exc}") from None
-        why = f"unreadable from here on ({exc.strerror or exc}); earlier lines kept"
+            raise ParseError(rel, f"unreadable: {said}") from None
+        why = f"unreadable from here on ({said}); earlier lines kept"
         skipped.append(Skip(f"{rel}:{lineno + sum(p.endswith(chr(10)) for p in buf[:-1])}", why))
 
 

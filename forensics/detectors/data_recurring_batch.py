@@ -183,24 +183,38 @@ def centred_excursion(lx: np.ndarray, k: int) -> np.ndarray:
     d = np.diff(lx[ok])
     sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / DIFF_NOISE, SIGMA_FLOOR)
     pad = np.concatenate([np.full(k, np.nan), lx, np.full(k, np.nan)])
-    win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
-    sides = np.concatenate([win[:, :k], win[:, k + 1:]], axis=1)
+    cols = [pad[j:j + n] for j in range(2 * k + 1) if j != k]  # the neighbours, as views (no (n, 2k) copy)
+    fin = [np.isfinite(c) for c in cols]
+    has = np.logical_or.reduce(fin[:k]) & np.logical_or.reduce(fin[k:])
+    full = np.logical_and.reduce(fin)
     with np.errstate(all="ignore"):
-        has = np.isfinite(win[:, :k]).any(axis=1) & np.isfinite(win[:, k + 1:]).any(axis=1)
-        med = _row_medians(np.where(has[:, None], sides, 0.0))
+        med = _median_of_six(cols) if 2 * k == SIX and n else np.median(np.stack(cols, axis=1), axis=1)
+        part = np.flatnonzero(has & ~full)  # a side holds a NaN: the median of the finite ones
+        if part.size:
+            med[part] = np.nanmedian(np.stack([c[part] for c in cols], axis=1), axis=1)
         out = np.where(ok & has, (lx - med) / sigma, np.nan)
     return out
 
 
-def _row_medians(a: np.ndarray) -> np.ndarray:
-    """``np.nanmedian(a, axis=1)``, rows without NaN by ``np.median`` (equal there, ~4x cheaper; shape (n,))."""
-    full = np.isfinite(a).all(axis=1)
-    if full.all():
-        return np.median(a, axis=1)
-    med = np.empty(a.shape[0])
-    med[full] = np.median(a[full], axis=1)
-    med[~full] = np.nanmedian(a[~full], axis=1)
-    return med
+SIX = 6
+"""Neighbours (``2 * NEIGHBOURS``) whose median a sorting network takes (:func:`_median_of_six`)."""
+_SIX = ((0, 5), (1, 3), (2, 4), (1, 2), (3, 4), (0, 3), (2, 5), (0, 1), (2, 3), (4, 5), (1, 2), (3, 4))
+"""A sorting network of six values (12 compare-exchanges; Knuth, TAOCP vol. 3, 5.3.4)."""
+
+
+def _median_of_six(cols: list[np.ndarray]) -> np.ndarray:
+    """The median of six columns, row by row (shape (n,)): ``np.median(axis=1)``'s value where all six are finite.
+
+    A sorting network over whole columns (24 vectorised min/max) instead of one partition per row (~5x faster
+    at 1M points); ``(third + fourth) / 2`` as ``np.median`` takes the mean of the two middle values.
+    """
+    c = [x.copy() for x in cols]
+    for i, j in _SIX:
+        lo = np.minimum(c[i], c[j])
+        np.maximum(c[i], c[j], out=c[j])
+        c[i] = lo
+    lower, upper = c[SIX // 2 - 1], c[SIX // 2]  # the two middle values of the sorted six
+    return (lower + upper) / 2
 
 
 def _peaks(c: np.ndarray, threshold: float) -> np.ndarray:
