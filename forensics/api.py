@@ -28,9 +28,12 @@ def load(path: str | Path, metric_map: dict[str, str] | None = None, *, reader: 
         forensics.errors.InputError: the path does not exist, is not a folder, holds no logs, or
             its logs hold no metric record that could be read.
     """
+    from forensics.column_scan import no_huge_page_advice
     from forensics.errors import InputError
     from forensics.userconfig import find
     from parsers.discover import load_run
+
+    no_huge_page_advice()
 
     user = find(path) if Path(path).expanduser().is_dir() else None
     run = load_run(path, ignore=user.ignore if user else (), step_key=user.step_key if user else None,
@@ -131,9 +134,12 @@ def analyze_run(run: RunData) -> Analysis:
     ``inconclusive``, with what was found and how to map it in the summary. The confidence of a healthy or
     inconclusive verdict is lowered by the coverage (:func:`_coverage`), said in ``meta["coverage"]``.
     """
+    from forensics.column_scan import no_huge_page_advice
     from forensics.engine import decide  # the detectors: not imported by `forensics ingest`
     from forensics.recovery import plan
     from forensics.too_few import too_few_loss_points
+
+    no_huge_page_advice()
 
     if "objective" not in run.meta:
         _resolve_objective(run, {})

@@ -19,6 +19,26 @@ choice: a few MB of temporaries, reused, instead of whole-column copies: at 50M 
 to ~1 s of page faults on a loaded machine)."""
 
 
+def no_huge_page_advice() -> None:
+    """Stop numpy from advising the kernel to back each array of 4 MiB or more with huge pages (this process).
+
+    With the kernel's usual ``transparent_hugepage/defrag = madvise``, a page fault in such an array may first
+    compact memory; the analysis makes many 8-80 MB temporaries (1M points), and at 1M steps x 50 metrics the
+    advice cost 0.4-0.5 s of a 2.4 s analysis (``benchmarks/bench_jsonl.py --issue17``). A user who sets
+    ``NUMPY_MADVISE_HUGEPAGE`` keeps their choice. Never raises (an older or newer numpy without the switch).
+    """
+    import os
+
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return
+    try:
+        from numpy._core import multiarray
+
+        multiarray._set_madvise_hugepage(False)
+    except (ImportError, AttributeError):
+        pass
+
+
 def empty_buffer(n: int, dtype: np.dtype) -> np.ndarray:
     """A writable numpy array of ``n`` ``dtype`` items in memory from Arrow's pool, like the frame's own columns.
 

@@ -256,11 +256,14 @@ def _runs(phys: pl.Series, cap: int) -> tuple[int, int, np.ndarray | None]:
     top, prev, parts, count = 0, None, [], 0
     for a, c in slices(phys):
         top = max(top, int(c.max()))
-        new = np.flatnonzero(c[1:] != c[:-1]) + (a + 1)
         first = prev is None or c[0] != prev
-        count += int(first) + new.shape[0]
-        if count <= cap:
-            parts += [np.array([a] if first else [], np.int64), new]
+        if count > cap:  # only the number of runs matters now: count them, no index array (a wide log: one a row)
+            count += int(first) + int(np.count_nonzero(c[1:] != c[:-1]))
+        else:
+            new = np.flatnonzero(c[1:] != c[:-1]) + (a + 1)
+            count += int(first) + new.shape[0]
+            if count <= cap:
+                parts += [np.array([a] if first else [], np.int64), new]
         prev = c[-1]
     return top, count, (np.concatenate(parts) if parts else np.zeros(0, np.int64)) if count <= cap else None
 

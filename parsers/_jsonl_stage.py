@@ -1,4 +1,4 @@
-"""Staging a block for the polars engine of :mod:`parsers.jsonl` (read one block ahead in a worker thread).
+"""Staging a block for the polars engine of :mod:`parsers.jsonl` (read ahead in worker threads).
 
 :class:`_Stager` finds the lines of a block that are plain JSON objects (:mod:`parsers._jsonl_scan`,
 on bytes with numpy; run by the reading thread ahead of the worker), reads them with
@@ -9,6 +9,7 @@ inferred; a refused piece is halved), and keeps only the rows that polars read e
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -158,22 +159,24 @@ _Staged = tuple[np.ndarray, np.ndarray, list[_Frame], np.ndarray]
 class _Stager:
     """The polars part of each block, in file order.
 
-    It touches no file state: it runs in a worker thread, one block ahead of the conversion. It keeps a
-    work array, and the schema of the blocks read so far, which the next block is read with first
-    (keys that come late, like eval metrics every 1,000 steps, are then known; a type that does not fit
-    makes polars refuse, and inference is used).
+    It touches no file state: it runs in worker threads, ahead of the conversion. It keeps a work array per
+    thread, and the schema of the blocks read so far (a copy taken per read, merged under a lock), which the
+    next block is read with first (keys that come late, like eval metrics every 1,000 steps, are then known;
+    a type that does not fit makes polars refuse, and inference is used).
     """
 
     def __init__(self) -> None:
-        self.scratch = np.zeros(0, bool)
+        self._local = threading.local()
         self.scan_scratch = np.zeros(0, bool)
         self.schema: dict[str, pl.DataType] = {}
+        self._schema_lock = threading.Lock()
 
     def work(self, n: int) -> np.ndarray:
-        """A bool work array of length ``n`` (reused: valid until the next call)."""
-        if len(self.scratch) < n:
-            self.scratch = np.empty(n, bool)
-        return self.scratch[:n]
+        """A bool work array of length ``n`` (one per thread, reused: valid until the thread's next call)."""
+        have = getattr(self._local, "scratch", None)
+        if have is None or len(have) < n:
+            have = self._local.scratch = np.empty(n, bool)
+        return have[:n]
 
     def __call__(self, buf: bytes) -> _Staged:
         """:meth:`read` of :meth:`scan`: both steps in the calling thread."""
@@ -270,10 +273,12 @@ class _Stager:
         data = _join(buf, starts, ends, part)
         colon_total = -1
         best: tuple[pl.DataFrame, np.ndarray, list, set[str], np.ndarray] | None = None
-        for how in ("carried" if self.schema else "sample", "all"):
+        with self._schema_lock:
+            carried = dict(self.schema)  # another reader thread may carry its block's types meanwhile
+        for how in ("carried" if carried else "sample", "all"):
             if how != "carried" and (deep := deep_of(part)).any():
                 return deep
-            df = _read_ndjson(data, self.schema if how == "carried" else None, how == "all")
+            df = _read_ndjson(data, carried if how == "carried" else None, how == "all")
             if df is None or df.height != len(part):
                 continue
             if colon_total < 0:
@@ -289,6 +294,10 @@ class _Stager:
 
     def carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
         """Merge the types of ``df`` into the carried schema (columns that do not fit are dropped)."""
+        with self._schema_lock:
+            self._carry(df, unsure)
+
+    def _carry(self, df: pl.DataFrame, unsure: set[str]) -> None:
         for name, dt in df.schema.items():
             old = self.schema.get(name)
             new = dt if old is None else _merged(old, dt)

@@ -13,8 +13,9 @@ Two engines give the same table:
 - ``"python"``: each line through the stdlib ``json`` (it accepts ``NaN``/``Infinity``).
 - ``"auto"`` (the default): the file is streamed in blocks of whole lines (:data:`CHUNK_BYTES`). The
   lines that are plain JSON objects go to ``polars.read_ndjson`` in one call per block (with the schema
-  of the blocks before, else inferred); this thread scans block i + 1 (numpy and ``bytes`` passes:
-  :mod:`parsers._jsonl_scan`), a worker thread reads it with polars, while block i is converted.
+  of the blocks before, else inferred); this thread scans block i + 2 (numpy and ``bytes`` passes:
+  :mod:`parsers._jsonl_scan`), two worker threads read blocks i + 1 and i + 2 with polars
+  (:data:`READERS`), while block i is converted.
   The first block of a plain file is small (:data:`FIRST_BYTES`: the worker starts sooner), and the GIL
   turns are short while both threads run (:data:`parsers._gil.SWITCH_INTERVAL`).
   The lines polars cannot read exactly go through the per-line path: ``NaN``/``Infinity`` tokens
@@ -40,6 +41,7 @@ applied once, on arrays, to the records of both engines.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 from collections.abc import Callable
@@ -67,6 +69,10 @@ ENGINES = ("auto", "python")
 FALLBACK_SHARE = 0.9
 """A file without a step key is stepped by its epoch (or sample) count when at least this share of its
 records holds a whole one (a fractional epoch ``0.25`` is no step: then the line index is the step)."""
+READERS = 2
+"""Blocks read by polars at once, on as many worker threads (``"auto"`` engine), while this thread scans and
+converts: one polars read's serial parts (its frame assembly) overlap the other's parallel parse
+(``bench_jsonl.py --issue17``, 1M x 50: 6.2 -> 5.1 s wall; the 1M-line trainer log ~5%)."""
 CHUNK_BYTES = 16 << 20
 """Bytes of whole lines read and parsed at a time by the ``"auto"`` engine (memory stays bounded)."""
 FIRST_BYTES = 1 << 20
@@ -122,8 +128,9 @@ def _read_blocks(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int,
                  long_lines: list[tuple[int, int]] | None = None) -> tuple[int, str] | None:
     """Read every block of ``fh`` into ``st``; returns (line, message) of a read error, or None.
 
-    With the ``"auto"`` engine this thread scans block i + 1 (:meth:`_Stager.scan`) and a worker thread
-    reads it with polars while this thread converts block i, so at most three blocks are held at a time.
+    With the ``"auto"`` engine this thread scans block i + 2 (:meth:`_Stager.scan`) and :data:`READERS` worker
+    threads read blocks i + 1 and i + 2 with polars while this thread converts block i, so at most four blocks
+    are held at a time.
     """
     long_lines = [] if long_lines is None else long_lines
     error = _read_all(st, fh, engine, chunk_bytes, long_lines, firsts := [])
@@ -158,16 +165,17 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
             buf, tail, err = first
             finish(buf, tail, err, lambda line, cut: _auto_block(st, buf, stage(buf), line, cut))
         return error
-    with short_gil_turns(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl") as pool:
-        ahead: tuple[Future, bytes, bytes, str | None] | None = None
+    depth = READERS
+    with short_gil_turns(), ThreadPoolExecutor(max_workers=depth, thread_name_prefix="jsonl") as pool:
+        ahead: collections.deque[tuple[Future, bytes, bytes, str | None]] = collections.deque()
         for buf, tail, err in itertools.chain([first, second], blocks):
-            staged = pool.submit(stage.read, buf, stage.scan(buf))  # the scan here, polars there
-            if ahead is not None:
-                fut, b, t, e = ahead
+            ahead.append((pool.submit(stage.read, buf, stage.scan(buf)), buf, tail, err))  # the scan here, polars there
+            if len(ahead) > depth:
+                fut, b, t, e = ahead.popleft()
                 finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
-            ahead = (staged, buf, tail, err)
-        fut, b, t, e = ahead
-        finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
+        while ahead:
+            fut, b, t, e = ahead.popleft()
+            finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
     return error
 
 
