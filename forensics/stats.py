@@ -234,7 +234,7 @@ def sustained_rise_many(
 
     Args:
         steps: float or int array (n,), increasing, shared by every row.
-        values: float array (L, n), every value finite (and positive when ``log``).
+        values: float array (L, n), or a list of L float64 arrays (n,), every value finite (and positive when ``log``).
         index: position of each column in the caller's series (``Drift.onset_index``); default 0..n-1.
         log: work on log values.
         baseline_frac: share of points used to fit the baseline.
@@ -247,15 +247,16 @@ def sustained_rise_many(
     Returns:
         One :class:`Drift` or None per row.
     """
-    v = np.asarray(values, dtype=np.float64)
+    # a list of rows stays a list: no (L, n) copy of many long per-layer series (only the baseline points are stacked)
+    v = values if isinstance(values, list) else np.asarray(values, dtype=np.float64)
     st = np.asarray(steps, dtype=np.float64)
-    rows, n = v.shape
+    rows, n = len(v), len(v[0]) if len(v) else 0
     idx_map = np.arange(n) if index is None else np.asarray(index)
     nb = max(min_baseline, int(n * baseline_frac))
     if n < min_baseline + min_run or n - nb < min_run:
         return [None] * rows
     fit = _fit_points(nb)
-    yb = v[:, :nb][:, fit]
+    yb = v[:, :nb][:, fit] if isinstance(v, np.ndarray) else np.stack([np.asarray(r, np.float64)[:nb][fit] for r in v])
     a, b, mu, sd = robust_lines(st[:nb][fit], np.log(yb) if log else yb)
     ats = (st - mu) / sd
     out: list[Drift | None] = [None] * rows

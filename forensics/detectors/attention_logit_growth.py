@@ -136,7 +136,7 @@ class AttentionLogitGrowth(Detector):
         frame = [i for i, r in enumerate(rows) if np.array_equal(r[2], st0) and np.all(np.isfinite(ratios[i]))
                  and np.all(ratios[i] > 0)]
         if frame:
-            for i, d in zip(frame, sustained_rise_many(st0, np.stack([ratios[i] for i in frame]), **_QKV_RISE),
+            for i, d in zip(frame, sustained_rise_many(st0, [ratios[i] for i in frame], **_QKV_RISE),
                             strict=True):
                 drifts[i] = d
         alone = set(range(len(rows))) - set(frame)
