@@ -72,7 +72,8 @@ def _resolve_objective(run: RunData, metric_map: dict[str, str]) -> None:
 def _step_axis(run: RunData) -> dict[str, object] | None:
     """What the step counts, for the objective's source, with the column and the source it was read from.
 
-    ``optimizer_step``, ``epoch``, ``micro_batch``, ``samples``, ``row_index`` or ``batch_within_epoch``.
+    ``optimizer_step``, ``epoch``, ``episode`` (an RL script's ``Episode N/M``), ``micro_batch``, ``samples``,
+    ``row_index`` or ``batch_within_epoch``.
     """
     obj = run.meta.get("objective")
     if not obj or run.metrics.height == 0:
