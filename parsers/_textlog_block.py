@@ -25,71 +25,6 @@ if TYPE_CHECKING:
 
 
 BLOCK = 1 << 16  # lines per block: memory stays bounded, polars' kernels stay busy
-_RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
-_RANK_NUM = r"^(\d{1,5}):\s"
-_RANK_ANY = r"^(?:\[(?:rank|default|Rank)|[0-9]{1,5}:\s)"
-_ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_DIGITS = kv_bulk.SHAPE
-_US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
-_ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
-
-
-def _clean_block(t: pl.Series) -> tuple[pl.Series, list[int | None]]:
-    """:func:`parsers.lines.common.clean` over many lines at once, with each line's rank prefix.
-
-    Returns:
-        The cleaned lines and, per line, the rank of a ``[rankN]:``/``[defaultN]:``/``N: `` prefix (or None).
-    """
-    if t.str.contains("\x1b", literal=True).any():
-        t = t.str.replace_all(_ANSI, "")
-    t = t.str.strip_chars_end()
-    ranks: list[int | None] = [None] * t.len()
-    has = t.str.contains(_RANK_ANY).arg_true()
-    if has.len() == 0:
-        return t, ranks
-    sub = t.gather(has)
-    df = pl.DataFrame({"t": sub}).select(
-        "t",
-        pl.col("t").str.extract(_RANK_BRACKET, 1).cast(pl.Int64, strict=False).alias("r1"),
-        pl.col("t").str.extract(_RANK_NUM, 1).cast(pl.Int64, strict=False).alias("r2"),
-        pl.col("t").str.replace(_RANK_BRACKET, "").alias("c1"),
-        pl.col("t").str.replace(_RANK_NUM, "").alias("c2"),
-    ).select(
-        pl.when(pl.col("r1").is_not_null()).then(pl.col("c1"))
-        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("c2"))
-        .otherwise(pl.col("t")).alias("line"),
-        pl.when(pl.col("r1").is_not_null()).then(pl.col("r1"))
-        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("r2"))
-        .alias("rank"),
-    )
-    t = t.scatter(has, df.get_column("line"))
-    for i, r in zip(has.to_list(), df.get_column("rank").to_list(), strict=True):
-        ranks[i] = r
-    return t, ranks
-
-
-def _wall_times(lines: pl.Series) -> list[float | None]:
-    """:func:`parsers.lines.common.wall_time` over many lines (ISO timestamps vectorised; others per line)."""
-    head = lines.str.slice(0, 64)
-    walls: list[float | None] = [None] * head.len()
-    iso = head.str.contains(_ISO).arg_true()
-    if iso.len():
-        g = pl.DataFrame({"h": head.gather(iso)}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
-        g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
-        stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
-                               pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
-        w = g.select(
-            (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
-             .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
-             .fill_null(0.0)).alias("w")).get_column("w").to_list()
-        for i, v in zip(iso.to_list(), w, strict=True):
-            walls[i] = v
-    for i in head.str.contains(_US).arg_true().to_list():
-        if walls[i] is None:
-            walls[i] = common.wall_time(head[i])
-    return walls
-
-
 _EVENT = re.compile(common.EVENT_ANY)
 
 
@@ -159,7 +94,7 @@ class Reader:
 
     def prepare(self, pieces: list[str]) -> Prepared:
         """The block's column half (:func:`parsers._textlog_prep.prepare`: reads no state; any thread)."""
-        return prepare(pieces, _clean_block, _wall_times, small=self.SMALL)
+        return prepare(pieces, small=self.SMALL)
 
     def consume(self, prep: Prepared, lineno: int) -> int:
         """Read a prepared block in file order, from line number ``lineno``; returns the line number after it."""

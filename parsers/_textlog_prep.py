@@ -23,6 +23,70 @@ from parsers.lines import common, kv, kv_bulk
 SMALL = 2000
 """A block of fewer lines is read line by line: setting up the column kernels costs more than they save."""
 
+_RANK_BRACKET = r"^\[(?:rank|default|Rank)\s*(\d+)\]:\s?"
+_RANK_NUM = r"^(\d{1,5}):\s"
+_RANK_ANY = r"^(?:\[(?:rank|default|Rank)|[0-9]{1,5}:\s)"
+_ANSI = (r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_US = r"[0-9]{2}/[0-9]{2}/[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+_ISO = r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
+
+
+def _clean_block(t: pl.Series) -> tuple[pl.Series, list[int | None]]:
+    """:func:`parsers.lines.common.clean` over many lines at once, with each line's rank prefix.
+
+    Returns:
+        The cleaned lines and, per line, the rank of a ``[rankN]:``/``[defaultN]:``/``N: `` prefix (or None).
+    """
+    if t.str.contains("\x1b", literal=True).any():
+        t = t.str.replace_all(_ANSI, "")
+    t = t.str.strip_chars_end()
+    ranks: list[int | None] = [None] * t.len()
+    has = t.str.contains(_RANK_ANY).arg_true()
+    if has.len() == 0:
+        return t, ranks
+    sub = t.gather(has)
+    df = pl.DataFrame({"t": sub}).select(
+        "t",
+        pl.col("t").str.extract(_RANK_BRACKET, 1).cast(pl.Int64, strict=False).alias("r1"),
+        pl.col("t").str.extract(_RANK_NUM, 1).cast(pl.Int64, strict=False).alias("r2"),
+        pl.col("t").str.replace(_RANK_BRACKET, "").alias("c1"),
+        pl.col("t").str.replace(_RANK_NUM, "").alias("c2"),
+    ).select(
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("c1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("c2"))
+        .otherwise(pl.col("t")).alias("line"),
+        pl.when(pl.col("r1").is_not_null()).then(pl.col("r1"))
+        .when(pl.col("r2").is_not_null() & (pl.col("c2").str.strip_chars() != "")).then(pl.col("r2"))
+        .alias("rank"),
+    )
+    t = t.scatter(has, df.get_column("line"))
+    for i, r in zip(has.to_list(), df.get_column("rank").to_list(), strict=True):
+        ranks[i] = r
+    return t, ranks
+
+
+def _wall_times(lines: pl.Series) -> list[float | None]:
+    """:func:`parsers.lines.common.wall_time` over many lines (ISO timestamps vectorised; others per line)."""
+    head = lines.str.slice(0, 64)
+    walls: list[float | None] = [None] * head.len()
+    iso = head.str.contains(_ISO).arg_true()
+    if iso.len():
+        g = pl.DataFrame({"h": head.gather(iso)}).select(pl.col("h").str.extract_groups(_ISO).alias("g")).unnest("g")
+        g.columns = ["y", "mo", "d", "hh", "mi", "ss", "frac"]
+        stamp = pl.concat_str([pl.col("y"), pl.lit("-"), pl.col("mo"), pl.lit("-"), pl.col("d"), pl.lit(" "),
+                               pl.col("hh"), pl.lit(":"), pl.col("mi"), pl.lit(":"), pl.col("ss")])
+        w = g.select(
+            (stamp.str.strptime(pl.Datetime("us", "UTC"), "%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("s")
+             .cast(pl.Float64) + pl.concat_str([pl.lit("0."), pl.col("frac")]).cast(pl.Float64, strict=False)
+             .fill_null(0.0)).alias("w")).get_column("w").to_list()
+        for i, v in zip(iso.to_list(), w, strict=True):
+            walls[i] = v
+    for i in head.str.contains(_US).arg_true().to_list():
+        if walls[i] is None:
+            walls[i] = common.wall_time(head[i])
+    return walls
+
+
 
 @dataclass
 class Prepared:
@@ -43,17 +107,16 @@ class Prepared:
     cand: dict[str, Any] | None = None
 
 
-def prepare(pieces: list[str], clean: Callable, walls: Callable, small: int = SMALL) -> Prepared:
+def prepare(pieces: list[str], small: int = SMALL) -> Prepared:
     """The column half of a block of raw pieces (lines with their ends); no reader state is read or written.
 
-    ``clean`` and ``walls`` are :func:`parsers._textlog_block._clean_block` and ``_wall_times``; a block of
-    fewer than ``small`` pieces is left to the line-by-line path.
+    A block of fewer than ``small`` pieces is left to the line-by-line path.
     """
     if len(pieces) < small:
         return Prepared(pieces, small=True, n_ends=sum(p.endswith("\n") for p in pieces))
     raw = pl.Series("t", pieces, dtype=pl.Utf8)
     ends = raw.str.ends_with("\n").cast(pl.Int64).to_numpy()
-    lines, ranks = clean(raw)
+    lines, ranks = _clean_block(raw)
     if lines.str.contains(kv.CONTINUATION).any():  # indented ``key=value`` lines under a step line
         lines = pl.Series("t", kv.join_continuations(lines.to_list()), dtype=pl.Utf8)
     code = lines.str.contains(kv.CODE)
@@ -72,7 +135,7 @@ def prepare(pieces: list[str], clean: Callable, walls: Callable, small: int = SM
         uniq = shape_s.unique(maintain_order=True)
         codes = shape_s.replace_strict(uniq, pl.Series(range(uniq.len()), dtype=pl.Int64)).to_numpy()
         p.cand = {"cl": cl, "shape_s": shape_s, "uniq": uniq, "codes": codes,
-                  "walls": np.array(walls(cl), dtype=np.float64), "pre": kv_bulk.prepare_block(cl, shape_s)}
+                  "walls": np.array(_wall_times(cl), dtype=np.float64), "pre": kv_bulk.prepare_block(cl, shape_s)}
     return p
 
 

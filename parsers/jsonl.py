@@ -165,12 +165,11 @@ def _read_all(st: _State, fh: IO[bytes], engine: str, chunk_bytes: int, long_lin
             buf, tail, err = first
             finish(buf, tail, err, lambda line, cut: _auto_block(st, buf, stage(buf), line, cut))
         return error
-    depth = READERS
-    with short_gil_turns(), ThreadPoolExecutor(max_workers=depth, thread_name_prefix="jsonl") as pool:
+    with short_gil_turns(), ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="jsonl") as pool:
         ahead: collections.deque[tuple[Future, bytes, bytes, str | None]] = collections.deque()
         for buf, tail, err in itertools.chain([first, second], blocks):
             ahead.append((pool.submit(stage.read, buf, stage.scan(buf)), buf, tail, err))  # the scan here, polars there
-            if len(ahead) > depth:
+            if len(ahead) > READERS:
                 fut, b, t, e = ahead.popleft()
                 finish(b, t, e, lambda line, cut, f=fut, b=b: _auto_block(st, b, f.result(), line, cut))
         while ahead:
